@@ -1,0 +1,109 @@
+#include "compiler/kernel_registry.h"
+
+#include <algorithm>
+
+#include "plan/error.h"
+
+namespace tfe {
+
+std::string_view param_kind_name(ParamKind k) {
+  switch (k) {
+    case ParamKind::ptr: return "ptr";
+    case ParamKind::i64: return "i64";
+    case ParamKind::f32: return "f32";
+  }
+  return "?";
+}
+
+namespace {
+using P = ParamKind;
+
+// Keep in step with the Params structs in kernels/*.cuh (checked by the compile test).
+std::vector<KernelDef> make_defs() {
+  return {
+      // y[r] = rms(x[r]) with weights w; y may alias x. One block per row.
+      {"rmsnorm", "rmsnorm.cuh", "tfe::kernels::rmsnorm", {"WIDTH", "THREADS"},
+       {{"x", P::ptr}, {"x_stride", P::i64}, {"w", P::ptr}, {"y", P::ptr}, {"y_stride", P::i64},
+        {"rows", P::i64}, {"eps", P::f32}}},
+      // x[r] = concat(rms_in(embed[tokens[r]]), rms_hidden(g[r])): the layer input of width 2H.
+      {"prepare_x", "prepare_x.cuh", "tfe::kernels::prepare_x", {"HIDDEN", "THREADS"},
+       {{"embed", P::ptr}, {"input_norm", P::ptr}, {"hidden_norm", P::ptr}, {"tokens", P::ptr},
+        {"g", P::ptr}, {"x", P::ptr}, {"rows", P::i64}, {"eps", P::f32}}},
+      // dst[dst_index ? dst_index[r] : r] = src[src_index ? src_index[r] : r], WIDTH bf16 per row.
+      {"copy_rows", "copy_rows.cuh", "tfe::kernels::copy_rows", {"WIDTH", "THREADS"},
+       {{"src", P::ptr}, {"src_index", P::ptr}, {"dst", P::ptr}, {"dst_index", P::ptr}, {"rows", P::i64}}},
+      // Few-row GEMV: y[r, j] = epilogue(sum_k w[j, k] x[r, k]) for r < rows <= ROWS (rows beyond ROWS
+      // are covered by grid.y tiles). WEIGHT: kc::kWeight*; EPILOGUE: kc::kEpilogue*.
+      {"gemv", "gemv.cuh", "tfe::kernels::gemv", {"ROWS", "K", "N", "WEIGHT", "EPILOGUE"},
+       {{"w", P::ptr}, {"scale", P::ptr}, {"x", P::ptr}, {"y", P::ptr}, {"residual", P::ptr}, {"rows", P::i64}}},
+      // qk_norm (if QK_NORM), RoPE at pos[r] + pos_offset, K/V written to the slot's ring row
+      // (pos mod RING); q written to q_out when WRITE_Q. Input rows: [q | k | v] if WRITE_Q else [k | v].
+      {"qk_rope_kv", "qk_rope_kv.cuh", "tfe::kernels::qk_rope_kv",
+       {"HEADS", "KV_HEADS", "HEAD_DIM", "QK_NORM", "RING", "WRITE_Q"},
+       {{"qkv", P::ptr}, {"q_norm", P::ptr}, {"k_norm", P::ptr}, {"inv_freq", P::ptr}, {"slot", P::ptr},
+        {"pos", P::ptr}, {"pos_offset", P::i64}, {"q_out", P::ptr}, {"ring_k", P::ptr}, {"ring_v", P::ptr},
+        {"rows", P::i64}, {"eps", P::f32}}},
+      // One query row per slot against keys max(0, p - WINDOW) .. p of the slot's ring; GQA.
+      {"ring_attention", "ring_attention.cuh", "tfe::kernels::ring_attention",
+       {"HEADS", "KV_HEADS", "HEAD_DIM", "WINDOW", "RING"},
+       {{"q", P::ptr}, {"ring_k", P::ptr}, {"ring_v", P::ptr}, {"slot", P::ptr}, {"pos", P::ptr},
+        {"pos_offset", P::i64}, {"o", P::ptr}, {"rows", P::i64}, {"scale", P::f32}}},
+      // Vocabulary top-1, first half: per (row, chunk of CHUNK logits) the max, its lowest index, and
+      // sum exp(l - max).
+      {"top1_partial", "top1.cuh", "tfe::kernels::top1_partial", {"VOCAB", "CHUNK"},
+       {{"logits", P::ptr}, {"part_max", P::ptr}, {"part_idx", P::ptr}, {"part_sum", P::ptr}, {"rows", P::i64}}},
+      // Second half: joins the PARTS partials of a row; writes the target id (d2t) and confidence of
+      // `step` into out_token/out_conf [rows, MAX_STEPS], and the target id into next_token[r].
+      {"top1_join", "top1.cuh", "tfe::kernels::top1_join", {"PARTS", "MAX_STEPS"},
+       {{"part_max", P::ptr}, {"part_idx", P::ptr}, {"part_sum", P::ptr}, {"d2t", P::ptr},
+        {"out_token", P::ptr}, {"out_conf", P::ptr}, {"next_token", P::ptr}, {"step", P::i64}, {"rows", P::i64}}},
+      // two_stage: the CAND_K highest scores of a row (ties: lower id), as draft ids (order unspecified).
+      {"topk", "topk.cuh", "tfe::kernels::topk", {"VOCAB", "CAND_K"},
+       {{"scores", P::ptr}, {"cand", P::ptr}, {"rows", P::i64}}},
+      // two_stage: exact logits target_head[d2t(c)] . n over the candidates, argmax (ties: lower target
+      // id), softmax confidence; writes like top1_join.
+      {"rescore", "rescore.cuh", "tfe::kernels::rescore", {"HIDDEN", "CAND_K", "WEIGHT", "MAX_STEPS"},
+       {{"target_head", P::ptr}, {"scale", P::ptr}, {"n", P::ptr}, {"cand", P::ptr}, {"d2t", P::ptr},
+        {"out_token", P::ptr}, {"out_conf", P::ptr}, {"next_token", P::ptr}, {"step", P::i64}, {"rows", P::i64}}},
+  };
+}
+}  // namespace
+
+const std::vector<KernelDef>& kernel_defs() {
+  static const std::vector<KernelDef> defs = make_defs();
+  return defs;
+}
+
+const KernelDef& kernel_def(std::string_view name) {
+  for (const auto& d : kernel_defs())
+    if (d.name == name) return d;
+  fail("kernel registry: no kernel named `{}`", name);
+}
+
+int64_t KernelSpec::constant(std::string_view name) const {
+  for (const auto& [k, v] : constants)
+    if (k == name) return v;
+  fail("kernel spec {}: no constant `{}`", kernel, name);
+}
+
+std::string KernelSpec::uri() const {
+  std::string u = kernel;
+  for (const auto& [k, v] : constants) {
+    std::string lk = k;
+    std::transform(lk.begin(), lk.end(), lk.begin(), [](unsigned char c) { return std::tolower(c); });
+    u += fmt::format("__{}_{}", lk, v);
+  }
+  return u;
+}
+
+KernelSpec make_spec(std::string_view kernel, std::vector<std::pair<std::string, int64_t>> constants) {
+  const auto& def = kernel_def(kernel);
+  if (constants.size() != def.constants.size())
+    fail("kernel spec {}: {} constants given, {} expected", kernel, constants.size(), def.constants.size());
+  for (size_t i = 0; i < constants.size(); ++i)
+    if (constants[i].first != def.constants[i])
+      fail("kernel spec {}: constant {} is `{}`, expected `{}`", kernel, i, constants[i].first, def.constants[i]);
+  return KernelSpec{std::string(kernel), std::move(constants)};
+}
+
+}  // namespace tfe

@@ -1,0 +1,67 @@
+// The kernels tfe can specialize: for each, its source in kernels/, the template it instantiates, the
+// compile-time constants a specialization fixes, and the launch parameters in order.
+//
+// Every kernel takes one parameter: a struct of 8-byte slots in the order listed here (pointers, int64,
+// or an f32 in the low half of its slot). The planner binds each slot by name; the runtime packs them.
+// This table and the structs in kernels/*.cuh must agree; tests/test_kernels_compile.cpp checks it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tfe {
+
+enum class ParamKind : uint8_t { ptr, i64, f32 };
+std::string_view param_kind_name(ParamKind k);
+
+struct KernelParam {
+  std::string name;
+  ParamKind kind;
+};
+
+struct KernelDef {
+  std::string name;      // registry name, e.g. "gemv"
+  std::string source;    // file under kernels/, e.g. "gemv.cuh"
+  std::string function;  // template, e.g. "tfe::kernels::gemv"; instantiated as function<Config>
+  std::vector<std::string> constants;  // names of the config's constexpr int64 members, in order
+  std::vector<KernelParam> params;     // the parameter struct's slots, in order
+};
+
+const std::vector<KernelDef>& kernel_defs();
+const KernelDef& kernel_def(std::string_view name);  // throws tfe::Error for an unknown kernel
+
+// A specialization: a kernel with every constant fixed.
+struct KernelSpec {
+  std::string kernel;
+  std::vector<std::pair<std::string, int64_t>> constants;  // in the KernelDef's order
+  int64_t constant(std::string_view name) const;
+  // Readable, unique id: "<kernel>__<const>_<value>__..." (lower-case constant names).
+  std::string uri() const;
+  bool operator==(const KernelSpec&) const = default;
+};
+// Builds a spec, checking that exactly the kernel's constants are given.
+KernelSpec make_spec(std::string_view kernel, std::vector<std::pair<std::string, int64_t>> constants);
+
+// Launch shape of a specialization for `rows` rows (the grid may depend on rows; block and shared
+// memory do not).
+struct LaunchShape {
+  int64_t grid[3] = {1, 1, 1};
+  int64_t block = 128;
+  int64_t smem = 0;
+  int rows_axis = -1;           // grid axis that scales with rows (-1: none)
+  int64_t rows_per_block = 1;   // rows covered by one step along rows_axis
+  bool operator==(const LaunchShape&) const = default;
+};
+LaunchShape launch_shape(const KernelSpec& spec, int64_t rows);
+
+// Values of the kernels' enumerated constants (mirrored in kernels/common.cuh).
+namespace kc {
+inline constexpr int64_t kWeightBF16 = 0, kWeightFP8 = 1;
+inline constexpr int64_t kEpilogueBF16 = 0,      // y = bf16(acc)
+    kEpilogueF32 = 1,                             // y = acc (fp32 logits / scores)
+    kEpilogueResidual = 2,                        // y = bf16(residual + acc): the add rounded once
+    kEpilogueSwiGLU = 3;                          // rows j and N+j of w: y = bf16(bf16(silu(gate)) * up)
+}  // namespace kc
+
+}  // namespace tfe

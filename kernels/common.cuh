@@ -1,0 +1,1 @@
+// placeholder so the embed step has an input

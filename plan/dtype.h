@@ -1,0 +1,39 @@
+// Element types of head files and device buffers, named as safetensors names them.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace tfe {
+
+enum class DType : uint8_t { BF16, F32, I32, F8_E4M3 };
+
+constexpr int64_t dtype_size(DType t) {
+  switch (t) {
+    case DType::BF16: return 2;
+    case DType::F32: return 4;
+    case DType::I32: return 4;
+    case DType::F8_E4M3: return 1;
+  }
+  return 0;
+}
+
+constexpr std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::BF16: return "BF16";
+    case DType::F32: return "F32";
+    case DType::I32: return "I32";
+    case DType::F8_E4M3: return "F8_E4M3";
+  }
+  return "?";
+}
+
+inline std::optional<DType> dtype_from_name(std::string_view s) {
+  if (s == "BF16") return DType::BF16;
+  if (s == "F32") return DType::F32;
+  if (s == "I32") return DType::I32;
+  if (s == "F8_E4M3") return DType::F8_E4M3;
+  return std::nullopt;
+}
+
+}  // namespace tfe

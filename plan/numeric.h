@@ -1,0 +1,66 @@
+// Host-side number formats: bf16 and FP8 e4m3 conversions, bit-exact with the CUDA intrinsics
+// (__float2bfloat16_rn, __nv_cvt_float_to_fp8 with __NV_SATFINITE / E4M3). Shared by the CPU reference,
+// the random-head generator, FP8 quantization and the tests.
+#pragma once
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+namespace tfe {
+
+using bf16_bits = uint16_t;
+
+inline float bf16_to_float(bf16_bits b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+
+// Round to nearest even; NaN stays NaN (quiet).
+inline bf16_bits float_to_bf16(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16_bits>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<bf16_bits>(u >> 16);
+}
+
+inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+// e4m3 (fn): 1 sign, 4 exponent (bias 7), 3 mantissa; no inf; 0x7f / 0xff are NaN; max 448.
+inline float fp8_e4m3_to_float(uint8_t v) {
+  const uint32_t sign = v >> 7, exp = (v >> 3) & 0xf, man = v & 0x7;
+  float mag;
+  if (exp == 0xf && man == 0x7) {
+    mag = std::nanf("");
+  } else if (exp == 0) {
+    mag = std::ldexp(static_cast<float>(man), -9);  // subnormal: man/8 * 2^-6
+  } else {
+    mag = std::ldexp(1.0f + static_cast<float>(man) / 8.0f, static_cast<int>(exp) - 7);
+  }
+  return sign ? -mag : mag;
+}
+
+// Round to nearest even, saturating to +-448 (NaN -> 0x7f).
+inline uint8_t float_to_fp8_e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7e;  // saturate (448 = 0x7e)
+  // Smallest subnormal step is 2^-9; values are multiples of 2^(e-3) within each binade.
+  int e;
+  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  int exp_unbiased = e - 1;  // a in [2^exp_unbiased, 2^(exp_unbiased+1))
+  if (exp_unbiased < -6) exp_unbiased = -6;  // subnormal range shares the step of binade -6
+  const float step = std::ldexp(1.0f, exp_unbiased - 3);
+  float q = std::nearbyint(a / step);  // default rounding mode: nearest even
+  float r = q * step;
+  if (r >= 448.0f) return sign | 0x7e;
+  // Encode r.
+  if (r == 0.0f) return sign;
+  int re;
+  std::frexp(r, &re);
+  int ex = re - 1;
+  if (ex < -6) {  // subnormal
+    return sign | static_cast<uint8_t>(std::lround(r / std::ldexp(1.0f, -9)));
+  }
+  const int man = static_cast<int>(std::lround((r / std::ldexp(1.0f, ex) - 1.0f) * 8.0f));
+  return sign | static_cast<uint8_t>(((ex + 7) << 3) | man);
+}
+
+}  // namespace tfe

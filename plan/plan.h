@@ -1,0 +1,140 @@
+// The plan: everything the runtime does for one head, as data. The device arena (every buffer with its
+// fixed place), the weights (each a tensor of the file or a concatenation of some), the tables uploaded
+// before a replay, the kernel specializations, and node lists: one per streams bucket for the draft
+// pass, one for the eager extend. Dumped as YAML (plan/plan_yaml.h); a dumped plan loads back equal.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/kernel_registry.h"
+#include "plan/dtype.h"
+#include "plan/header.h"
+
+namespace tfe {
+
+// Version of the plan schema (YAML and struct). Loading another version is refused.
+inline constexpr int kPlanSchemaVersion = 1;
+
+enum class Fp8Mode : uint8_t { automatic, off, require };  // YAML / CLI: auto, off, require
+std::string_view fp8_mode_name(Fp8Mode m);
+Fp8Mode fp8_mode_from_name(std::string_view s);  // throws naming the value
+
+struct PlanOptions {
+  std::vector<int> buckets = {1, 2, 4, 8, 16};  // stream buckets, ascending, each 1..16
+  int max_steps = 8;                            // 1..16
+  Fp8Mode fp8 = Fp8Mode::automatic;
+  std::string arch = "sm_90";
+  int max_slots = 64;      // sequences the runtime holds; one scratch slot is added for padding
+  int extend_rows = 1024;  // rows one extend chunk takes; larger extends run in chunks
+  bool operator==(const PlanOptions&) const = default;
+};
+
+// Where a buffer lives and what it is for.
+enum class BufferRole : uint8_t {
+  weight,      // uploaded once at open (weights arena)
+  state,       // per slot, leading dim = max_slots + 1 (the last is the scratch slot)
+  table,       // uploaded from the host before each pass, inside the tables region
+  activation,  // written and read within a pass
+  output,      // read back by the host after a pass
+};
+std::string_view buffer_role_name(BufferRole r);
+
+struct Buffer {
+  std::string name;
+  BufferRole role = BufferRole::activation;
+  DType dtype = DType::BF16;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // bytes from the arena's base
+  int64_t bytes = 0;
+  int64_t alignment = 256;
+  // weights: the file tensors concatenated along dim 0 to make it ("computed:rope_inv_freq" for the
+  // RoPE table computed at open).
+  std::vector<std::string> from;
+  bool operator==(const Buffer&) const = default;
+};
+
+struct Arena {
+  std::vector<Buffer> buffers;
+  int64_t bytes = 0;
+  const Buffer& at(std::string_view name) const;  // throws naming the buffer
+  const Buffer* find(std::string_view name) const;
+  bool operator==(const Arena&) const = default;
+};
+
+// One argument of a node, bound by parameter name.
+struct Arg {
+  enum class Kind : uint8_t { buffer, i64, f32, null, rows };  // rows: the node's row count at launch
+  std::string param;
+  Kind kind = Kind::null;
+  std::string buffer;       // kind == buffer: a buffer of the weights arena or the arena
+  int64_t byte_offset = 0;  // kind == buffer: bytes into that buffer (e.g. a column slice, a tap)
+  int64_t i = 0;            // kind == i64
+  float f = 0.0f;           // kind == f32
+  bool operator==(const Arg&) const = default;
+};
+
+// A cuBLASLt GEMM: y[rows, n] = x[rows, k] . w[n, k]^T, bf16 in and out, fp32 accumulation.
+struct Gemm {
+  std::string w;
+  int64_t w_offset = 0;
+  std::string x, y;
+  int64_t n = 0, k = 0;
+  bool operator==(const Gemm&) const = default;
+};
+
+struct Node {
+  enum class Kind : uint8_t { kernel, gemm };
+  std::string name;  // e.g. "s3.wo" (step 3) or "extend.fc"
+  int step = 0;      // draft pass: 1..max_steps; extend: 0
+  Kind kind = Kind::kernel;
+  std::string spec;  // kernel: KernelSpec::uri() of a spec in Plan::specs
+  LaunchShape launch;
+  std::vector<Arg> args;  // kernel: one per KernelDef param, in order
+  Gemm gemm;              // gemm
+  bool operator==(const Node&) const = default;
+};
+
+// A decision the planner made, with its reason, e.g. {"wqkv", "gemv fp8", "file has FP8 forms; fp8=auto"}.
+struct Choice {
+  std::string subject;
+  std::string decision;
+  std::string reason;
+  bool operator==(const Choice&) const = default;
+};
+
+// The draft pass of one streams bucket for max_steps steps. The graph of (streams, steps) is the
+// prefix of nodes with step <= steps.
+struct Bucket {
+  int streams = 0;
+  std::vector<Node> nodes;
+  bool operator==(const Bucket&) const = default;
+};
+
+struct Plan {
+  int schema_version = kPlanSchemaVersion;
+  std::string head_sha256;  // of the head file's JSON header ("" when planned from a bare header)
+  HeadHeader header;
+  PlanOptions options;
+  int ring_rows = 0;                // R >= window + 1 + max_steps
+  bool fp8 = false;                 // any FP8 form in use
+  Arena weights;                    // uploaded once
+  Arena arena;                      // state, tables, activations, outputs
+  int64_t tables_offset = 0;        // the tables region of `arena`, uploaded in one copy
+  int64_t tables_bytes = 0;
+  std::vector<KernelSpec> specs;    // every specialization the nodes name, sorted by uri
+  std::vector<Choice> choices;
+  std::vector<Bucket> buckets;      // ascending streams
+  std::vector<Node> extend;         // for one chunk of up to options.extend_rows rows
+  int64_t device_bytes = 0;         // weights + arena (+ the cuBLASLt workspace)
+  int64_t cublaslt_workspace = 32 << 20;
+
+  const KernelSpec& spec(std::string_view uri) const;  // throws naming the uri
+  bool operator==(const Plan&) const = default;
+};
+
+// Plans `header` under `options`. `available_fp8`: the linears whose FP8 form the file holds (the
+// header's list). Throws tfe::Error naming the option and its limit.
+Plan make_plan(const HeadHeader& header, const PlanOptions& options, std::string head_sha256 = "");
+
+}  // namespace tfe
