@@ -108,6 +108,8 @@ class HeadWriter {
   void add(const std::string& name, DType dtype, std::vector<int64_t> shape, std::vector<std::byte>&& bytes);
   // Writes atomically (temporary file + rename). Throws if an expected tensor is missing.
   void write(const std::string& path) const;
+  // The whole file image in memory (tests, fuzz seeds).
+  std::vector<std::byte> serialize() const;
   const HeadHeader& header() const { return header_; }
 
  private:
@@ -120,6 +122,19 @@ class HeadWriter {
   HeadHeader header_;
   std::vector<Entry> entries_;
 };
+
+// A plain safetensors writer (no head semantics): used for EAGLE-3 style checkpoints in tests and for
+// `tfe-plan reference` vectors. Entries are written in the order given; the file is written atomically.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::span<const std::byte> bytes;
+};
+void write_safetensors(const std::string& path, const std::map<std::string, std::string>& metadata,
+                       const std::vector<SafetensorsEntry>& entries);
+std::vector<std::byte> serialize_safetensors(const std::map<std::string, std::string>& metadata,
+                                             const std::vector<SafetensorsEntry>& entries);
 
 // Hex sha256 of bytes (OpenSSL).
 std::string sha256_hex(std::span<const std::byte> bytes);
