@@ -1,4 +1,5 @@
-// Element types of head files and device buffers, named as safetensors names them.
+// Element types, named as safetensors names them. Head files hold BF16, F32, I32 and F8_E4M3 only;
+// the others appear in checkpoints that `convert` reads.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -6,7 +7,9 @@
 
 namespace tfe {
 
-enum class DType : uint8_t { BF16, F32, I32, F8_E4M3 };
+enum class DType : uint8_t { BF16, F32, I32, F8_E4M3, F16, I64, BOOL };
+
+constexpr bool head_dtype(DType t) { return t == DType::BF16 || t == DType::F32 || t == DType::I32 || t == DType::F8_E4M3; }
 
 constexpr int64_t dtype_size(DType t) {
   switch (t) {
@@ -14,6 +17,9 @@ constexpr int64_t dtype_size(DType t) {
     case DType::F32: return 4;
     case DType::I32: return 4;
     case DType::F8_E4M3: return 1;
+    case DType::F16: return 2;
+    case DType::I64: return 8;
+    case DType::BOOL: return 1;
   }
   return 0;
 }
@@ -24,6 +30,9 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::F32: return "F32";
     case DType::I32: return "I32";
     case DType::F8_E4M3: return "F8_E4M3";
+    case DType::F16: return "F16";
+    case DType::I64: return "I64";
+    case DType::BOOL: return "BOOL";
   }
   return "?";
 }
@@ -33,6 +42,9 @@ inline std::optional<DType> dtype_from_name(std::string_view s) {
   if (s == "F32") return DType::F32;
   if (s == "I32") return DType::I32;
   if (s == "F8_E4M3") return DType::F8_E4M3;
+  if (s == "F16") return DType::F16;
+  if (s == "I64") return DType::I64;
+  if (s == "BOOL") return DType::BOOL;
   return std::nullopt;
 }
 
