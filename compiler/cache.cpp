@@ -1,0 +1,249 @@
+#include "compiler/cache.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "plan/error.h"
+
+namespace tfe {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<uint64_t> g_hits{0};
+std::atomic<uint64_t> g_misses{0};
+
+// Incremental sha256 whose fields are length-prefixed: update("ab").update("c") and update("a").update("bc")
+// hash differently, so no two input sets collide by concatenation.
+class FieldHasher {
+ public:
+  FieldHasher() : ctx_(EVP_MD_CTX_new()) {
+    if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1) fail("sha256: OpenSSL digest init failed");
+  }
+  FieldHasher& field(std::string_view bytes) {
+    const uint64_t n = bytes.size();
+    unsigned char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+    raw(std::string_view(reinterpret_cast<const char*>(len), sizeof len));
+    raw(bytes);
+    return *this;
+  }
+  std::string hex() {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    if (EVP_DigestFinal_ex(ctx_.get(), md, &n) != 1) fail("sha256: OpenSSL digest final failed");
+    std::string s;
+    for (unsigned int i = 0; i < n; ++i) s += fmt::format("{:02x}", md[i]);
+    return s;
+  }
+
+ private:
+  void raw(std::string_view bytes) {
+    if (EVP_DigestUpdate(ctx_.get(), bytes.data(), bytes.size()) != 1) fail("sha256: OpenSSL digest update failed");
+  }
+  struct Free {
+    void operator()(EVP_MD_CTX* c) const noexcept { EVP_MD_CTX_free(c); }
+  };
+  std::unique_ptr<EVP_MD_CTX, Free> ctx_;
+};
+
+std::string plain_sha256(std::string_view bytes) {
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1 ||
+      EVP_DigestUpdate(ctx.get(), bytes.data(), bytes.size()) != 1 || EVP_DigestFinal_ex(ctx.get(), md, &n) != 1)
+    fail("sha256: OpenSSL digest failed");
+  std::string s;
+  for (unsigned int i = 0; i < n; ++i) s += fmt::format("{:02x}", md[i]);
+  return s;
+}
+
+std::optional<std::string> read_whole(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) return std::nullopt;
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) return std::nullopt;
+  return std::move(ss).str();
+}
+
+// Writes `bytes` to `path` through a temporary file in the same directory and a rename, so a reader sees
+// the old file or the new one, never a part.
+void write_atomic(const fs::path& path, std::string_view bytes) {
+  std::string tmpl = (path.parent_path() / ("." + path.filename().string() + ".XXXXXX")).string();
+  const int fd = ::mkostemp(tmpl.data(), O_CLOEXEC);
+  if (fd < 0) fail("kernel cache: cannot create a temporary file beside {}: {}", path.string(), std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmpl.c_str());
+      fail("kernel cache: writing {} failed after {} of {} bytes: {}", tmpl, done, bytes.size(), std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::fchmod(fd, 0644);  // mkstemp makes 0600; the cache may be shared by users of a machine
+  if (::close(fd) != 0 || ::rename(tmpl.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmpl.c_str());
+    fail("kernel cache: cannot move {} into place as {}: {}", tmpl, path.string(), std::strerror(err));
+  }
+}
+
+// An exclusive advisory lock on a file, held for the object's life.
+class FileLock {
+ public:
+  explicit FileLock(const fs::path& p) : fd_(::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+    if (fd_ < 0) fail("kernel cache: cannot open lock file {}: {}", p.string(), std::strerror(errno));
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd_);
+      fail("kernel cache: cannot lock {}: {}", p.string(), std::strerror(err));
+    }
+  }
+  ~FileLock() { ::close(fd_); }  // closing releases the lock
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+// The entry for `key`, or nothing when it is absent or does not read back whole.
+std::optional<CompiledKernel> read_entry(const fs::path& dir, const std::string& key, const CompileUnit& unit) {
+  const auto meta_text = read_whole(dir / (key + ".json"));
+  if (!meta_text) return std::nullopt;
+  const auto meta = nlohmann::json::parse(*meta_text, nullptr, /*allow_exceptions=*/false);
+  if (!meta.is_object()) return std::nullopt;
+  try {
+    if (meta.at("schema").get<int>() != kCacheSchemaVersion || meta.at("key").get<std::string>() != key ||
+        meta.at("uri").get<std::string>() != unit.uri)
+      return std::nullopt;
+    auto cubin = read_whole(dir / (key + ".cubin"));
+    if (!cubin || cubin->size() != meta.at("cubin_bytes").get<uint64_t>() ||
+        plain_sha256(*cubin) != meta.at("cubin_sha256").get<std::string>())
+      return std::nullopt;
+    CompiledKernel k;
+    k.uri = unit.uri;
+    k.lowered_name = meta.at("lowered_name").get<std::string>();
+    k.cubin = std::move(*cubin);
+    k.log = meta.value("log", "");
+    if (k.lowered_name.empty()) return std::nullopt;
+    return k;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // a field missing or of the wrong type: rewritten like any bad entry
+  }
+}
+
+void write_entry(const fs::path& dir, const std::string& key, const std::string& arch, const CompiledKernel& k) {
+  // The CUBIN first: the JSON names its sha256, so a reader that finds the new JSON with an old CUBIN (or
+  // none) sees a mismatch and recompiles rather than loading the wrong image.
+  write_atomic(dir / (key + ".cubin"), k.cubin);
+  const nlohmann::json meta = {
+      {"schema", kCacheSchemaVersion}, {"key", key},       {"uri", k.uri},
+      {"lowered_name", k.lowered_name}, {"arch", arch},    {"nvrtc", nvrtc_version().str()},
+      {"cubin_bytes", k.cubin.size()}, {"cubin_sha256", plain_sha256(k.cubin)}, {"log", k.log},
+  };
+  write_atomic(dir / (key + ".json"), meta.dump(2) + "\n");
+}
+
+}  // namespace
+
+fs::path default_cache_root() {
+  if (const char* d = std::getenv("TFE_CACHE_DIR"); d && *d) return d;
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return fs::path(d) / "tfe";
+  if (const char* d = std::getenv("HOME"); d && *d) return fs::path(d) / ".cache" / "tfe";
+  fail("kernel cache: none of TFE_CACHE_DIR, XDG_CACHE_HOME, HOME is set; set TFE_CACHE_DIR to a writable directory");
+}
+
+std::string cache_key(const CompileUnit& unit, const CompileOptions& options) {
+  FieldHasher h;
+  h.field("tfe-kernel-cache").field(std::to_string(kCacheSchemaVersion)).field(nvrtc_version().str());
+  h.field(options.arch);
+  const auto opts = nvrtc_options(options);
+  h.field(std::to_string(opts.size()));
+  for (const auto& o : opts) h.field(o);
+  h.field(unit.source).field(unit.name_expression);
+  h.field(std::to_string(options.headers.size()));
+  for (const auto& s : options.headers) h.field(s.name).field(s.text);
+  return h.hex();
+}
+
+CacheCounters cache_counters() { return {g_hits.load(), g_misses.load()}; }
+
+KernelCache::KernelCache(fs::path root, bool jit) : root_(std::move(root)), jit_(jit) {
+  if (root_.empty()) fail("kernel cache: empty root directory");
+}
+
+KernelCache KernelCache::from_environment() {
+  bool jit = true;
+  if (const char* j = std::getenv("TFE_JIT"); j && *j) {
+    const std::string_view v = j;
+    if (v == "off")
+      jit = false;
+    else if (v != "on")
+      fail("TFE_JIT is `{}`; expected `on` or `off`", v);
+  }
+  return KernelCache(default_cache_root(), jit);
+}
+
+fs::path KernelCache::dir(const std::string& arch) const {
+  return root_ / fmt::format("v{}", kCacheSchemaVersion) / arch;
+}
+
+CachedKernel KernelCache::get(const CompileUnit& unit, const CompileOptions& options) const {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed_ms = [&] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  CachedKernel r;
+  r.key = cache_key(unit, options);
+  const fs::path d = dir(options.arch);
+  auto hit = [&](CompiledKernel k) {
+    ++g_hits;
+    r.kernel = std::move(k);
+    r.hit = true;
+    r.ms = elapsed_ms();
+    return r;
+  };
+  if (auto k = read_entry(d, r.key, unit)) return hit(std::move(*k));
+  if (!jit_)
+    fail("kernel cache: {} is not cached (key {} under {}) and TFE_JIT=off forbids compiling it; compile it with "
+         "TFE_JIT=on or ship an artifact from `tfe-plan compile`",
+         unit.uri, r.key, d.string());
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  if (ec) fail("kernel cache: cannot create {}: {}; set TFE_CACHE_DIR to a writable directory", d.string(), ec.message());
+  const FileLock lock(d / (r.key + ".lock"));
+  // Another writer may have stored it while this one waited for the lock.
+  if (auto k = read_entry(d, r.key, unit)) return hit(std::move(*k));
+  ++g_misses;
+  r.kernel = compile_unit(unit, options);
+  write_entry(d, r.key, options.arch, r.kernel);
+  r.ms = elapsed_ms();
+  return r;
+}
+
+}  // namespace tfe
