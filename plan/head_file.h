@@ -55,6 +55,7 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
+  void parse();  // validates base_[0, size_) and fills metadata_ and tensors_
   std::string path_;
   std::map<std::string, std::string> metadata_;
   std::vector<TensorView> tensors_;
@@ -73,7 +74,10 @@ class HeadFile {
   };
   static HeadFile open(const std::string& path, Options opt);
   static HeadFile open(const std::string& path) { return open(path, Options{}); }
-  static HeadFile from_bytes(std::span<const std::byte> bytes, Options opt = {});
+  static HeadFile from_bytes(std::span<const std::byte> bytes, Options opt);
+  // (An overload, not a default argument: GCC and Clang refuse `Options opt = {}` inside the class that
+  // nests Options, whose member initializers are not yet usable there.)
+  static HeadFile from_bytes(std::span<const std::byte> bytes) { return from_bytes(bytes, Options{}); }
 
   const HeadHeader& header() const { return header_; }
   const SafetensorsFile& file() const { return file_; }
@@ -87,6 +91,7 @@ class HeadFile {
 
  private:
   explicit HeadFile(SafetensorsFile f) : file_(std::move(f)) {}
+  void check(Options opt);  // the head rules, on top of the safetensors ones
   SafetensorsFile file_;
   HeadHeader header_;
   std::map<std::string, std::string, std::less<>> sha_;

@@ -1,0 +1,258 @@
+// The head header as JSON text inside a safetensors __metadata__ map (string -> string).
+// The format version is its own metadata key, read before the header, so that a reader meeting a newer
+// layout says "version" rather than "unknown field".
+#include <cfloat>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "plan/error.h"
+#include "plan/head_file.h"
+
+namespace tfe {
+
+using nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+namespace {
+
+constexpr std::string_view kFinalLayer = "final";
+
+// A value for a message: scalars as written, containers by type (their text may be huge or deep).
+std::string describe(const json& v) { return v.is_structured() ? std::string(v.type_name()) : v.dump(); }
+
+// The shortest decimal that reads back as the same float: 1e-06 rather than 9.999999974752427e-07.
+double readable(float f) { return std::stod(fmt::format("{}", f)); }
+
+ordered_json rope_to_json(const Rope& r) {
+  ordered_json j;
+  j["theta"] = readable(r.theta);
+  j["llama3"] = r.llama3;
+  j["factor"] = readable(r.factor);
+  j["low_freq_factor"] = readable(r.low_freq_factor);
+  j["high_freq_factor"] = readable(r.high_freq_factor);
+  j["original_max_positions"] = r.original_max_positions;
+  return j;
+}
+
+ordered_json header_to_json(const HeadHeader& h) {
+  ordered_json j;
+  j["name"] = h.name;
+  ordered_json taps = ordered_json::array();
+  for (const auto& t : h.taps) {
+    ordered_json tap;
+    if (t.layer == -1) {
+      tap["layer"] = kFinalLayer;
+    } else {
+      tap["layer"] = t.layer;
+    }
+    tap["norm"] = t.norm;
+    taps.push_back(std::move(tap));
+  }
+  j["taps"] = std::move(taps);
+  j["target_hidden"] = h.target_hidden;
+  j["hidden"] = h.hidden;
+  j["heads"] = h.heads;
+  j["kv_heads"] = h.kv_heads;
+  j["head_dim"] = h.head_dim;
+  j["ffn"] = h.ffn;
+  j["vocab"] = h.vocab;
+  j["draft_vocab"] = h.draft_vocab;
+  j["window"] = h.window;
+  j["rope"] = rope_to_json(h.rope);
+  j["rms_eps"] = readable(h.rms_eps);
+  j["qk_norm"] = h.qk_norm;
+  j["head_type"] = head_type_name(h.head_type);
+  j["cand_k"] = h.cand_k;
+  j["lowrank"] = h.lowrank;
+  j["fp8"] = h.fp8;
+  return j;
+}
+
+// Reads the fields of one JSON object by name. Every field must be present with its type; fields the
+// reader did not ask for are refused in finish(), so that a typo is never silently ignored.
+class FieldReader {
+ public:
+  FieldReader(const json& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
+
+  const json& at(const std::string& key) {
+    auto it = obj_.find(key);
+    if (it == obj_.end()) fail("head header: field `{}` missing", path(key));
+    read_.insert(key);
+    return *it;
+  }
+
+  int64_t integer(const std::string& key, int64_t lo, int64_t hi) {
+    return integer_value(at(key), path(key), lo, hi);
+  }
+
+  float number(const std::string& key) {
+    const json& v = at(key);
+    if (!v.is_number()) fail("head header: field `{}` must be a number (got {})", path(key), v.type_name());
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || std::fabs(d) > FLT_MAX)
+      fail("head header: field `{}` = {} does not fit a 32-bit float", path(key), d);
+    return static_cast<float>(d);
+  }
+
+  bool boolean(const std::string& key) {
+    const json& v = at(key);
+    if (!v.is_boolean()) fail("head header: field `{}` must be a boolean (got {})", path(key), v.type_name());
+    return v.get<bool>();
+  }
+
+  std::string string(const std::string& key) {
+    const json& v = at(key);
+    if (!v.is_string()) fail("head header: field `{}` must be a string (got {})", path(key), v.type_name());
+    return v.get<std::string>();
+  }
+
+  const json& array(const std::string& key) {
+    const json& v = at(key);
+    if (!v.is_array()) fail("head header: field `{}` must be an array (got {})", path(key), v.type_name());
+    return v;
+  }
+
+  const json& object(const std::string& key) {
+    const json& v = at(key);
+    if (!v.is_object()) fail("head header: field `{}` must be an object (got {})", path(key), v.type_name());
+    return v;
+  }
+
+  void finish() const {
+    for (const auto& [key, value] : obj_.items())
+      if (!read_.contains(key)) fail("head header: unknown field `{}`", path(key));
+  }
+
+  std::string path(const std::string& key) const { return where_.empty() ? key : where_ + "." + key; }
+
+  static int64_t integer_value(const json& v, const std::string& name, int64_t lo, int64_t hi) {
+    if (!v.is_number_integer()) fail("head header: field `{}` must be an integer (got {})", name, describe(v));
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi))
+      fail("head header: field `{}` = {} is outside {}..{}", name, v.get<uint64_t>(), lo, hi);
+    const int64_t x = v.get<int64_t>();
+    if (x < lo || x > hi) fail("head header: field `{}` = {} is outside {}..{}", name, x, lo, hi);
+    return x;
+  }
+
+ private:
+  const json& obj_;
+  std::string where_;
+  std::set<std::string> read_;
+};
+
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+Rope rope_from_json(const json& j) {
+  FieldReader f(j, "rope");
+  Rope r;
+  r.theta = f.number("theta");
+  r.llama3 = f.boolean("llama3");
+  r.factor = f.number("factor");
+  r.low_freq_factor = f.number("low_freq_factor");
+  r.high_freq_factor = f.number("high_freq_factor");
+  r.original_max_positions = static_cast<int>(f.integer("original_max_positions", 0, kIntMax));
+  f.finish();
+  return r;
+}
+
+HeadHeader header_from_json(const json& j, int format_version) {
+  if (!j.is_object()) fail("head header: `tfe.header` must be a JSON object (got {})", j.type_name());
+  FieldReader f(j, "");
+  HeadHeader h;
+  h.format_version = format_version;
+  h.name = f.string("name");
+  const json& taps = f.array("taps");
+  for (size_t i = 0; i < taps.size(); ++i) {
+    const std::string where = fmt::format("taps[{}]", i);
+    if (!taps[i].is_object()) fail("head header: field `{}` must be an object (got {})", where, taps[i].type_name());
+    FieldReader t(taps[i], where);
+    Tap tap;
+    const json& layer = t.at("layer");
+    if (layer.is_string()) {
+      if (layer.get<std::string>() != kFinalLayer)
+        fail("head header: field `{}.layer` = {} must be an integer >= 0 or \"final\"", where, describe(layer));
+      tap.layer = -1;
+    } else {
+      tap.layer = static_cast<int>(FieldReader::integer_value(layer, where + ".layer", 0, kIntMax));
+    }
+    tap.norm = t.boolean("norm");
+    t.finish();
+    h.taps.push_back(tap);
+  }
+  h.target_hidden = f.integer("target_hidden", 0, kInt64Max);
+  h.hidden = f.integer("hidden", 0, kInt64Max);
+  h.heads = f.integer("heads", 0, kInt64Max);
+  h.kv_heads = f.integer("kv_heads", 0, kInt64Max);
+  h.head_dim = f.integer("head_dim", 0, kInt64Max);
+  h.ffn = f.integer("ffn", 0, kInt64Max);
+  h.vocab = f.integer("vocab", 0, kInt64Max);
+  h.draft_vocab = f.integer("draft_vocab", 0, kInt64Max);
+  h.window = static_cast<int>(f.integer("window", 0, kIntMax));
+  h.rope = rope_from_json(f.object("rope"));
+  h.rms_eps = f.number("rms_eps");
+  h.qk_norm = f.boolean("qk_norm");
+  const std::string type = f.string("head_type");
+  if (type == head_type_name(HeadType::dense)) {
+    h.head_type = HeadType::dense;
+  } else if (type == head_type_name(HeadType::two_stage)) {
+    h.head_type = HeadType::two_stage;
+  } else {
+    fail("head header: field `head_type` = \"{}\" must be \"dense\" or \"two_stage\"", type);
+  }
+  h.cand_k = static_cast<int>(f.integer("cand_k", 0, kIntMax));
+  h.lowrank = f.integer("lowrank", 0, kInt64Max);
+  const json& fp8 = f.array("fp8");
+  for (size_t i = 0; i < fp8.size(); ++i) {
+    if (!fp8[i].is_string())
+      fail("head header: field `fp8[{}]` must be a string naming a linear (got {})", i, describe(fp8[i]));
+    h.fp8.push_back(fp8[i].get<std::string>());
+  }
+  f.finish();
+  return h;
+}
+
+const std::string& metadata_value(const std::map<std::string, std::string>& md, const std::string& key) {
+  auto it = md.find(key);
+  if (it == md.end()) fail("head metadata: key `{}` missing (not a .tfe head file?)", key);
+  return it->second;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> header_to_metadata(const HeadHeader& h) {
+  return {{"tfe.format_version", std::to_string(h.format_version)}, {"tfe.header", header_to_json(h).dump()}};
+}
+
+HeadHeader header_from_metadata(const std::map<std::string, std::string>& md) {
+  const std::string& version_text = metadata_value(md, "tfe.format_version");
+  int version = 0;
+  const char* end = version_text.data() + version_text.size();
+  auto [ptr, ec] = std::from_chars(version_text.data(), end, version);
+  if (ec != std::errc() || ptr != end || version_text.empty())
+    fail("head metadata: `tfe.format_version` = \"{}\" is not an integer", version_text);
+  if (version != kHeadFormatVersion)
+    fail("head metadata: `tfe.format_version` = {} is not supported (this build reads {})", version,
+         kHeadFormatVersion);
+  json j;
+  try {
+    // The header nests three levels (taps[i].layer); deeper text is refused before it is built.
+    static constexpr int kMaxDepth = 8;
+    j = json::parse(metadata_value(md, "tfe.header"), [](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxDepth) fail("head metadata: `tfe.header` nests deeper than {} levels", kMaxDepth);
+      return true;
+    });
+  } catch (const json::exception& e) {
+    fail("head metadata: `tfe.header` is not valid JSON: {}", e.what());
+  }
+  HeadHeader h = header_from_json(j, version);
+  validate(h);
+  return h;
+}
+
+}  // namespace tfe
