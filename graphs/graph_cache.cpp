@@ -1,0 +1,108 @@
+#include "graphs/graph_cache.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "plan/error.h"
+
+namespace tfe {
+
+bool graphs_enabled_by_environment() {
+  const char* v = std::getenv("TFE_GRAPHS");
+  return !(v && std::strcmp(v, "0") == 0);
+}
+
+GraphCache::GraphCache(cudaStream_t stream, size_t capacity, bool check_bindings)
+    : stream_(stream), capacity_(capacity), check_bindings_(check_bindings) {
+  if (capacity_ < 1) fail("graph cache: capacity {} must be at least 1", capacity_);
+}
+
+cuda::Graph GraphCache::capture(const GraphKey& key, const Record& record) {
+  // Thread-local mode: another thread's unsafe calls (cudaMalloc, ...) do not invalidate this capture,
+  // while such calls made by the pass itself still do, which is what catches a pass that allocates.
+  TFE_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  try {
+    record(stream_);
+  } catch (...) {
+    cudaGraph_t partial = nullptr;
+    (void)cudaStreamEndCapture(stream_, &partial);
+    if (partial) cuda::release_graph(partial);
+    (void)cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t g = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(stream_, &g);
+  cuda::Graph graph(g);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail("capturing the draft pass {} failed: {} ({}); the pass made a call that cannot be captured", key.str(),
+         cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  return graph;
+}
+
+void GraphCache::touch(Entry& e) {
+  lru_.splice(lru_.begin(), lru_, e.lru);
+}
+
+void GraphCache::prepare(const GraphKey& key, const Bindings& live, const Record& record) {
+  if (auto it = execs_.find(key); it != execs_.end()) {
+    Entry& e = it->second;
+    touch(e);
+    if (e.bindings == live) return;
+    cuda::Graph graph = capture(key, record);
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(e.exec.get(), graph.get(), &info) == cudaSuccess) {
+      ++counters_.updates;
+    } else {
+      // The topology or a node kind changed: cudaGraphExecUpdate cannot apply it, so instantiate anew.
+      (void)cudaGetLastError();
+      cudaGraphExec_t exec = nullptr;
+      TFE_CUDA(cudaGraphInstantiate(&exec, graph.get(), 0));
+      e.exec = cuda::GraphExec(exec);
+      ++counters_.reinstantiated;
+    }
+    e.bindings = live;
+    return;
+  }
+
+  cuda::Graph graph = capture(key, record);
+  cudaGraphExec_t exec = nullptr;
+  TFE_CUDA(cudaGraphInstantiate(&exec, graph.get(), 0));
+  cuda::GraphExec owned(exec);
+  // Moves the executable's data to the device now rather than at the first replay.
+  TFE_CUDA(cudaGraphUpload(owned.get(), stream_));
+  if (execs_.size() >= capacity_) {
+    execs_.erase(lru_.back());
+    lru_.pop_back();
+    ++counters_.evictions;
+  }
+  lru_.push_front(key);
+  execs_.emplace(key, Entry{std::move(owned), live, lru_.begin()});
+  ++counters_.captures;
+}
+
+void GraphCache::replay(const GraphKey& key, const Bindings& live) {
+  auto it = execs_.find(key);
+  if (it == execs_.end()) fail("graph {} has not been captured", key.str());
+  Entry& e = it->second;
+  if (check_bindings_ && !(e.bindings == live))
+    fail("graph {} was captured with arena {} and tables {}, but they now live at {} and {}: replaying it would "
+         "touch memory the runtime no longer owns",
+         key.str(), e.bindings.arena, e.bindings.tables, live.arena, live.tables);
+  touch(e);
+  TFE_CUDA(cudaGraphLaunch(e.exec.get(), stream_));
+  ++counters_.replays;
+}
+
+void GraphCache::run(const GraphKey& key, const Bindings& live, const Record& record) {
+  prepare(key, live, record);
+  replay(key, live);
+}
+
+void GraphCache::clear() {
+  execs_.clear();
+  lru_.clear();
+}
+
+}  // namespace tfe

@@ -1,0 +1,63 @@
+// Kernel launches of a plan. A node's arguments are packed once, at open, into the kernel's parameter
+// struct: one 8-byte slot per registry parameter (a pointer = arena or weights base + buffer offset + the
+// argument's byte_offset; an int64; an f32 in the low 4 bytes; 0 for null). Only the `rows` slots and the
+// grid axis that scales with rows change per launch.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/kernel_registry.h"
+#include "runtime/device_handles.h"
+
+namespace tfe {
+struct Plan;
+struct Node;
+}  // namespace tfe
+
+namespace tfe::cuda {
+
+// Device addresses of a plan's buffers: the weights arena and the arena are each one contiguous range.
+struct ArenaBases {
+  const Plan* plan = nullptr;
+  std::byte* weights = nullptr;
+  std::byte* arena = nullptr;
+  // Base + the buffer's offset + byte_offset; throws naming the node and the buffer when the buffer is
+  // in neither arena or the offset falls outside it.
+  std::byte* address(const std::string& buffer, int64_t byte_offset, const std::string& node) const;
+};
+
+// A loaded specialization: its kernel handle and attributes.
+struct LoadedKernel {
+  std::string uri;
+  cudaKernel_t kernel = nullptr;
+  int max_threads_per_block = 0;
+  int64_t static_smem = 0;
+};
+
+// A kernel node ready to launch.
+class KernelLaunch {
+ public:
+  // Packs `node` (kind kernel) against the registry's parameter list for up to `max_rows` rows; checks
+  // names, kinds and the launch shape against the kernel's limits.
+  KernelLaunch(const Node& node, const LoadedKernel& kernel, const ArenaBases& bases, int64_t max_rows);
+
+  // Enqueues the kernel for `rows` rows (1..max_rows).
+  void launch(int64_t rows, cudaStream_t stream) const;
+  const std::string& node() const { return node_; }
+  int64_t max_rows() const { return max_rows_; }
+  const std::vector<uint64_t>& params() const { return params_; }
+
+ private:
+  std::string node_;
+  cudaKernel_t kernel_ = nullptr;
+  LaunchShape shape_;
+  int64_t max_rows_ = 0;
+  std::vector<uint64_t> params_;
+  std::vector<size_t> rows_slots_;
+};
+
+// Grid of `shape` for `rows` rows: grid[rows_axis] = ceil(rows / rows_per_block).
+dim3 grid_for_rows(const LaunchShape& shape, int64_t rows);
+
+}  // namespace tfe::cuda

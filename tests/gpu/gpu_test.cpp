@@ -1,0 +1,68 @@
+#include "tests/gpu/gpu_test.h"
+
+#include <cmath>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include "plan/numeric.h"
+
+namespace tfe::test {
+
+namespace {
+struct Probe {
+  bool none = true;
+  std::string reason;
+};
+const Probe& probe() {
+  static const Probe p = [] {
+    Probe r;
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      r.reason = fmt::format("cudaGetDeviceCount: {}", cudaGetErrorName(e));
+    } else if (n == 0) {
+      r.reason = "0 devices";
+    } else {
+      r.none = false;
+    }
+    return r;
+  }();
+  return p;
+}
+}  // namespace
+
+bool no_gpu() { return probe().none; }
+const std::string& no_gpu_reason() { return probe().reason; }
+
+std::vector<uint16_t> random_bf16(std::mt19937_64& rng, size_t n, float scale) {
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = float_to_bf16(d(rng));
+  return v;
+}
+
+Bf16Diff compare_bf16(std::span<const uint16_t> got, std::span<const uint16_t> want) {
+  Bf16Diff r;
+  r.n = want.size();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    const float g = bf16_to_float(got[i]), w = bf16_to_float(want[i]);
+    num += (static_cast<double>(g) - w) * (static_cast<double>(g) - w);
+    den += static_cast<double>(w) * w;
+    // One bf16 ulp at w's magnitude: 2^(exponent - 7).
+    int e = 0;
+    std::frexp(w == 0.0f ? 1e-30f : w, &e);
+    const double ulp = std::ldexp(1.0, e - 8);
+    if (!(std::fabs(static_cast<double>(g) - w) <= ulp)) {
+      if (r.first_bad == SIZE_MAX) r.first_bad = i;
+      ++r.beyond_one_ulp;
+    }
+  }
+  if (got.size() != want.size()) r.beyond_one_ulp += r.n;
+  r.normalized_error = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return r;
+}
+
+}  // namespace tfe::test
