@@ -14,12 +14,14 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "plan/error.h"
+#include "plan/head_file.h"
 
 namespace tfe {
 
@@ -30,7 +32,7 @@ namespace {
 std::atomic<uint64_t> g_hits{0};
 std::atomic<uint64_t> g_misses{0};
 
-// Incremental sha256 whose fields are length-prefixed: update("ab").update("c") and update("a").update("bc")
+// Incremental sha256 whose fields are length-prefixed: field("ab").field("c") and field("a").field("bc")
 // hash differently, so no two input sets collide by concatenation.
 class FieldHasher {
  public:
@@ -64,16 +66,8 @@ class FieldHasher {
   std::unique_ptr<EVP_MD_CTX, Free> ctx_;
 };
 
-std::string plain_sha256(std::string_view bytes) {
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1 ||
-      EVP_DigestUpdate(ctx.get(), bytes.data(), bytes.size()) != 1 || EVP_DigestFinal_ex(ctx.get(), md, &n) != 1)
-    fail("sha256: OpenSSL digest failed");
-  std::string s;
-  for (unsigned int i = 0; i < n; ++i) s += fmt::format("{:02x}", md[i]);
-  return s;
+std::string cubin_sha256(std::string_view cubin) {
+  return sha256_hex(std::as_bytes(std::span(cubin.data(), cubin.size())));
 }
 
 std::optional<std::string> read_whole(const fs::path& p) {
@@ -143,7 +137,7 @@ std::optional<CompiledKernel> read_entry(const fs::path& dir, const std::string&
       return std::nullopt;
     auto cubin = read_whole(dir / (key + ".cubin"));
     if (!cubin || cubin->size() != meta.at("cubin_bytes").get<uint64_t>() ||
-        plain_sha256(*cubin) != meta.at("cubin_sha256").get<std::string>())
+        cubin_sha256(*cubin) != meta.at("cubin_sha256").get<std::string>())
       return std::nullopt;
     CompiledKernel k;
     k.uri = unit.uri;
@@ -164,7 +158,7 @@ void write_entry(const fs::path& dir, const std::string& key, const std::string&
   const nlohmann::json meta = {
       {"schema", kCacheSchemaVersion}, {"key", key},       {"uri", k.uri},
       {"lowered_name", k.lowered_name}, {"arch", arch},    {"nvrtc", nvrtc_version().str()},
-      {"cubin_bytes", k.cubin.size()}, {"cubin_sha256", plain_sha256(k.cubin)}, {"log", k.log},
+      {"cubin_bytes", k.cubin.size()}, {"cubin_sha256", cubin_sha256(k.cubin)}, {"log", k.log},
   };
   write_atomic(dir / (key + ".json"), meta.dump(2) + "\n");
 }
