@@ -485,7 +485,7 @@ void SafetensorsFile::parse() {
   std::sort(entries.begin(), entries.end(),
             [](const RawEntry& a, const RawEntry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
   uint64_t expected = 0;
-  std::string_view previous = "the start of the data section";
+  std::string previous = "the start of the data section";
   for (auto& e : entries) {
     if (e.end > data_size)
       fail("{}: tensor `{}`: data_offsets [{}, {}] are out of range: the data section has {} bytes", label,
@@ -498,7 +498,7 @@ void SafetensorsFile::parse() {
            previous, expected);
     e.view.data = data + e.begin;
     expected = e.end;
-    previous = e.view.name;
+    previous = fmt::format("`{}`", e.view.name);
   }
   if (expected != data_size)
     fail("{}: {} trailing bytes after the last tensor (tensors end at {}; the data section has {} bytes)", label,

@@ -1,0 +1,455 @@
+// The .tfe head file: writer and reader round trips, and one malformed file per validation rule, each
+// refused with a message that names what is wrong.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <random>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "plan/error.h"
+#include "plan/head_file.h"
+#include "plan/header.h"
+#include "plan/presets.h"
+#include "test_util.h"
+
+using namespace tfe;
+using nlohmann::json;
+using tfe::test::random_head_bytes;
+using tfe::test::write_temp_file;
+
+namespace {
+
+using Bytes = std::vector<std::byte>;
+
+// A safetensors image from header text and `data_bytes` random non-zero data bytes; `length` overrides the
+// stored header length.
+Bytes raw_file(const std::string& header, size_t data_bytes, std::optional<uint64_t> length = {}) {
+  const uint64_t n = length.value_or(header.size());
+  Bytes out(8);
+  for (int i = 0; i < 8; ++i) out[i] = std::byte(n >> (8 * i));
+  for (char c : header) out.push_back(std::byte(c));
+  std::mt19937 rng(static_cast<uint32_t>(data_bytes));
+  for (size_t i = 0; i < data_bytes; ++i) out.push_back(std::byte(1 + rng() % 255));
+  return out;
+}
+
+void refuses_raw(const Bytes& image, const std::string& message) {
+  CAPTURE(message);
+  CHECK_THROWS_WITH_AS(SafetensorsFile::from_bytes(image, "bad.safetensors"), doctest::Contains(message.c_str()),
+                       Error);
+}
+
+void refuses_head(const Bytes& image, const std::string& message, HeadFile::Options opt = {}) {
+  CAPTURE(message);
+  CHECK_THROWS_WITH_AS(HeadFile::from_bytes(image, opt), doctest::Contains(message.c_str()), Error);
+}
+
+// A valid head re-serialized after `edit` changed its metadata or tensors (entries point into `image`).
+using Edit = std::function<void(std::map<std::string, std::string>&, std::vector<SafetensorsEntry>&)>;
+Bytes rebuild(const Bytes& image, const Edit& edit) {
+  const auto f = SafetensorsFile::from_bytes(image);
+  auto md = f.metadata();
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& t : f.tensors()) entries.push_back({t.name, t.dtype, t.shape, {t.data, size_t(t.bytes)}});
+  edit(md, entries);
+  return serialize_safetensors(md, entries);
+}
+
+// A valid head whose header JSON was changed by `edit` (the tensors stay as they were).
+Bytes edit_header(const Bytes& image, const std::function<void(json&)>& edit) {
+  return rebuild(image, [&](auto& md, auto&) {
+    json h = json::parse(md.at("tfe.header"));
+    edit(h);
+    md["tfe.header"] = h.dump();
+  });
+}
+
+HeadHeader fp8_tiny() {
+  auto h = preset_header("tiny");
+  h.fp8 = {"wq", "w_down", "lm_head"};
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("head file: write, read back, every dtype and byte intact") {
+  for (auto h : {fp8_tiny(), preset_header("tiny-two-stage")}) {
+    CAPTURE(h.name);
+    const uint64_t seed = std::random_device{}();
+    CAPTURE(seed);
+    const Bytes image = random_head_bytes(h, seed);
+    const auto path = write_temp_file(image, "roundtrip.tfe");
+    const auto head = HeadFile::open(path, {.verify_sha256 = true});
+    CHECK(head.header() == h);
+    const auto specs = expected_tensors(h);
+    REQUIRE(head.file().tensors().size() == specs.size());
+
+    // The same bytes written by the writer to disk read back identically, tensor by tensor.
+    const auto memory = HeadFile::from_bytes(image);
+    std::set<DType> dtypes;
+    for (const auto& spec : specs) {
+      CAPTURE(spec.name);
+      const TensorView& t = head.tensor(spec.name);
+      const TensorView& m = memory.tensor(spec.name);
+      CHECK(t.dtype == spec.dtype);
+      CHECK(t.shape == spec.shape);
+      CHECK(t.bytes == t.numel() * dtype_size(t.dtype));
+      REQUIRE(t.bytes == m.bytes);
+      CHECK(std::memcmp(t.data, m.data, size_t(t.bytes)) == 0);
+      CHECK(head.recorded_sha256(spec.name) == sha256_hex({t.data, size_t(t.bytes)}));
+      dtypes.insert(t.dtype);
+    }
+    if (!h.fp8.empty()) CHECK(dtypes == std::set{DType::BF16, DType::F32, DType::I32, DType::F8_E4M3});
+    CHECK(head.header_sha256() == memory.header_sha256());
+    CHECK(head.header_sha256().size() == 64);
+    CHECK_THROWS_WITH_AS(head.tensor("nope"), doctest::Contains("no tensor `nope`"), Error);
+  }
+}
+
+TEST_CASE("head file: HeadWriter::write is atomic and equals serialize()") {
+  const auto h = preset_header("tiny");
+  const Bytes image = random_head_bytes(h, 7);
+  const auto head = HeadFile::from_bytes(image);
+  HeadWriter w(h);
+  for (const auto& t : head.file().tensors()) w.add(t.name, t.dtype, t.shape, {t.data, size_t(t.bytes)});
+  const auto dir = tfe::test::temp_dir() / "atomic";
+  std::filesystem::create_directories(dir);
+  const auto path = (dir / "a.tfe").string();
+  w.write(path);
+  w.write(path);  // over an existing file
+  CHECK(std::distance(std::filesystem::directory_iterator(dir), {}) == 1);  // no temporary left behind
+  std::ifstream in(path, std::ios::binary);
+  const std::string disk((std::istreambuf_iterator<char>(in)), {});
+  const Bytes mem = w.serialize();
+  REQUIRE(disk.size() == mem.size());
+  CHECK(std::memcmp(disk.data(), mem.data(), mem.size()) == 0);
+  CHECK_THROWS_WITH_AS(w.write((dir / "missing-dir" / "a.tfe").string()),
+                       doctest::Contains("cannot create a temporary file"), Error);
+}
+
+TEST_CASE("head file: HeadWriter refuses what the header does not expect") {
+  const auto h = preset_header("tiny");
+  const auto head = HeadFile::from_bytes(random_head_bytes(h, 11));
+  const TensorView& wq = head.tensor("wq");
+  const std::span<const std::byte> wq_bytes(wq.data, size_t(wq.bytes));
+  HeadWriter w(h);
+  CHECK_THROWS_WITH_AS(w.add("wz", DType::BF16, wq.shape, wq_bytes), doctest::Contains("tensor `wz` is not part"),
+                       Error);
+  CHECK_THROWS_WITH_AS(w.add("wq", DType::F32, wq.shape, wq_bytes), doctest::Contains("is F32; the header expects BF16"),
+                       Error);
+  CHECK_THROWS_WITH_AS(w.add("wq", DType::BF16, {wq.shape[1], wq.shape[0]}, wq_bytes),
+                       doctest::Contains("has shape [128, 64]; the header expects [64, 128]"), Error);
+  CHECK_THROWS_WITH_AS(w.add("wq", DType::BF16, wq.shape, wq_bytes.first(10)),
+                       doctest::Contains("has 10 bytes"), Error);
+  w.add("wq", DType::BF16, wq.shape, wq_bytes);
+  CHECK_THROWS_WITH_AS(w.add("wq", DType::BF16, wq.shape, wq_bytes), doctest::Contains("added twice"), Error);
+
+  std::vector<int32_t> d2t(size_t(h.draft_vocab), 0);
+  d2t[17] = int32_t(h.vocab);  // 17 + vocab is past the end
+  CHECK_THROWS_WITH_AS(w.add("d2t", DType::I32, {h.draft_vocab}, tfe::test::to_bytes(d2t)),
+                       doctest::Contains("d2t[17] = 1000"), Error);
+  CHECK_THROWS_WITH_AS(w.serialize(), doctest::Contains("tensor `fc` was never added"), Error);
+  CHECK_THROWS_WITH_AS(w.write((tfe::test::temp_dir() / "never.tfe").string()), doctest::Contains("never added"),
+                       Error);
+  CHECK_FALSE(std::filesystem::exists(tfe::test::temp_dir() / "never.tfe"));
+
+  auto bad = preset_header("tiny");
+  bad.window = 0;
+  CHECK_THROWS_WITH_AS(HeadWriter{bad}, doctest::Contains("window = 0"), Error);
+}
+
+TEST_CASE("head file: HeadWriter refuses an order that would misalign a tensor") {
+  auto h = preset_header("tiny");
+  h.target_hidden = 95;  // tap_norm.1 is then 190 bytes: whatever follows it sits 2 bytes off 4-alignment
+  const auto head = HeadFile::from_bytes(random_head_bytes(h, 3));
+  HeadWriter w(h);
+  for (const char* name : {"tap_norm.1", "d2t"}) {
+    const auto& t = head.tensor(name);
+    w.add(t.name, t.dtype, t.shape, {t.data, size_t(t.bytes)});
+  }
+  for (const auto& t : head.file().tensors())
+    if (t.name != "tap_norm.1" && t.name != "d2t") w.add(t.name, t.dtype, t.shape, {t.data, size_t(t.bytes)});
+  CHECK_THROWS_WITH_AS(w.serialize(), doctest::Contains("`d2t` (I32) would start at data offset 190, not a multiple of 4"),
+                       Error);
+
+  // The same layout written by another tool is refused by the reader, which hands tensors out in place.
+  const Bytes misaligned = rebuild(random_head_bytes(h, 4), [](auto&, auto& entries) {
+    std::stable_partition(entries.begin(), entries.end(), [](const SafetensorsEntry& e) { return e.name == "tap_norm.1"; });
+    std::stable_partition(entries.begin() + 1, entries.end(), [](const SafetensorsEntry& e) { return e.name == "d2t"; });
+  });
+  refuses_head(misaligned, "tensor `d2t` starts at file offset");
+  refuses_head(misaligned, "not aligned to its 4-byte elements");
+}
+
+TEST_CASE("head file: header <-> metadata round trip of every field") {
+  auto h = preset_header("tfe-two-stage");
+  h.name = "a \"quoted\" name";
+  h.rope.llama3 = true;
+  h.rope.factor = 16.0f;
+  h.rope.low_freq_factor = 0.75f;
+  h.rope.high_freq_factor = 5.5f;
+  h.rope.original_max_positions = 4096;
+  h.rms_eps = 3.25e-6f;
+  h.fp8 = {"lr_a", "target_head", "fc"};
+  const auto md = header_to_metadata(h);
+  CHECK(md.at("tfe.format_version") == "1");
+  CHECK(header_from_metadata(md) == h);
+  const json j = json::parse(md.at("tfe.header"));
+  CHECK(j.at("taps").back() == json{{"layer", "final"}, {"norm", true}});
+  CHECK(j.at("head_type") == "two_stage");
+  CHECK(j.at("rms_eps").get<double>() == 3.25e-6);  // written as the shortest decimal
+}
+
+TEST_CASE("head file: header_from_metadata names the missing, mistyped or unknown field") {
+  const auto md = header_to_metadata(preset_header("tiny-two-stage"));
+  auto with = [&](const std::function<void(json&)>& edit) {
+    auto m = md;
+    json j = json::parse(m.at("tfe.header"));
+    edit(j);
+    m["tfe.header"] = j.dump();
+    return m;
+  };
+  auto refuses = [](const std::map<std::string, std::string>& m, const char* message) {
+    CAPTURE(message);
+    CHECK_THROWS_WITH_AS(header_from_metadata(m), doctest::Contains(message), Error);
+  };
+  refuses(with([](json& j) { j.erase("window"); }), "field `window` missing");
+  refuses(with([](json& j) { j["window"] = 15.5; }), "field `window` must be an integer (got 15.5)");
+  refuses(with([](json& j) { j["window"] = "15"; }), "field `window` must be an integer");
+  refuses(with([](json& j) { j["window"] = uint64_t(1) << 40; }), "field `window` = 1099511627776 is outside");
+  refuses(with([](json& j) { j["hidden"] = -64; }), "field `hidden` = -64 is outside");
+  refuses(with([](json& j) { j["qk_norm"] = 1; }), "field `qk_norm` must be a boolean");
+  refuses(with([](json& j) { j["rms_eps"] = 1e300; }), "field `rms_eps` = 1e+300 does not fit a 32-bit float");
+  refuses(with([](json& j) { j["rope"].erase("theta"); }), "field `rope.theta` missing");
+  refuses(with([](json& j) { j["rope"]["extra"] = 1; }), "unknown field `rope.extra`");
+  refuses(with([](json& j) { j["rope"] = 1; }), "field `rope` must be an object");
+  refuses(with([](json& j) { j["taps"][1]["layer"] = "last"; }), "field `taps[1].layer` = \"last\" must be");
+  refuses(with([](json& j) { j["taps"][0]["layer"] = -1; }), "field `taps[0].layer` = -1 is outside 0..");
+  refuses(with([](json& j) { j["taps"][2].erase("norm"); }), "field `taps[2].norm` missing");
+  refuses(with([](json& j) { j["taps"] = json::array(); }), "taps has 0 entries");
+  refuses(with([](json& j) { j["head_type"] = "sparse"; }), "field `head_type` = \"sparse\"");
+  refuses(with([](json& j) { j["fp8"] = {"wq", 3}; }), "field `fp8[1]` must be a string");
+  refuses(with([](json& j) { j["fp8"] = {"embed"}; }), "fp8 names `embed`, which is not a linear");
+  refuses(with([](json& j) { j["windows"] = 15; }), "unknown field `windows`");
+  refuses(with([](json& j) { j = json::array(); }), "must be a JSON object");
+
+  auto m = md;
+  m["tfe.format_version"] = "2";
+  refuses(m, "`tfe.format_version` = 2 is not supported (this build reads 1)");
+  m["tfe.format_version"] = "1x";
+  refuses(m, "is not an integer");
+  m.erase("tfe.format_version");
+  refuses(m, "key `tfe.format_version` missing");
+  m = md;
+  m["tfe.header"] = "{\"name\": ";
+  refuses(m, "`tfe.header` is not valid JSON");
+  m["tfe.header"] = std::string(100, '[') + std::string(100, ']');
+  refuses(m, "nests deeper than 8 levels");
+}
+
+TEST_CASE("safetensors reader: accepts zero-size tensors, reports metadata and header bytes") {
+  const std::string header =
+      R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[2,0],"data_offsets":[0,0]},)"
+      R"("b":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]},"c":{"dtype":"I64","shape":[],"data_offsets":[6,14]}})";
+  const Bytes image = raw_file(header, 14);
+  const auto f = SafetensorsFile::from_bytes(image, "ok.safetensors");
+  CHECK(f.metadata() == std::map<std::string, std::string>{{"k", "v"}});
+  REQUIRE(f.tensors().size() == 3);
+  CHECK(f.tensors()[0].name == "a");  // offset order; the empty tensor first
+  CHECK(f.tensors()[0].bytes == 0);
+  CHECK(f.find("c")->numel() == 1);
+  CHECK(f.find("c")->data == image.data() + 8 + header.size() + 6);
+  CHECK(f.find("z") == nullptr);
+  CHECK(std::string(reinterpret_cast<const char*>(f.header_bytes().data()), f.header_bytes().size()) == header);
+}
+
+TEST_CASE("safetensors reader: one malformed file per rule") {
+  auto entry = [](const std::string& name, const std::string& dtype, const std::string& shape,
+                  const std::string& offsets) {
+    return fmt::format(R"("{}":{{"dtype":"{}","shape":{},"data_offsets":{}}})", name, dtype, shape, offsets);
+  };
+  auto file = [](const std::vector<std::string>& entries, size_t data) {
+    std::string h = "{";
+    for (size_t i = 0; i < entries.size(); ++i) h += (i ? "," : "") + entries[i];
+    return raw_file(h + "}", data);
+  };
+  const auto a = entry("a", "F32", "[2,3]", "[0,24]");
+
+  refuses_raw(Bytes(5), "file is 5 bytes");
+  refuses_raw(raw_file("{}", 0, kMaxHeaderBytes + 1), "header length 100000001 exceeds the limit of 100000000");
+  refuses_raw(raw_file("{}", 0, 3), "header length 3 exceeds the 2 bytes that follow");
+  refuses_raw(raw_file("{\"a\": ", 0), "bad.safetensors: header is not valid JSON");
+  refuses_raw(raw_file("[1, 2]", 0), "header must be a JSON object (got array)");
+  refuses_raw(raw_file(std::string(5000, '[') + std::string(5000, ']'), 0), "nests deeper than 8 levels");
+  refuses_raw(raw_file(R"({"__metadata__":{"x":"1","x":"2"}})", 0), "key `x` twice");
+  refuses_raw(file({entry("a", "F64", "[2,3]", "[0,48]")}, 48), "tensor `a`: unknown dtype \"F64\"");
+  refuses_raw(file({entry("a", "F32", "[2,-3]", "[0,24]")}, 24), "tensor `a`: shape[1] = -3 must be a non-negative");
+  refuses_raw(file({entry("a", "F32", "[2,3.5]", "[0,24]")}, 24), "shape[1] = 3.5 must be a non-negative integer");
+  refuses_raw(file({entry("a", "F32", "[1,1,1,1,1,1,1,1,1]", "[0,4]")}, 4), "rank 9 exceeds 8");
+  refuses_raw(file({entry("a", "F32", "3", "[0,12]")}, 12), "shape must be an array (got 3)");
+  refuses_raw(file({entry("a", "F32", "[2,3]", "[24,0]")}, 24), "data_offsets [24, 0] are reversed");
+  refuses_raw(file({entry("a", "F32", "[2,3]", "[0,24,0]")}, 24), "data_offsets must be an array of 2 integers");
+  refuses_raw(file({entry("a", "F32", "[2,3]", "[-1,23]")}, 24), "must be non-negative integers");
+  refuses_raw(file({entry("a", "F32", "[2,3]", "[0,20]")}, 20), "span 20 bytes; F32 [2,3] needs 24");
+  refuses_raw(file({entry("a", "BF16", "[4294967296,4294967296]", "[0,2]")}, 2), "more elements than int64 holds");
+  refuses_raw(file({entry("a", "F32", "[3037000499,3037000499]", "[0,2]")}, 2), "more bytes than int64 holds");
+  refuses_raw(file({entry("a", "F32", "[18446744073709551615]", "[0,2]")}, 2), "shape[0] = 18446744073709551615");
+  refuses_raw(file({a, entry("b", "F32", "[2]", "[20,28]")}, 28), "tensor `b`: data_offsets [20, 28] overlap `a`");
+  refuses_raw(file({a, entry("b", "F32", "[2]", "[28,36]")}, 36), "tensor `b`: gap of 4 bytes before it");
+  refuses_raw(file({entry("a", "F32", "[2,3]", "[4,28]")}, 28), "tensor `a`: gap of 4 bytes");
+  refuses_raw(file({a, entry("b", "F32", "[2]", "[24,32]")}, 30), "[24, 32] are out of range: the data section has 30");
+  refuses_raw(file({a}, 25), "1 trailing bytes after the last tensor");
+  refuses_raw(file({}, 3), "3 trailing bytes");
+  refuses_raw(raw_file(R"({"__metadata__":{"x":1}})", 0), "__metadata__[\"x\"] must be a string (got 1)");
+  refuses_raw(raw_file(R"({"__metadata__":[]})", 0), "__metadata__ must be an object");
+  refuses_raw(raw_file(R"({"a":[]})", 0), "tensor `a` entry must be an object");
+  refuses_raw(raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"crc":0}})", 4),
+              "tensor `a` has unknown field `crc`");
+  refuses_raw(raw_file(R"({"a":{"shape":[1],"data_offsets":[0,4]}})", 4), "field `dtype` missing");
+  refuses_raw(raw_file(R"({"a":{"dtype":"F32","data_offsets":[0,4]}})", 4), "field `shape` missing");
+  refuses_raw(raw_file(R"({"a":{"dtype":"F32","shape":[1]}})", 4), "field `data_offsets` missing");
+  CHECK_THROWS_WITH_AS(SafetensorsFile::open((tfe::test::temp_dir() / "absent.safetensors").string()),
+                       doctest::Contains("absent.safetensors: cannot open"), Error);
+  CHECK_THROWS_WITH_AS(SafetensorsFile::open(write_temp_file(Bytes(3), "short.safetensors")),
+                       doctest::Contains("short.safetensors: file is 3 bytes"), Error);
+  CHECK_THROWS_WITH_AS(SafetensorsFile::open(tfe::test::temp_dir().string()), doctest::Contains("not a regular file"),
+                       Error);
+}
+
+TEST_CASE("head file: one bad head per rule") {
+  const Bytes good = random_head_bytes(preset_header("tiny"), 5);
+  CHECK_NOTHROW(HeadFile::from_bytes(good, {.verify_sha256 = true}));
+
+  auto drop = [](const std::string& name) {
+    return [name](auto& md, auto& entries) {
+      std::erase_if(entries, [&](const SafetensorsEntry& e) { return e.name == name; });
+      json sha = json::parse(md.at("tfe.sha256"));
+      sha.erase(name);
+      md["tfe.sha256"] = sha.dump();
+    };
+  };
+  refuses_head(rebuild(good, drop("w_up")), "tensor `w_up` missing");
+  refuses_head(rebuild(good, drop("d2t")), "tensor `d2t` missing");
+
+  const std::vector<std::byte> extra_bytes(16, std::byte{3});
+  refuses_head(rebuild(good,
+                       [&](auto&, auto& entries) {
+                         entries.push_back({"bias", DType::F32, {4}, extra_bytes});
+                       }),
+               "unexpected tensor `bias`");
+  refuses_head(rebuild(good,
+                       [&](auto&, auto& entries) {
+                         entries.push_back({"bias", DType::F16, {8}, extra_bytes});
+                       }),
+               "tensor `bias` is F16; a head holds only BF16, F32, I32 and F8_E4M3");
+}
+
+TEST_CASE("head file: wrong shape, wrong dtype, header limits") {
+  const Bytes good = random_head_bytes(preset_header("tiny"), 8);
+  refuses_head(rebuild(good,
+                       [](auto&, auto& entries) {
+                         for (auto& e : entries)
+                           if (e.name == "fc") e.shape = {e.shape[1], e.shape[0]};
+                       }),
+               "tensor `fc` has shape [288, 64]; the header expects [64, 288]");
+  refuses_head(rebuild(good,
+                       [](auto&, auto& entries) {
+                         for (auto& e : entries)
+                           if (e.name == "d2t") e.dtype = DType::F32;
+                       }),
+               "tensor `d2t` is F32; the header expects I32");
+  refuses_head(edit_header(good, [](json& j) { j["window"] = 0; }), "window = 0 is outside 1..511");
+  refuses_head(edit_header(good, [](json& j) { j["window"] = 512; }), "window = 512 is outside 1..511");
+  refuses_head(edit_header(good, [](json& j) { j["head_dim"] = 15; }), "head_dim = 15 must be even");
+  refuses_head(edit_header(good, [](json& j) { j["heads"] = 3; }), "heads = 3 is not divisible by kv_heads = 2");
+  refuses_head(edit_header(good, [](json& j) { j["draft_vocab"] = 1001; }), "draft_vocab = 1001 exceeds vocab");
+  const Bytes two = random_head_bytes(preset_header("tiny-two-stage"), 9);
+  refuses_head(edit_header(two, [](json& j) { j["cand_k"] = 0; }), "cand_k = 0 is outside 1..512");
+  refuses_head(edit_header(two, [](json& j) { j["cand_k"] = 513; }), "cand_k = 513 is outside 1..512");
+  refuses_head(edit_header(two, [](json& j) { j["cand_k"] = 301; }), "cand_k = 301 exceeds draft_vocab = 300");
+  refuses_head(edit_header(good, [](json& j) { j["cand_k"] = 4; }), "cand_k = 4 is set but head_type is dense");
+}
+
+TEST_CASE("head file: d2t, sha256 records and --verify") {
+  const auto h = preset_header("tiny");
+  const Bytes good = random_head_bytes(h, 12);
+  const auto head = HeadFile::from_bytes(good);
+  const TensorView& d2t = head.tensor("d2t");
+  const auto d2t_at = size_t(d2t.data - good.data());
+
+  // d2t[i] pointing outside the vocabulary, below and above; the sha256 is left stale on purpose so that
+  // the range check (always on) is what refuses it.
+  for (int32_t target : {-1, int32_t(h.vocab)}) {
+    Bytes bad = good;
+    const int32_t off = target - 42;
+    std::memcpy(bad.data() + d2t_at + 42 * 4, &off, 4);
+    refuses_head(bad, fmt::format("d2t[42] = {} maps draft id 42 to target id {}, outside the vocabulary 0..999",
+                                  off, target));
+  }
+
+  // A flipped bit in a weight passes the structural checks and is caught by --verify, by name.
+  Bytes flipped = good;
+  const TensorView& wv = head.tensor("wv");
+  flipped[size_t(wv.data - good.data()) + 100] ^= std::byte{0x10};
+  CHECK_NOTHROW(HeadFile::from_bytes(flipped));
+  refuses_head(flipped, "tensor `wv`: sha256", {.verify_sha256 = true});
+
+  auto edit_sha = [&](const std::function<void(json&)>& edit) {
+    return rebuild(good, [&](auto& md, auto&) {
+      json sha = json::parse(md.at("tfe.sha256"));
+      edit(sha);
+      md["tfe.sha256"] = sha.dump();
+    });
+  };
+  refuses_head(edit_sha([](json& s) { s.erase("embed"); }), "`tfe.sha256` has no entry for tensor `embed`");
+  refuses_head(edit_sha([](json& s) { s["ghost"] = std::string(64, 'a'); }), "records tensor `ghost`, which the file");
+  refuses_head(edit_sha([](json& s) { s["fc"] = std::string(64, 'A'); }), "`tfe.sha256` of `fc` = \"AAAA");
+  refuses_head(edit_sha([](json& s) { s["fc"] = 12; }), "`tfe.sha256` of `fc` = 12 is not 64 lowercase hex");
+  refuses_head(edit_sha([](json& s) { s = json::array(); }), "`tfe.sha256` must be a JSON object");
+  refuses_head(rebuild(good, [](auto& md, auto&) { md.erase("tfe.sha256"); }), "metadata key `tfe.sha256` missing");
+  refuses_head(rebuild(good, [](auto& md, auto&) { md["tfe.extra"] = "1"; }), "unknown metadata key `tfe.extra`");
+  refuses_head(rebuild(good, [](auto& md, auto&) { md.erase("tfe.header"); }), "key `tfe.header` missing");
+  CHECK_NOTHROW(HeadFile::from_bytes(rebuild(good, [](auto& md, auto&) { md["format"] = "pt"; })));
+}
+
+TEST_CASE("head file: errors from a file name it") {
+  const Bytes good = random_head_bytes(preset_header("tiny"), 13);
+  const auto path = write_temp_file(edit_header(good, [](json& j) { j.erase("ffn"); }), "no-ffn.tfe");
+  CHECK_THROWS_WITH_AS(HeadFile::open(path), doctest::Contains("no-ffn.tfe: head header: field `ffn` missing"), Error);
+}
+
+TEST_CASE("head file: truncated anywhere, refused without a crash") {
+  const Bytes good = random_head_bytes(preset_header("tiny-two-stage"), 14);
+  const auto head = HeadFile::from_bytes(good);
+  const size_t header_end = 8 + head.file().header_bytes().size();
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, header_end / 2, header_end - 1,
+                     header_end, header_end + 1, (header_end + good.size()) / 2, good.size() - 1}) {
+    CAPTURE(cut);
+    const Bytes part(good.begin(), good.begin() + long(cut));
+    CHECK_THROWS_AS(HeadFile::from_bytes(part), Error);
+    CHECK_THROWS_AS(HeadFile::open(write_temp_file(part, "cut.tfe")), Error);
+  }
+}
+
+TEST_CASE("head file: random byte corruption is refused or accepted, never a crash") {
+  const Bytes good = random_head_bytes(preset_header("tiny"), 15);
+  const size_t header_end = 8 + HeadFile::from_bytes(good).file().header_bytes().size();
+  const uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  int refused = 0;
+  for (int i = 0; i < 300; ++i) {
+    Bytes bad = good;
+    for (int k = 0; k < 3; ++k) bad[rng() % header_end] = std::byte(rng());  // the JSON is where the rules are
+    try {
+      HeadFile::from_bytes(bad);
+    } catch (const Error&) {
+      ++refused;
+    }
+  }
+  CHECK(refused > 200);
+}

@@ -1,0 +1,113 @@
+// Helpers shared by the CPU tests: a complete random head in memory and temporary files.
+#pragma once
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "plan/error.h"
+#include "plan/head_file.h"
+#include "plan/header.h"
+#include "plan/numeric.h"
+
+namespace tfe::test {
+
+// The bytes of `n` values of type T.
+template <typename T>
+std::vector<std::byte> to_bytes(const std::vector<T>& v) {
+  std::vector<std::byte> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// Random contents for one tensor of a head. Linears ~ N(0, 1/K) (K = fan-in), norm weights 1 + N(0, 0.05^2),
+// embed ~ N(0, 1), d2t a sorted random choice of draft_vocab distinct target ids, FP8 forms random finite
+// e4m3 codes with positive scales. No value is zero, so that a byte lost or misplaced shows.
+inline std::vector<std::byte> random_tensor(const HeadHeader& h, const TensorSpec& spec, std::mt19937_64& rng) {
+  int64_t n = 1;
+  for (int64_t d : spec.shape) n *= d;
+  if (spec.name == "d2t") {
+    std::vector<int32_t> ids(static_cast<size_t>(h.vocab));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    ids.resize(static_cast<size_t>(n));
+    std::sort(ids.begin(), ids.end());
+    for (int32_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] -= i;
+    return to_bytes(ids);
+  }
+  switch (spec.dtype) {
+    case DType::BF16: {
+      const bool norm = spec.shape.size() == 1;
+      const double std = spec.name == "embed" ? 1.0 : norm ? 0.05 : 1.0 / std::sqrt(double(spec.shape[1]));
+      std::normal_distribution<float> dist(norm ? 1.0f : 0.0f, static_cast<float>(std));
+      std::vector<bf16_bits> v(static_cast<size_t>(n));
+      for (auto& x : v) {
+        do x = float_to_bf16(dist(rng));
+        while ((x & 0x7fff) == 0);
+      }
+      return to_bytes(v);
+    }
+    case DType::F8_E4M3: {
+      std::uniform_int_distribution<int> code(1, 0x7e);  // finite, non-zero magnitudes
+      std::vector<uint8_t> v(static_cast<size_t>(n));
+      for (auto& x : v) x = static_cast<uint8_t>(code(rng) | (rng() & 1 ? 0x80 : 0));
+      return to_bytes(v);
+    }
+    case DType::F32: {
+      std::uniform_real_distribution<float> dist(1e-4f, 1e-2f);
+      std::vector<float> v(static_cast<size_t>(n));
+      for (auto& x : v) x = dist(rng);
+      return to_bytes(v);
+    }
+    default: fail("random_tensor: no random fill for {} tensor `{}`", dtype_name(spec.dtype), spec.name);
+  }
+}
+
+// A complete, valid .tfe image of a random head with this header (FP8 forms included when header.fp8
+// lists them). Tensors are laid out by element size, largest first, so that every tensor is aligned to its
+// element whatever the dims (as the safetensors package lays out its files).
+inline std::vector<std::byte> random_head_bytes(const HeadHeader& h, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto specs = expected_tensors(h);
+  std::stable_sort(specs.begin(), specs.end(),
+                   [](const TensorSpec& a, const TensorSpec& b) { return dtype_size(a.dtype) > dtype_size(b.dtype); });
+  HeadWriter w(h);
+  for (const auto& spec : specs) w.add(spec.name, spec.dtype, spec.shape, random_tensor(h, spec, rng));
+  return w.serialize();
+}
+
+// A directory private to this test process, created on first use and removed at exit.
+inline const std::filesystem::path& temp_dir() {
+  struct Dir {
+    std::filesystem::path path =
+        std::filesystem::temp_directory_path() / ("tfe_tests_" + std::to_string(::getpid()));
+    Dir() { std::filesystem::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;  // never throw at exit
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
+}
+
+// Writes `bytes` to temp_dir()/name and returns the path.
+inline std::string write_temp_file(std::span<const std::byte> bytes, const std::string& name) {
+  const auto path = temp_dir() / name;
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  f.close();
+  if (!f) fail("write_temp_file: cannot write {}", path.string());
+  return path.string();
+}
+
+}  // namespace tfe::test
