@@ -1,1 +1,281 @@
 #include "plan/plan.h"
+
+#include <algorithm>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "plan/error.h"
+
+namespace tfe {
+
+std::string_view fp8_mode_name(Fp8Mode m) {
+  switch (m) {
+    case Fp8Mode::automatic: return "auto";
+    case Fp8Mode::off: return "off";
+    case Fp8Mode::require: return "require";
+  }
+  return "?";
+}
+
+Fp8Mode fp8_mode_from_name(std::string_view s) {
+  if (s == "auto") return Fp8Mode::automatic;
+  if (s == "off") return Fp8Mode::off;
+  if (s == "require") return Fp8Mode::require;
+  fail("fp8 mode `{}` is not one of auto, off, require", s);
+}
+
+std::string_view buffer_role_name(BufferRole r) {
+  switch (r) {
+    case BufferRole::weight: return "weight";
+    case BufferRole::state: return "state";
+    case BufferRole::table: return "table";
+    case BufferRole::activation: return "activation";
+    case BufferRole::output: return "output";
+  }
+  return "?";
+}
+
+std::string_view node_rows_name(Node::Rows r) {
+  switch (r) {
+    case Node::Rows::fixed: return "fixed";
+    case Node::Rows::chunk_rows: return "chunk_rows";
+    case Node::Rows::chunk_slots: return "chunk_slots";
+  }
+  return "?";
+}
+
+const Buffer* Arena::find(std::string_view name) const {
+  for (const auto& b : buffers)
+    if (b.name == name) return &b;
+  return nullptr;
+}
+
+const Buffer& Arena::at(std::string_view name) const {
+  if (const Buffer* b = find(name)) return *b;
+  fail("arena: no buffer named `{}`", name);
+}
+
+const KernelSpec& Plan::spec(std::string_view uri) const {
+  for (const auto& s : specs)
+    if (s.uri() == uri) return s;
+  fail("plan: no kernel spec `{}`", uri);
+}
+
+void validate(const PlanOptions& o) {
+  if (o.buckets.empty()) fail("plan options: buckets is empty; give at least one streams bucket in 1..16");
+  for (size_t i = 0; i < o.buckets.size(); ++i) {
+    if (o.buckets[i] < 1 || o.buckets[i] > 16) fail("plan options: buckets[{}] = {} is outside 1..16", i, o.buckets[i]);
+    if (i > 0 && o.buckets[i] <= o.buckets[i - 1])
+      fail("plan options: buckets must be ascending and unique; buckets[{}] = {} follows {}", i, o.buckets[i],
+           o.buckets[i - 1]);
+  }
+  if (o.max_steps < 1 || o.max_steps > 16) fail("plan options: max_steps = {} is outside 1..16", o.max_steps);
+  if (o.max_slots < 1 || o.max_slots > 4096) fail("plan options: max_slots = {} is outside 1..4096", o.max_slots);
+  if (o.buckets.back() > o.max_slots)
+    fail("plan options: bucket {} exceeds max_slots = {} (a pass drafts one row per distinct slot)", o.buckets.back(),
+         o.max_slots);
+  if (o.extend_rows < 16 || o.extend_rows > 8192)
+    fail("plan options: extend_rows = {} is outside 16..8192", o.extend_rows);
+  static const std::regex arch_re("sm_[1-9][0-9]{1,3}");
+  if (!std::regex_match(o.arch, arch_re))
+    fail("plan options: arch `{}` is not of the form sm_<digits> (e.g. sm_90)", o.arch);
+  // The GEMV's bf16 mma.sync m16n8k16 needs Ampere or later.
+  if (std::stoi(o.arch.substr(3)) < 80) fail("plan options: arch {} is below sm_80, the oldest the kernels support", o.arch);
+}
+
+bool param_writes(std::string_view kernel, std::string_view param) {
+  static const std::map<std::string, std::set<std::string>, std::less<>> writes = {
+      {"rmsnorm", {"y"}},
+      {"prepare_x", {"x"}},
+      {"copy_rows", {"dst"}},
+      {"gemv", {"y"}},
+      {"qk_rope_kv", {"q_out", "ring_k", "ring_v"}},
+      {"ring_attention", {"o"}},
+      {"top1_partial", {"part_max", "part_idx", "part_sum"}},
+      {"top1_join", {"out_token", "out_conf", "next_token"}},
+      {"topk", {"cand"}},
+      {"rescore", {"out_token", "out_conf", "next_token"}},
+  };
+  const auto it = writes.find(kernel);
+  if (it == writes.end()) fail("param_writes: no kernel named `{}`", kernel);
+  return it->second.count(std::string(param)) != 0;
+}
+
+}  // namespace tfe
+
+namespace tfe {
+
+namespace {
+
+constexpr int64_t kMaxPlanBytes = int64_t{1} << 50;
+
+int64_t buffer_bytes(const Buffer& b) {
+  if (b.shape.empty() || b.shape.size() > 8) fail("plan: buffer `{}` has rank {}; 1..8 are allowed", b.name, b.shape.size());
+  int64_t p = dtype_size(b.dtype);
+  for (int64_t d : b.shape) {
+    if (d < 1) fail("plan: buffer `{}` has a dimension {} < 1", b.name, d);
+    if (p > kMaxPlanBytes / d) fail("plan: buffer `{}` exceeds {} bytes", b.name, kMaxPlanBytes);
+    p *= d;
+  }
+  return p;
+}
+
+void check_arena(const Arena& a, std::string_view which, bool weights) {
+  if (a.bytes < 0 || a.bytes > kMaxPlanBytes) fail("plan: {} bytes = {} is outside 0..{}", which, a.bytes, kMaxPlanBytes);
+  std::vector<const Buffer*> by_offset;
+  for (const auto& b : a.buffers) {
+    if (b.name.empty()) fail("plan: {} holds a buffer without a name", which);
+    if ((b.role == BufferRole::weight) != weights)
+      fail("plan: buffer `{}` of role {} cannot live in the {}", b.name, buffer_role_name(b.role), which);
+    if (!head_dtype(b.dtype)) fail("plan: buffer `{}` has dtype {}, not a device dtype", b.name, dtype_name(b.dtype));
+    const int64_t want = buffer_bytes(b);
+    if (b.bytes != want) fail("plan: buffer `{}` has bytes = {}, its shape and dtype make {}", b.name, b.bytes, want);
+    if (b.alignment < 1 || b.alignment > 4096 || (b.alignment & (b.alignment - 1)) != 0)
+      fail("plan: buffer `{}` has alignment {}, not a power of two in 1..4096", b.name, b.alignment);
+    if (b.offset < 0 || b.offset % b.alignment != 0)
+      fail("plan: buffer `{}` has offset {}, not a non-negative multiple of its alignment {}", b.name, b.offset,
+           b.alignment);
+    if (b.offset > a.bytes - b.bytes)
+      fail("plan: buffer `{}` ends at {}, past the {}'s {} bytes", b.name, b.offset + b.bytes, which, a.bytes);
+    if (weights && b.from.empty()) fail("plan: weight `{}` names no source tensor (`from`)", b.name);
+    if (!weights && !b.from.empty()) fail("plan: buffer `{}` is not a weight but names sources", b.name);
+    by_offset.push_back(&b);
+  }
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* x, auto* y) { return x->offset < y->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i)
+    if (by_offset[i]->offset < by_offset[i - 1]->offset + by_offset[i - 1]->bytes)
+      fail("plan: buffers `{}` and `{}` overlap in the {}", by_offset[i - 1]->name, by_offset[i]->name, which);
+}
+
+void check_node(const Plan& p, const Node& n, const std::map<std::string, const Buffer*>& buffers,
+                const std::set<std::string>& uris) {
+  auto buffer = [&](const std::string& name, std::string_view what) -> const Buffer& {
+    const auto it = buffers.find(name);
+    if (it == buffers.end()) fail("plan: node {}: {} names buffer `{}`, which no arena holds", n.name, what, name);
+    return *it->second;
+  };
+  if (n.kind == Node::Kind::gemm) {
+    if (n.rows == Node::Rows::fixed) fail("plan: gemm node {} must run on chunk rows", n.name);
+    const Gemm& g = n.gemm;
+    if (g.n < 1 || g.k < 1) fail("plan: gemm node {}: n = {}, k = {} must be >= 1", n.name, g.n, g.k);
+    const Buffer& w = buffer(g.w, "gemm w");
+    const Buffer& x = buffer(g.x, "gemm x");
+    const Buffer& y = buffer(g.y, "gemm y");
+    for (const Buffer* b : {&w, &x, &y})
+      if (b->dtype != DType::BF16) fail("plan: gemm node {}: `{}` is {}, cuBLASLt runs bf16", n.name, b->name, dtype_name(b->dtype));
+    if (w.role != BufferRole::weight) fail("plan: gemm node {}: w `{}` is not a weight", n.name, w.name);
+    if (g.w_offset < 0 || g.w_offset % 2 != 0 || g.n > (w.bytes - g.w_offset) / (2 * g.k))
+      fail("plan: gemm node {}: {} x {} bf16 at w_offset {} run past `{}` ({} bytes)", n.name, g.n, g.k, g.w_offset,
+           w.name, w.bytes);
+    if (x.shape.back() != g.k) fail("plan: gemm node {}: x `{}` rows are {} wide, k = {}", n.name, x.name, x.shape.back(), g.k);
+    if (y.shape.back() != g.n) fail("plan: gemm node {}: y `{}` rows are {} wide, n = {}", n.name, y.name, y.shape.back(), g.n);
+    if (y.role == BufferRole::weight) fail("plan: gemm node {} writes weight `{}`", n.name, y.name);
+    return;
+  }
+  if (!uris.count(n.spec)) fail("plan: node {} names spec `{}`, which the plan's specs lack", n.name, n.spec);
+  const KernelSpec& spec = p.spec(n.spec);
+  const KernelDef& def = kernel_def(spec.kernel);
+  if (n.args.size() != def.params.size())
+    fail("plan: node {} has {} args, kernel {} takes {}", n.name, n.args.size(), spec.kernel, def.params.size());
+  for (size_t i = 0; i < n.args.size(); ++i) {
+    const Arg& a = n.args[i];
+    const KernelParam& prm = def.params[i];
+    if (a.param != prm.name)
+      fail("plan: node {} arg {} binds `{}`, kernel {} expects `{}` there", n.name, i, a.param, spec.kernel, prm.name);
+    const bool fits = prm.kind == ParamKind::ptr   ? (a.kind == Arg::Kind::buffer || a.kind == Arg::Kind::null)
+                      : prm.kind == ParamKind::i64 ? (a.kind == Arg::Kind::i64 || a.kind == Arg::Kind::rows)
+                                                   : a.kind == Arg::Kind::f32;
+    if (!fits) fail("plan: node {} arg `{}`: a {} parameter cannot take this kind of argument", n.name, a.param,
+                    param_kind_name(prm.kind));
+    if (a.kind == Arg::Kind::rows && n.rows == Node::Rows::fixed)
+      fail("plan: node {} arg `{}` takes the launch's rows but the node runs on fixed rows", n.name, a.param);
+    if (a.kind != Arg::Kind::buffer) continue;
+    const Buffer& b = buffer(a.buffer, fmt::format("arg `{}`", a.param));
+    if (a.byte_offset < 0 || a.byte_offset >= b.bytes)
+      fail("plan: node {} arg `{}`: byte_offset {} is outside `{}` ({} bytes)", n.name, a.param, a.byte_offset, b.name,
+           b.bytes);
+    if (param_writes(spec.kernel, a.param) && b.role == BufferRole::weight)
+      fail("plan: node {} writes weight `{}` through `{}`", n.name, b.name, a.param);
+  }
+  if (n.launch.rows_axis < -1 || n.launch.rows_axis > 2 || n.launch.rows_per_block < 1 || n.launch.block < 1 ||
+      n.launch.smem < 0)
+    fail("plan: node {} has an invalid launch shape", n.name);
+  for (int64_t g : n.launch.grid)
+    if (g < 1) fail("plan: node {} has a grid dimension {} < 1", n.name, g);
+  if (n.rows != Node::Rows::fixed && n.launch.rows_axis < 0)
+    fail("plan: node {} runs on rows set at launch but its launch has no rows axis", n.name);
+}
+
+}  // namespace
+
+void validate(const Plan& p) {
+  if (p.schema_version != kPlanSchemaVersion)
+    fail("plan: schema_version {} is not supported (this build reads {})", p.schema_version, kPlanSchemaVersion);
+  validate(p.header);
+  validate(p.options);
+  const int min_ring = p.header.window + 1 + p.options.max_steps;
+  if (p.ring_rows < min_ring || p.ring_rows > 1 << 20)
+    fail("plan: ring_rows = {} is outside {}..{} (window + 1 + max_steps at least)", p.ring_rows, min_ring, 1 << 20);
+  check_arena(p.weights, "weights arena", true);
+  check_arena(p.arena, "arena", false);
+  std::map<std::string, const Buffer*> buffers;
+  for (const Arena* a : {&p.weights, &p.arena})
+    for (const auto& b : a->buffers)
+      if (!buffers.emplace(b.name, &b).second) fail("plan: buffer name `{}` is used twice", b.name);
+  if (p.tables_offset < 0 || p.tables_bytes < 0 || p.tables_offset > p.arena.bytes - p.tables_bytes)
+    fail("plan: tables region [{}, +{}) is outside the arena ({} bytes)", p.tables_offset, p.tables_bytes, p.arena.bytes);
+  for (const auto& b : p.arena.buffers)
+    if (b.role == BufferRole::table && (b.offset < p.tables_offset || b.offset + b.bytes > p.tables_offset + p.tables_bytes))
+      fail("plan: table `{}` lies outside the tables region", b.name);
+  bool any_fp8 = false;
+  for (const auto& b : p.weights.buffers) any_fp8 = any_fp8 || b.dtype == DType::F8_E4M3;
+  if (p.fp8 != any_fp8) fail("plan: fp8 = {} but the weights {} FP8 forms", p.fp8, any_fp8 ? "hold" : "hold no");
+  std::set<std::string> uris;
+  for (size_t i = 0; i < p.specs.size(); ++i) {
+    const KernelSpec& s = p.specs[i];
+    make_spec(s.kernel, s.constants);  // throws for an unknown kernel or wrong constants
+    const std::string uri = s.uri();
+    if (i > 0 && !(p.specs[i - 1].uri() < uri))
+      fail("plan: specs must be sorted by uri and unique; `{}` follows `{}`", uri, p.specs[i - 1].uri());
+    uris.insert(uri);
+  }
+  if (p.buckets.size() != p.options.buckets.size())
+    fail("plan: {} buckets, but options list {}", p.buckets.size(), p.options.buckets.size());
+  std::set<std::string> used;
+  bool any_gemm = false;
+  for (size_t i = 0; i < p.buckets.size(); ++i) {
+    const Bucket& b = p.buckets[i];
+    if (b.streams != p.options.buckets[i])
+      fail("plan: buckets[{}] has streams = {}, options list {}", i, b.streams, p.options.buckets[i]);
+    int last = 1;
+    for (const auto& n : b.nodes) {
+      if (n.step < last || n.step > p.options.max_steps)
+        fail("plan: bucket {} node {} has step {}; steps run {}..{} in order", b.streams, n.name, n.step, last,
+             p.options.max_steps);
+      last = n.step;
+      if (n.kind != Node::Kind::kernel || n.rows != Node::Rows::fixed)
+        fail("plan: bucket {} node {} must be a kernel on fixed rows", b.streams, n.name);
+      check_node(p, n, buffers, uris);
+      used.insert(n.spec);
+    }
+    if (b.nodes.empty() || b.nodes.back().step != p.options.max_steps)
+      fail("plan: bucket {} does not run all {} steps", b.streams, p.options.max_steps);
+  }
+  for (const auto& n : p.extend) {
+    if (n.step != 0) fail("plan: extend node {} has step {}; extend nodes have step 0", n.name, n.step);
+    if (n.rows == Node::Rows::fixed) fail("plan: extend node {} must run on rows set at launch", n.name);
+    check_node(p, n, buffers, uris);
+    if (n.kind == Node::Kind::kernel) used.insert(n.spec);
+    any_gemm = any_gemm || n.kind == Node::Kind::gemm;
+  }
+  for (const auto& u : uris)
+    if (!used.count(u)) fail("plan: spec `{}` is named by no node", u);
+  if (p.cublaslt_workspace < 0 || p.cublaslt_workspace > (int64_t{1} << 32) || (any_gemm && p.cublaslt_workspace == 0))
+    fail("plan: cublaslt_workspace = {} is outside {}..{}", p.cublaslt_workspace, any_gemm ? 1 : 0, int64_t{1} << 32);
+  if (p.device_bytes != p.weights.bytes + p.arena.bytes + p.cublaslt_workspace)
+    fail("plan: device_bytes = {}, but weights + arena + cuBLASLt workspace = {}", p.device_bytes,
+         p.weights.bytes + p.arena.bytes + p.cublaslt_workspace);
+}
+
+}  // namespace tfe

@@ -92,8 +92,15 @@ struct Node {
   LaunchShape launch;
   std::vector<Arg> args;  // kernel: one per KernelDef param, in order
   Gemm gemm;              // gemm
+  // The rows a node runs on. `fixed`: a draft node, for its bucket's streams (baked into its args and
+  // launch). Extend nodes are launched for a count known only at the call: `chunk_rows` (the chunk's
+  // rows: gemm m, Arg::Kind::rows) or `chunk_slots` (the slots the chunk touches); their launch is
+  // planned for the largest count (extend_rows, max_slots) and scaled along rows_axis.
+  enum class Rows : uint8_t { fixed, chunk_rows, chunk_slots };
+  Rows rows = Rows::fixed;
   bool operator==(const Node&) const = default;
 };
+std::string_view node_rows_name(Node::Rows r);
 
 // A decision the planner made, with its reason, e.g. {"wqkv", "gemv fp8", "file has FP8 forms; fp8=auto"}.
 struct Choice {
@@ -136,5 +143,21 @@ struct Plan {
 // Plans `header` under `options`. `available_fp8`: the linears whose FP8 form the file holds (the
 // header's list). Throws tfe::Error naming the option and its limit.
 Plan make_plan(const HeadHeader& header, const PlanOptions& options, std::string head_sha256 = "");
+
+// Checks options against their limits (buckets ascending, unique, 1..16; max_steps 1..16; max_slots
+// 1..4096; extend_rows 16..8192; arch sm_<digits>); throws naming the option, its value and the limit.
+void validate(const PlanOptions& options);
+
+// Checks a plan's internal consistency (what a loaded plan must satisfy before the runtime trusts it):
+// header and options valid, ring_rows, buffers inside their arena, aligned, sized by shape and dtype and
+// not overlapping, the tables region, specs sorted and known, buckets matching options, each node's
+// spec present, args covering the kernel's params in order with kinds that fit, every bound buffer
+// present and offsets inside it, gemm operands in range, device_bytes. Throws naming what is wrong.
+void validate(const Plan& plan);
+
+// Whether kernel `kernel` writes through its pointer parameter `param` (the rest are only read). The
+// registry lists parameters; their direction is the planner's knowledge, used by validate() (no
+// weight is written) and by the tests' data-flow checks.
+bool param_writes(std::string_view kernel, std::string_view param);
 
 }  // namespace tfe

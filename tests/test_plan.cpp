@@ -4,6 +4,7 @@
 
 #include "plan/error.h"
 #include "plan/header_yaml.h"
+#include "plan/plan.h"
 #include "plan/presets.h"
 
 using namespace tfe;
@@ -58,4 +59,13 @@ TEST_CASE("header YAML: missing, unknown and mistyped keys are refused by name a
   const std::string where = fmt::format("(line {})", line);
   CHECK_THROWS_WITH_AS(header_from_yaml_text(bad), doctest::Contains(where.c_str()), Error);
   CHECK_THROWS_WITH_AS(header_from_yaml_text("{a: [}"), doctest::Contains("not valid YAML"), Error);
+}
+
+TEST_CASE("make_plan: every preset plans and validates") {
+  for (const auto& name : preset_names()) {
+    CAPTURE(name);
+    const Plan p = make_plan(preset_header(name), PlanOptions{});
+    CHECK_NOTHROW(validate(p));
+    CHECK(p.buckets.size() == 5);
+  }
 }

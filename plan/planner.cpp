@@ -1,0 +1,539 @@
+// make_plan: from a head header and options to the plan (plan/plan.h). Everything the runtime does is
+// decided here, once, on the host; each decision that has an alternative is recorded as a Choice.
+//
+// Ordering within a draft step (one stream, so every node sees its predecessors' writes complete):
+//   prepare_x reads (tok | next_token) and (g | h2)   -> x
+//   wqkv x -> qkv; qk_rope_kv qkv -> q, ring K/V at pos + step - 1; attention q, ring -> o
+//   wo o (+ residual g | h2) -> h1; post_norm h1 -> post; w_gate_up post -> m; w_down m (+ h1) -> h2
+//   final_norm h2 -> n; vocabulary head n -> out_token/out_conf[:, step - 1] and next_token
+// Buffer reuse across steps is safe because every read of a step-(j-1) value precedes the step-j write
+// that replaces it: step j's prepare_x and wo read h2 before step j's w_down overwrites it, and step j's
+// prepare_x reads next_token before step j's top1_join / rescore overwrites it. Hence the graph of
+// (B, s) is exactly the prefix of nodes with step <= s.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "plan/error.h"
+#include "plan/plan.h"
+#include "runtime/reference_ops.h"
+
+namespace tfe {
+
+namespace {
+
+constexpr int64_t kAlign = 256;
+// Largest buffer or arena planned (1 PiB): keeps every byte count and offset exact in int64.
+constexpr int64_t kMaxBytes = int64_t{1} << 50;
+// Rows of the FP8 GEMV tile the extend uses in place of cuBLASLt.
+constexpr int64_t kExtendGemvRows = 16;
+
+int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+int64_t checked_product(std::string_view what, const std::vector<int64_t>& dims, int64_t unit) {
+  int64_t p = unit;
+  for (int64_t d : dims) {
+    if (d < 0 || (d > 0 && p > kMaxBytes / d)) fail("plan: {} needs more than {} bytes", what, kMaxBytes);
+    p *= d;
+  }
+  return p;
+}
+
+// Threads of a one-CTA-per-row kernel over `width` bf16: one 16-byte chunk per thread, 32..1024.
+int64_t row_threads(int64_t width) {
+  const int64_t chunks = (width + 7) / 8;
+  return std::clamp<int64_t>(align_up(chunks, 32), 32, 1024);
+}
+
+Arg buf(std::string param, std::string buffer, int64_t byte_offset = 0) {
+  Arg a;
+  a.param = std::move(param);
+  a.kind = Arg::Kind::buffer;
+  a.buffer = std::move(buffer);
+  a.byte_offset = byte_offset;
+  return a;
+}
+Arg i64(std::string param, int64_t v) {
+  Arg a;
+  a.param = std::move(param);
+  a.kind = Arg::Kind::i64;
+  a.i = v;
+  return a;
+}
+Arg f32(std::string param, float v) {
+  Arg a;
+  a.param = std::move(param);
+  a.kind = Arg::Kind::f32;
+  a.f = v;
+  return a;
+}
+Arg none(std::string param) {
+  Arg a;
+  a.param = std::move(param);
+  a.kind = Arg::Kind::null;
+  return a;
+}
+Arg dyn_rows() {
+  Arg a;
+  a.param = "rows";
+  a.kind = Arg::Kind::rows;
+  return a;
+}
+
+// A matrix as the kernels read it: the bf16 or FP8 weight buffer (and its row scales).
+struct Matrix {
+  std::string name;  // weight buffer
+  bool fp8 = false;
+  int64_t n = 0, k = 0;
+  int64_t weight_kind() const { return fp8 ? kc::kWeightFP8 : kc::kWeightBF16; }
+  Arg w(int64_t first_row = 0) const { return buf("w", name, first_row * k * (fp8 ? 1 : 2)); }
+  Arg scale(int64_t first_row = 0) const { return fp8 ? buf("scale", name + ".scale", first_row * 4) : none("scale"); }
+};
+
+class Planner {
+ public:
+  Planner(const HeadHeader& h, const PlanOptions& o, std::string sha) {
+    validate(h);
+    validate(o);
+    p_.header = h;
+    p_.options = o;
+    p_.head_sha256 = std::move(sha);
+  }
+
+  Plan run() {
+    decide_ring();
+    decide_fp8();
+    lay_out_weights();
+    lay_out_arena();
+    for (int b : p_.options.buckets) p_.buckets.push_back(draft_bucket(b));
+    plan_extend();
+    finish();
+    return std::move(p_);
+  }
+
+ private:
+  const HeadHeader& h() const { return p_.header; }
+  void choose(std::string subject, std::string decision, std::string reason) {
+    p_.choices.push_back(Choice{std::move(subject), std::move(decision), std::move(reason)});
+  }
+
+  void decide_ring() {
+    const auto& h = p_.header;
+    p_.ring_rows = h.window + 1 + p_.options.max_steps;
+    choose("ring_rows", std::to_string(p_.ring_rows),
+           fmt::format("window + 1 + max_steps = {} + 1 + {}: the last step's W + 1 keys, and one row per draft "
+                       "step so that no step overwrites a key a later step of the pass still reads",
+                       h.window, p_.options.max_steps));
+  }
+
+  // FP8 or bf16 per linear in use, then per fused matrix (one dtype per matrix).
+  void decide_fp8() {
+    const auto& h = p_.header;
+    const auto in_use = linears_in_use(h);
+    if (p_.options.fp8 == Fp8Mode::require) {
+      std::string missing;
+      for (const auto& l : in_use)
+        if (!h.has_fp8(l)) missing += (missing.empty() ? "" : ", ") + l;
+      if (!missing.empty())
+        fail("plan: fp8 = require, but the head has no FP8 form for {} (convert with FP8 forms, or use fp8 = auto)",
+             missing);
+    }
+    std::map<std::string, bool> wants;
+    for (const auto& l : in_use) wants[l] = p_.options.fp8 != Fp8Mode::off && h.has_fp8(l);
+    auto group = [&](const std::string& fused, std::vector<std::string> parts) {
+      std::string lacking;
+      for (const auto& l : parts)
+        if (!wants[l]) lacking += (lacking.empty() ? "" : ", ") + l;
+      const bool all = lacking.empty();
+      std::string joined;
+      for (const auto& l : parts) joined += (joined.empty() ? "" : "|") + l;
+      choose(fused, fmt::format("fuse {} ({})", joined, all ? "fp8" : "bf16"),
+             all ? "one GEMV reads x once for all parts; every part has an FP8 form in use"
+                 : fmt::format("one GEMV reads x once for all parts; one matrix has one dtype, and {} {} no FP8 "
+                               "form in use, so the fused matrix is bf16",
+                               lacking, parts.size() > 1 && lacking.find(',') != std::string::npos ? "have" : "has"));
+      for (const auto& l : parts) {
+        if (wants[l] && !all) wants[l] = false, fp8_dropped_.insert(l);
+      }
+      fused_fp8_[fused] = all;
+    };
+    group("wqkv", {"wq", "wk", "wv"});
+    group("w_gate_up", {"w_gate", "w_up"});
+    for (const auto& l : in_use) {
+      std::string reason;
+      if (p_.options.fp8 == Fp8Mode::off) {
+        reason = "fp8 = off";
+      } else if (fp8_dropped_.count(l)) {
+        reason = "its FP8 form is left unused: the fused matrix it belongs to is bf16";
+      } else if (h.has_fp8(l)) {
+        reason = fmt::format("the head holds its FP8 form; fp8 = {}", fp8_mode_name(p_.options.fp8));
+      } else {
+        reason = "the head holds no FP8 form of it";
+      }
+      choose(l, wants[l] ? "fp8" : "bf16", reason);
+      fp8_[l] = wants[l];
+    }
+    p_.fp8 = std::any_of(fp8_.begin(), fp8_.end(), [](const auto& kv) { return kv.second; });
+  }
+
+  Buffer& add(Arena& arena, std::string name, BufferRole role, DType dtype, std::vector<int64_t> shape,
+              std::vector<std::string> from = {}) {
+    Buffer b;
+    b.bytes = checked_product(fmt::format("buffer `{}`", name), shape, dtype_size(dtype));
+    b.name = std::move(name);
+    b.role = role;
+    b.dtype = dtype;
+    b.shape = std::move(shape);
+    b.alignment = kAlign;
+    b.offset = align_up(arena.bytes, kAlign);
+    b.from = std::move(from);
+    if (b.offset > kMaxBytes - b.bytes) fail("plan: the arena holding `{}` exceeds {} bytes", b.name, kMaxBytes);
+    arena.bytes = b.offset + b.bytes;
+    arena.buffers.push_back(std::move(b));
+    return arena.buffers.back();
+  }
+
+  // A weight matrix made of file linears concatenated along dim 0, in its chosen form.
+  Matrix add_matrix(const std::string& name, const std::vector<std::string>& parts, bool fp8) {
+    Matrix m{name, fp8, 0, linear_shape(h(), parts.front())[1]};
+    std::vector<std::string> from, scales;
+    for (const auto& l : parts) {
+      m.n += linear_shape(h(), l)[0];
+      from.push_back(fp8 ? l + ".fp8" : l);
+      scales.push_back(l + ".scale");
+    }
+    add(p_.weights, name, BufferRole::weight, fp8 ? DType::F8_E4M3 : DType::BF16, {m.n, m.k}, from);
+    if (fp8) add(p_.weights, name + ".scale", BufferRole::weight, DType::F32, {m.n}, scales);
+    matrices_[name] = m;
+    return m;
+  }
+
+  void add_vector(const std::string& name, DType dtype, std::vector<int64_t> shape) {
+    add(p_.weights, name, BufferRole::weight, dtype, std::move(shape), {name});
+  }
+
+  void lay_out_weights() {
+    const auto& hh = h();
+    const int64_t H = hh.hidden;
+    add_matrix("fc", {"fc"}, fp8_["fc"]);
+    for (size_t i = 0; i < hh.taps.size(); ++i)
+      if (hh.taps[i].norm) add_vector("tap_norm." + std::to_string(i), DType::BF16, {hh.target_hidden});
+    add_vector("embed", DType::BF16, {hh.vocab, H});
+    add_vector("input_norm", DType::BF16, {H});
+    add_vector("hidden_norm", DType::BF16, {H});
+    add_matrix("wqkv", {"wq", "wk", "wv"}, fused_fp8_["wqkv"]);
+    if (hh.qk_norm) {
+      add_vector("q_norm", DType::BF16, {hh.head_dim});
+      add_vector("k_norm", DType::BF16, {hh.head_dim});
+    }
+    add_matrix("wo", {"wo"}, fp8_["wo"]);
+    add_vector("post_norm", DType::BF16, {H});
+    add_matrix("w_gate_up", {"w_gate", "w_up"}, fused_fp8_["w_gate_up"]);
+    add_matrix("w_down", {"w_down"}, fp8_["w_down"]);
+    add_vector("final_norm", DType::BF16, {H});
+    add_vector("d2t", DType::I32, {hh.draft_vocab});
+    if (hh.head_type == HeadType::dense) {
+      add_matrix("lm_head", {"lm_head"}, fp8_["lm_head"]);
+    } else {
+      add_matrix("lr_a", {"lr_a"}, fp8_["lr_a"]);
+      add_matrix("lr_b", {"lr_b"}, fp8_["lr_b"]);
+      add_matrix("target_head", {"target_head"}, fp8_["target_head"]);
+    }
+    add(p_.weights, "rope_inv_freq", BufferRole::weight, DType::F32, {hh.head_dim / 2}, {"computed:rope_inv_freq"});
+  }
+
+  void lay_out_arena() {
+    const auto& hh = h();
+    const auto& o = p_.options;
+    const int64_t H = hh.hidden, slots = o.max_slots + 1, B = o.buckets.back(), E = o.extend_rows;
+    const int64_t kv_width = hh.kv_heads * hh.head_dim, q_width = hh.heads * hh.head_dim;
+    Arena& a = p_.arena;
+    add(a, "ring_k", BufferRole::state, DType::BF16, {slots, p_.ring_rows, hh.kv_heads, hh.head_dim});
+    add(a, "ring_v", BufferRole::state, DType::BF16, {slots, p_.ring_rows, hh.kv_heads, hh.head_dim});
+    add(a, "slot_g", BufferRole::state, DType::BF16, {slots, H});
+    // The tables region: the draft's tables first, so that a pass uploads a short prefix of it.
+    p_.tables_offset = align_up(a.bytes, kAlign);
+    for (auto t : {"slot", "pos", "tok"}) add(a, t, BufferRole::table, DType::I32, {B});
+    for (auto t : {"row_slot", "row_pos", "row_tok"}) add(a, t, BufferRole::table, DType::I32, {E});
+    for (auto t : {"last_row", "last_slot"}) add(a, t, BufferRole::table, DType::I32, {int64_t{o.max_slots}});
+    add(a, "taps", BufferRole::table, DType::BF16, {E, static_cast<int64_t>(hh.taps.size()) * hh.target_hidden});
+    p_.tables_bytes = a.bytes - p_.tables_offset;
+    // Draft activations, for the largest bucket; each name is one value of the step.
+    add(a, "g", BufferRole::activation, DType::BF16, {B, H});
+    add(a, "x", BufferRole::activation, DType::BF16, {B, 2 * H});
+    add(a, "qkv", BufferRole::activation, DType::BF16, {B, q_width + 2 * kv_width});
+    add(a, "q", BufferRole::activation, DType::BF16, {B, q_width});
+    add(a, "o", BufferRole::activation, DType::BF16, {B, q_width});
+    add(a, "h1", BufferRole::activation, DType::BF16, {B, H});
+    add(a, "post", BufferRole::activation, DType::BF16, {B, H});
+    add(a, "m", BufferRole::activation, DType::BF16, {B, hh.ffn});
+    add(a, "h2", BufferRole::activation, DType::BF16, {B, H});
+    add(a, "n", BufferRole::activation, DType::BF16, {B, H});
+    if (hh.head_type == HeadType::dense) {
+      add(a, "logits", BufferRole::activation, DType::F32, {B, hh.draft_vocab});
+      add(a, "part_max", BufferRole::activation, DType::F32, {B, top1_parts()});
+      add(a, "part_idx", BufferRole::activation, DType::I32, {B, top1_parts()});
+      add(a, "part_sum", BufferRole::activation, DType::F32, {B, top1_parts()});
+    } else {
+      add(a, "u", BufferRole::activation, DType::BF16, {B, hh.lowrank});
+      add(a, "scores", BufferRole::activation, DType::F32, {B, hh.draft_vocab});
+      add(a, "cand", BufferRole::activation, DType::I32, {B, int64_t{hh.cand_k}});
+    }
+    add(a, "next_token", BufferRole::activation, DType::I32, {B});
+    // Extend activations, for one chunk.
+    add(a, "e_g", BufferRole::activation, DType::BF16, {E, H});
+    add(a, "e_x", BufferRole::activation, DType::BF16, {E, 2 * H});
+    add(a, "e_kv", BufferRole::activation, DType::BF16, {E, 2 * kv_width});
+    add(a, "out_token", BufferRole::output, DType::I32, {B, int64_t{o.max_steps}});
+    add(a, "out_conf", BufferRole::output, DType::F32, {B, int64_t{o.max_steps}});
+  }
+
+  // top1_partial chunk: about 128 partials per row, so that one stream's logits are read by enough CTAs
+  // to fill the GPU; at least 256 (one logit per thread of a CTA per pass).
+  int64_t top1_chunk() const {
+    const int64_t per = 256;
+    return per * ((h().draft_vocab + per * 128 - 1) / (per * 128));
+  }
+  int64_t top1_parts() const { return (h().draft_vocab + top1_chunk() - 1) / top1_chunk(); }
+
+  // A kernel node: the args are checked against the kernel's parameters (a mismatch is a planner bug).
+  Node kernel(std::string name, int step, const KernelSpec& spec, Node::Rows rows, int64_t launch_rows,
+              std::vector<Arg> args) {
+    const KernelDef& def = kernel_def(spec.kernel);
+    if (args.size() != def.params.size())
+      fail("planner bug: node {} gives {} args, kernel {} takes {}", name, args.size(), spec.kernel, def.params.size());
+    for (size_t i = 0; i < args.size(); ++i) {
+      const auto& p = def.params[i];
+      const auto k = args[i].kind;
+      const bool fits = p.kind == ParamKind::ptr   ? (k == Arg::Kind::buffer || k == Arg::Kind::null)
+                        : p.kind == ParamKind::i64 ? (k == Arg::Kind::i64 || k == Arg::Kind::rows)
+                                                   : k == Arg::Kind::f32;
+      if (args[i].param != p.name || !fits)
+        fail("planner bug: node {} arg {} binds `{}`, kernel {} expects `{}` ({})", name, i, args[i].param,
+             spec.kernel, p.name, param_kind_name(p.kind));
+    }
+    Node n;
+    n.name = std::move(name);
+    n.step = step;
+    n.kind = Node::Kind::kernel;
+    n.spec = spec.uri();
+    n.launch = launch_shape(spec, launch_rows);
+    n.args = std::move(args);
+    n.rows = rows;
+    specs_.emplace(n.spec, spec);
+    return n;
+  }
+
+  // A GEMV node over matrix m (rows first_row.. of it, n_out of them) for a fixed or dynamic row count.
+  Node gemv(std::string name, int step, const Matrix& m, int64_t tile_rows, int64_t epilogue, std::string x,
+            std::string y, Arg residual, Node::Rows rows, int64_t launch_rows, int64_t first_row = 0,
+            int64_t n_out = 0) {
+    const int64_t n = n_out ? n_out : (epilogue == kc::kEpilogueSwiGLU ? m.n / 2 : m.n);
+    auto spec = make_spec("gemv", {{"ROWS", tile_rows}, {"K", m.k}, {"N", n}, {"WEIGHT", m.weight_kind()},
+                                   {"EPILOGUE", epilogue}});
+    return kernel(std::move(name), step, spec, rows, launch_rows,
+                  {m.w(first_row), m.scale(first_row), buf("x", std::move(x)), buf("y", std::move(y)),
+                   std::move(residual),
+                   rows == Node::Rows::fixed ? i64("rows", launch_rows) : dyn_rows()});
+  }
+
+  KernelSpec rmsnorm_spec(int64_t width) const {
+    return make_spec("rmsnorm", {{"WIDTH", width}, {"THREADS", row_threads(width)}});
+  }
+
+  KernelSpec qk_rope_spec(bool write_q) const {
+    return make_spec("qk_rope_kv", {{"HEADS", h().heads},
+                                    {"KV_HEADS", h().kv_heads},
+                                    {"HEAD_DIM", h().head_dim},
+                                    {"QK_NORM", h().qk_norm ? 1 : 0},
+                                    {"RING", p_.ring_rows},
+                                    {"WRITE_Q", write_q ? 1 : 0}});
+  }
+  Arg norm_arg(const char* param, const char* buffer) const { return h().qk_norm ? buf(param, buffer) : none(param); }
+
+  Bucket draft_bucket(int streams) {
+    const auto& hh = h();
+    const int64_t B = streams, H = hh.hidden;
+    const float eps = hh.rms_eps;
+    const float scale = ref::attention_scale(hh.head_dim);
+    const auto fixed = Node::Rows::fixed;
+    const Matrix &wqkv = matrices_.at("wqkv"), &wo = matrices_.at("wo"), &wgu = matrices_.at("w_gate_up"),
+                 &wd = matrices_.at("w_down");
+    Bucket bucket;
+    bucket.streams = streams;
+    auto& nodes = bucket.nodes;
+    nodes.push_back(kernel("s1.gather_g", 1, make_spec("copy_rows", {{"WIDTH", H}, {"THREADS", row_threads(H)}}),
+                           fixed, B,
+                           {buf("src", "slot_g"), buf("src_index", "slot"), buf("dst", "g"), none("dst_index"),
+                            i64("rows", B)}));
+    for (int s = 1; s <= p_.options.max_steps; ++s) {
+      const std::string pre = fmt::format("s{}.", s);
+      const std::string g = s == 1 ? "g" : "h2";  // this step's hidden input (and wo's residual)
+      nodes.push_back(kernel(pre + "prepare_x", s,
+                             make_spec("prepare_x", {{"HIDDEN", H}, {"THREADS", row_threads(H)}}), fixed, B,
+                             {buf("embed", "embed"), buf("input_norm", "input_norm"), buf("hidden_norm", "hidden_norm"),
+                              buf("tokens", s == 1 ? "tok" : "next_token"), buf("g", g), buf("x", "x"), i64("rows", B),
+                              f32("eps", eps)}));
+      nodes.push_back(gemv(pre + "wqkv", s, wqkv, B, kc::kEpilogueBF16, "x", "qkv", none("residual"), fixed, B));
+      nodes.push_back(kernel(pre + "qk_rope_kv", s, qk_rope_spec(true), fixed, B,
+                             {buf("qkv", "qkv"), norm_arg("q_norm", "q_norm"), norm_arg("k_norm", "k_norm"),
+                              buf("inv_freq", "rope_inv_freq"), buf("slot", "slot"), buf("pos", "pos"),
+                              i64("pos_offset", s - 1), buf("q_out", "q"), buf("ring_k", "ring_k"),
+                              buf("ring_v", "ring_v"), i64("rows", B), f32("eps", eps)}));
+      nodes.push_back(kernel(pre + "attention", s,
+                             make_spec("ring_attention", {{"HEADS", hh.heads},
+                                                          {"KV_HEADS", hh.kv_heads},
+                                                          {"HEAD_DIM", hh.head_dim},
+                                                          {"WINDOW", hh.window},
+                                                          {"RING", p_.ring_rows}}),
+                             fixed, B,
+                             {buf("q", "q"), buf("ring_k", "ring_k"), buf("ring_v", "ring_v"), buf("slot", "slot"),
+                              buf("pos", "pos"), i64("pos_offset", s - 1), buf("o", "o"), i64("rows", B),
+                              f32("scale", scale)}));
+      nodes.push_back(gemv(pre + "wo", s, wo, B, kc::kEpilogueResidual, "o", "h1", buf("residual", g), fixed, B));
+      nodes.push_back(kernel(pre + "post_norm", s, rmsnorm_spec(H), fixed, B,
+                             {buf("x", "h1"), i64("x_stride", H), buf("w", "post_norm"), buf("y", "post"),
+                              i64("y_stride", H), i64("rows", B), f32("eps", eps)}));
+      nodes.push_back(gemv(pre + "w_gate_up", s, wgu, B, kc::kEpilogueSwiGLU, "post", "m", none("residual"), fixed, B));
+      nodes.push_back(gemv(pre + "w_down", s, wd, B, kc::kEpilogueResidual, "m", "h2", buf("residual", "h1"), fixed, B));
+      nodes.push_back(kernel(pre + "final_norm", s, rmsnorm_spec(H), fixed, B,
+                             {buf("x", "h2"), i64("x_stride", H), buf("w", "final_norm"), buf("y", "n"),
+                              i64("y_stride", H), i64("rows", B), f32("eps", eps)}));
+      const int64_t ms = p_.options.max_steps;
+      if (hh.head_type == HeadType::dense) {
+        nodes.push_back(gemv(pre + "lm_head", s, matrices_.at("lm_head"), B, kc::kEpilogueF32, "n", "logits",
+                             none("residual"), fixed, B));
+        nodes.push_back(kernel(pre + "top1_partial", s,
+                               make_spec("top1_partial", {{"VOCAB", hh.draft_vocab}, {"CHUNK", top1_chunk()}}), fixed,
+                               B,
+                               {buf("logits", "logits"), buf("part_max", "part_max"), buf("part_idx", "part_idx"),
+                                buf("part_sum", "part_sum"), i64("rows", B)}));
+        nodes.push_back(kernel(pre + "top1_join", s,
+                               make_spec("top1_join", {{"PARTS", top1_parts()}, {"MAX_STEPS", ms}}), fixed, B,
+                               {buf("part_max", "part_max"), buf("part_idx", "part_idx"), buf("part_sum", "part_sum"),
+                                buf("d2t", "d2t"), buf("out_token", "out_token"), buf("out_conf", "out_conf"),
+                                buf("next_token", "next_token"), i64("step", s), i64("rows", B)}));
+      } else {
+        const Matrix& th = matrices_.at("target_head");
+        nodes.push_back(gemv(pre + "lr_a", s, matrices_.at("lr_a"), B, kc::kEpilogueBF16, "n", "u", none("residual"),
+                             fixed, B));
+        nodes.push_back(gemv(pre + "lr_b", s, matrices_.at("lr_b"), B, kc::kEpilogueF32, "u", "scores",
+                             none("residual"), fixed, B));
+        nodes.push_back(kernel(pre + "topk", s,
+                               make_spec("topk", {{"VOCAB", hh.draft_vocab}, {"CAND_K", int64_t{hh.cand_k}}}), fixed,
+                               B, {buf("scores", "scores"), buf("cand", "cand"), i64("rows", B)}));
+        nodes.push_back(kernel(pre + "rescore", s,
+                               make_spec("rescore", {{"HIDDEN", H},
+                                                     {"CAND_K", int64_t{hh.cand_k}},
+                                                     {"WEIGHT", th.weight_kind()},
+                                                     {"MAX_STEPS", ms}}),
+                               fixed, B,
+                               {buf("target_head", th.name), th.fp8 ? buf("scale", th.name + ".scale") : none("scale"),
+                                buf("n", "n"), buf("cand", "cand"), buf("d2t", "d2t"), buf("out_token", "out_token"),
+                                buf("out_conf", "out_conf"), buf("next_token", "next_token"), i64("step", s),
+                                i64("rows", B)}));
+      }
+    }
+    return bucket;
+  }
+
+  // A linear of the extend: cuBLASLt for bf16 (a chunk is up to extend_rows rows: compute-bound, the
+  // tensor-core GEMM's ground), the FP8 GEMV tiled over rows otherwise.
+  Node extend_linear(std::string name, const Matrix& m, int64_t first_row, int64_t n_out, std::string x,
+                     std::string y, const std::string& subject) {
+    const int64_t E = p_.options.extend_rows;
+    if (!m.fp8) {
+      choose(subject, "cublaslt gemm",
+             fmt::format("up to {} rows a chunk: compute-bound, a tensor-core GEMM", E));
+      Node n;
+      n.name = std::move(name);
+      n.kind = Node::Kind::gemm;
+      n.rows = Node::Rows::chunk_rows;
+      n.gemm = Gemm{m.name, first_row * m.k * 2, std::move(x), std::move(y), n_out, m.k};
+      ++gemms_;
+      return n;
+    }
+    choose(subject, fmt::format("gemv fp8 ROWS={} tiled over rows", kExtendGemvRows),
+           "cuBLASLt has no e4m3 x bf16 form");
+    return gemv(std::move(name), 0, m, kExtendGemvRows, kc::kEpilogueBF16, std::move(x), std::move(y),
+                none("residual"), Node::Rows::chunk_rows, E, first_row, n_out);
+  }
+
+  void plan_extend() {
+    const auto& hh = h();
+    const int64_t H = hh.hidden, Ht = hh.target_hidden, T = static_cast<int64_t>(hh.taps.size());
+    const int64_t E = p_.options.extend_rows;
+    const float eps = hh.rms_eps;
+    const auto chunk = Node::Rows::chunk_rows;
+    auto& nodes = p_.extend;
+    // Tap norms in place on the uploaded taps: tap i is the column slice [i*Ht, (i+1)*Ht) of each row.
+    for (int64_t i = 0; i < T; ++i) {
+      if (!hh.taps[static_cast<size_t>(i)].norm) continue;
+      nodes.push_back(kernel(fmt::format("extend.tap_norm.{}", i), 0, rmsnorm_spec(Ht), chunk, E,
+                             {buf("x", "taps", i * Ht * 2), i64("x_stride", T * Ht),
+                              buf("w", fmt::format("tap_norm.{}", i)), buf("y", "taps", i * Ht * 2),
+                              i64("y_stride", T * Ht), dyn_rows(), f32("eps", eps)}));
+    }
+    nodes.push_back(extend_linear("extend.fc", matrices_.at("fc"), 0, H, "taps", "e_g", "fc extend"));
+    nodes.push_back(kernel("extend.prepare_x", 0, make_spec("prepare_x", {{"HIDDEN", H}, {"THREADS", row_threads(H)}}),
+                           chunk, E,
+                           {buf("embed", "embed"), buf("input_norm", "input_norm"), buf("hidden_norm", "hidden_norm"),
+                            buf("tokens", "row_tok"), buf("g", "e_g"), buf("x", "e_x"), dyn_rows(), f32("eps", eps)}));
+    // Real rows need only K and V: the wk|wv rows of wqkv, contiguous after wq's.
+    const int64_t q_rows = hh.heads * hh.head_dim, kv_rows = 2 * hh.kv_heads * hh.head_dim;
+    nodes.push_back(extend_linear("extend.kv", matrices_.at("wqkv"), q_rows, kv_rows, "e_x", "e_kv", "wk|wv extend"));
+    nodes.push_back(kernel("extend.qk_rope_kv", 0, qk_rope_spec(false), chunk, E,
+                           {buf("qkv", "e_kv"), norm_arg("q_norm", "q_norm"), norm_arg("k_norm", "k_norm"),
+                            buf("inv_freq", "rope_inv_freq"), buf("slot", "row_slot"), buf("pos", "row_pos"),
+                            i64("pos_offset", 0), none("q_out"), buf("ring_k", "ring_k"), buf("ring_v", "ring_v"),
+                            dyn_rows(), f32("eps", eps)}));
+    // Each touched slot keeps its last real row's g: the next pass's step 1 starts from it.
+    nodes.push_back(kernel("extend.keep_g", 0, make_spec("copy_rows", {{"WIDTH", H}, {"THREADS", row_threads(H)}}),
+                           Node::Rows::chunk_slots, p_.options.max_slots,
+                           {buf("src", "e_g"), buf("src_index", "last_row"), buf("dst", "slot_g"),
+                            buf("dst_index", "last_slot"), dyn_rows()}));
+  }
+
+  void finish() {
+    const auto& hh = h();
+    const std::string B = fmt::format("{}", p_.options.buckets.back());
+    const std::string draft_reason =
+        fmt::format("at most {} rows a step: memory-bound, a GEMV streams each weight byte once", B);
+    for (auto l : {"wqkv", "wo", "w_gate_up", "w_down"}) choose(fmt::format("{} draft", l), "gemv", draft_reason);
+    if (hh.head_type == HeadType::dense) {
+      choose("lm_head draft", "gemv f32 logits + top1_partial/top1_join",
+             fmt::format("{} partials of {} logits per row, joined by one warp", top1_parts(), top1_chunk()));
+    } else {
+      choose("lr_a draft", "gemv", draft_reason);
+      choose("lr_b draft", "gemv f32 scores + topk", draft_reason);
+      choose("target_head draft", "rescore",
+             fmt::format("only the {} candidate rows of target_head are read per row", hh.cand_k));
+    }
+    for (auto& [uri, spec] : specs_) p_.specs.push_back(spec);  // std::map: sorted by uri
+    if (gemms_ == 0) {
+      p_.cublaslt_workspace = 0;
+      choose("cublaslt_workspace", "0", "no node uses cuBLASLt");
+    }
+    p_.device_bytes = p_.weights.bytes + p_.arena.bytes + p_.cublaslt_workspace;
+  }
+
+  Plan p_;
+  std::map<std::string, bool> fp8_;        // per linear in use
+  std::map<std::string, bool> fused_fp8_;  // wqkv, w_gate_up
+  std::set<std::string> fp8_dropped_;
+  std::map<std::string, Matrix> matrices_;
+  std::map<std::string, KernelSpec> specs_;
+  int gemms_ = 0;
+};
+
+}  // namespace
+
+Plan make_plan(const HeadHeader& header, const PlanOptions& options, std::string head_sha256) {
+  Plan p = Planner(header, options, std::move(head_sha256)).run();
+  validate(p);
+  return p;
+}
+
+}  // namespace tfe
