@@ -1,1 +1,99 @@
-// placeholder so the embed step has an input
+// Shared pieces of the tfe kernels: parameter slots, the enumerated constants, bf16 / fp8 unpacking and
+// fixed-order warp reductions. Compiled by NVRTC: only the CUDA headers and each other.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+namespace tfe {
+namespace kernels {
+
+// Mirrors tfe::kc in compiler/kernel_registry.h.
+constexpr long long kWeightBF16 = 0, kWeightFP8 = 1;
+constexpr long long kEpilogueBF16 = 0, kEpilogueF32 = 1, kEpilogueResidual = 2, kEpilogueSwiGLU = 3;
+
+// An f32 parameter in the low half of its 8-byte slot, so every slot of a params struct is 8 bytes and
+// the runtime packs them by index.
+struct alignas(8) F32Slot {
+  float v;
+};
+
+typedef __nv_bfloat16 bf16;
+
+__host__ __device__ constexpr long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr long long min_ll(long long a, long long b) { return a < b ? a : b; }
+__host__ __device__ constexpr long long max_ll(long long a, long long b) { return a > b ? a : b; }
+
+// -inf without <cmath> (NVRTC has no INFINITY).
+__device__ __forceinline__ float neg_inf() { return __int_as_float(static_cast<int>(0xff800000u)); }
+
+// bf16 -> fp32 is exact: the bf16 bits are the high half of the float.
+__device__ __forceinline__ float bf16_lo(unsigned u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ float to_float(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ bf16 to_bf16(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ unsigned bf16_bits(float v) {
+  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
+}
+// Two floats rounded to bf16 and packed low-first, as a bf16x2 word stores them.
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
+
+// Two e4m3 bytes (the low 16 bits of `u`) -> two bf16 packed low-first. Exact: every e4m3 value is a
+// bf16 value; the hardware path goes through f16, which is exact too.
+__device__ __forceinline__ unsigned fp8x2_to_bf16x2(unsigned short u) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u), __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  return (__float_as_uint(f.x) >> 16) | (__float_as_uint(f.y) & 0xffff0000u);
+}
+
+// Butterfly reductions: every lane ends with the same value, combined in the same order every run.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the CTA: warp butterflies, then the warp totals in warp order. `scratch` holds 32 floats;
+// every thread gets the total. Ends with a barrier, so `scratch` may be reused right after.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = 0.0f;
+  for (int w = 0; w < warps; ++w) t += scratch[w];
+  __syncthreads();
+  return t;
+}
+
+// An argmax candidate: (value, index) with ties to the lower index. NaN-free inputs assumed.
+struct ArgMax {
+  float v;
+  int i;
+};
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+__device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, a.v, o);
+    const int i = __shfl_xor_sync(0xffffffffu, a.i, o);
+    if (better(v, i, a.v, a.i)) a = ArgMax{v, i};
+  }
+  return a;
+}
+
+// RMSNorm scale of a row: 1 / sqrt(mean(x^2) + eps), with an IEEE square root and division (no rsqrt
+// approximation) so that it matches the CPU reference's rounding.
+__device__ __forceinline__ float rms_inv(float sum_sq, long long width, float eps) {
+  return 1.0f / sqrtf(sum_sq / static_cast<float>(width) + eps);
+}
+// rms(x) = bf16(w * bf16(x * inv)).
+__device__ __forceinline__ float rms_apply(float x, float inv, float w) { return round_bf16(w * round_bf16(x * inv)); }
+
+}  // namespace kernels
+}  // namespace tfe

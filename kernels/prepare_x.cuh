@@ -1,0 +1,34 @@
+// The layer input of a row: x[r] = concat(rms_in(embed[tokens[r]]), rms_hidden(g[r])), width 2*HIDDEN,
+// embedding first. One CTA per row; the two norms run one after the other.
+#pragma once
+#include "common.cuh"
+#include "rmsnorm.cuh"
+
+namespace tfe {
+namespace kernels {
+
+struct PrepareXParams {
+  const bf16* embed;        // [vocab, HIDDEN]
+  const bf16* input_norm;   // [HIDDEN]
+  const bf16* hidden_norm;  // [HIDDEN]
+  const int* tokens;        // [rows] target ids
+  const bf16* g;            // [rows, HIDDEN]
+  bf16* x;                  // [rows, 2 * HIDDEN]
+  long long rows;
+  F32Slot eps;
+};
+static_assert(sizeof(PrepareXParams) == 8 * 8, "one 8-byte slot per registry parameter");
+
+template <typename Cfg>
+__global__ void __launch_bounds__(Cfg::THREADS) prepare_x(const PrepareXParams p) {
+  constexpr long long H = Cfg::HIDDEN;
+  __shared__ float scratch[32];
+  const long long r = blockIdx.x;
+  if (r >= p.rows) return;
+  bf16* x = p.x + r * 2 * H;
+  rms_row<H>(p.embed + static_cast<long long>(p.tokens[r]) * H, p.input_norm, x, p.eps.v, scratch);
+  rms_row<H>(p.g + r * H, p.hidden_norm, x + H, p.eps.v, scratch);
+}
+
+}  // namespace kernels
+}  // namespace tfe

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Compile-checks every kernel in kernels/*.cuh for sm_90 without a GPU:
+#  1. nvcc, one generated translation unit per kernel (gemv: one per ROWS) instantiating TfeConfig-style
+#     configs at the llama3-8b-eagle3 and tfe-two-stage shapes, both weight kinds, every epilogue,
+#     ROWS 1, 2, 4, 8, 16, plus odd sizes that take the scalar tails. `-Xptxas -v` reports registers;
+#     any spill or local-memory stack frame fails the check.
+#  2. NVRTC, as the runtime compiles them: the sources by name (no file system), name expressions
+#     `tfe::kernels::<kernel><TfeConfig>`, --std=c++17, sm_90.
+# Usage: scripts/check_kernels.sh [work dir]   (default: build-kernels-check)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+work=${1:-build-kernels-check}
+mkdir -p "$work/tu"
+cuda=${CUDA_HOME:-/usr/local/cuda}
+nvcc=${NVCC:-$cuda/bin/nvcc}
+
+# Configs: kernel -> list of (source, constants). One line per specialization: "kernel source K=V ...".
+python3 - "$work/configs.txt" <<'EOF'
+import sys
+lines = []
+def add(kernel, source, **c):
+    lines.append(" ".join([kernel, source] + [f"{k}={v}" for k, v in c.items()]))
+
+# llama3-8b-eagle3: H 4096, taps 3 x 4096, ffn 14336, 32/8 heads of 128, vocab 128256, draft 32000,
+# window 511, ring 520. tfe-two-stage: 4 taps, window 128, ring 144, cand_k 64, lowrank 512, qk_norm.
+for width, threads in [(4096, 256), (8192, 512), (100, 128)]:
+    add("rmsnorm", "rmsnorm.cuh", WIDTH=width, THREADS=threads)
+for hidden, threads in [(4096, 256), (64, 64), (100, 128)]:
+    add("prepare_x", "prepare_x.cuh", HIDDEN=hidden, THREADS=threads)
+for width, threads in [(4096, 256), (8192, 256), (12, 32)]:
+    add("copy_rows", "copy_rows.cuh", WIDTH=width, THREADS=threads)
+gemv_shapes = [  # (K, N, epilogue): the linears of both presets, and tails
+    (12288, 4096, 0), (16384, 4096, 0),  # fc: 3 or 4 taps
+    (8192, 6144, 0),                     # wqkv
+    (4096, 4096, 2),                     # wo + residual
+    (4096, 14336, 3),                    # gate/up SwiGLU
+    (14336, 4096, 2),                    # down + residual
+    (4096, 32000, 1),                    # lm_head (f32 logits)
+    (4096, 512, 0), (512, 32000, 1),     # lr_a, lr_b
+    (100, 37, 0), (72, 50, 3), (200, 33, 2), (40, 17, 1),  # K and N tails
+]
+for rows in [1, 2, 4, 8, 16]:
+    for weight in [0, 1]:
+        for k, n, epi in gemv_shapes:
+            add(f"gemv", "gemv.cuh", ROWS=rows, K=k, N=n, WEIGHT=weight, EPILOGUE=epi)
+for heads, kvh, hd, ring in [(32, 8, 128, 520), (32, 8, 128, 144), (16, 2, 256, 1024), (8, 8, 64, 520), (4, 2, 16, 24)]:
+    for qk in [0, 1]:
+        for wq in [0, 1]:
+            add("qk_rope_kv", "qk_rope_kv.cuh", HEADS=heads, KV_HEADS=kvh, HEAD_DIM=hd, QK_NORM=qk, RING=ring, WRITE_Q=wq)
+for heads, kvh, hd, window, ring in [(32, 8, 128, 511, 520), (32, 8, 128, 128, 144), (16, 2, 256, 511, 1024),
+                                     (8, 8, 64, 511, 520), (4, 2, 16, 15, 24), (12, 4, 96, 63, 80)]:
+    add("ring_attention", "ring_attention.cuh", HEADS=heads, KV_HEADS=kvh, HEAD_DIM=hd, WINDOW=window, RING=ring)
+for vocab, chunk in [(32000, 2048), (128256, 4096), (262144, 4096), (300, 128)]:
+    add("top1_partial", "top1.cuh", VOCAB=vocab, CHUNK=chunk)
+for parts, steps in [(16, 8), (32, 8), (64, 16), (3, 1)]:
+    add("top1_join", "top1.cuh", PARTS=parts, MAX_STEPS=steps)
+for vocab, k in [(32000, 64), (262144, 512), (300, 16)]:
+    add("topk", "topk.cuh", VOCAB=vocab, CAND_K=k)
+for hidden, k in [(4096, 64), (8192, 512), (64, 16), (100, 5)]:
+    for weight in [0, 1]:
+        add("rescore", "rescore.cuh", HIDDEN=hidden, CAND_K=k, WEIGHT=weight, MAX_STEPS=8)
+open(sys.argv[1], "w").write("\n".join(lines) + "\n")
+EOF
+
+# 1. nvcc: group the configs into translation units (gemv split by ROWS so the units compile in parallel).
+python3 - "$work/configs.txt" "$work/tu" <<'EOF'
+import sys, collections, os
+units = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    kernel, source, *consts = line.split()
+    key = kernel + ("_" + consts[0].lower().replace("=", "") if kernel == "gemv" else "")
+    units[key].append((kernel, source, consts))
+for key, specs in units.items():
+    out = []
+    for source in sorted({s for _, s, _ in specs}):
+        out.append(f'#include "{source}"')
+    for i, (kernel, source, consts) in enumerate(specs):
+        body = " ".join(f"static constexpr long long {c.split('=')[0]} = {c.split('=')[1]};" for c in consts)
+        out.append(f"struct Cfg{i} {{ {body} }};  // {' '.join(consts)}")
+        out.append(f"template __global__ void tfe::kernels::{kernel}<Cfg{i}>(const tfe::kernels::"
+                   f"{''.join(w.capitalize() for w in kernel.split('_'))}Params);")
+    open(os.path.join(sys.argv[2], key + ".cu"), "w").write("\n".join(out) + "\n")
+EOF
+
+status=0
+pids=()
+for tu in "$work"/tu/*.cu; do
+  (
+    "$nvcc" -std=c++17 -arch=sm_90 -O3 -I"$root/kernels" -Xptxas -v -c "$tu" -o "${tu%.cu}.o" \
+      >"${tu%.cu}.log" 2>&1 || { echo "FAIL nvcc $(basename "$tu")"; cat "${tu%.cu}.log"; exit 1; }
+  ) &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+[ $status -eq 0 ] || exit 1
+
+# Registers and spills, per function (demangled names give the config).
+cat "$work"/tu/*.log | awk '
+  /Compiling entry function/ { fn = $0; sub(/.*function ./, "", fn); sub(/. for .*/, "", fn) }
+  /bytes stack frame/ { stack = $0 ~ /^.*[^0-9]0 bytes stack frame/ ? 0 : 1;
+                        spill = ($0 ~ / 0 bytes spill stores/ && $0 ~ / 0 bytes spill loads/) ? 0 : 1;
+                        if (stack || spill) { bad = 1; print "SPILL/STACK " fn ": " $0 } }
+  /Used [0-9]+ registers/ { n++; match($0, /Used [0-9]+ registers/); r = substr($0, RSTART + 5, RLENGTH - 15);
+                            if (r + 0 > maxr) { maxr = r + 0; maxfn = fn } }
+  END { printf "nvcc: %d kernels compiled, max %d registers (%s)\n", n, maxr, maxfn; exit bad }' || status=1
+if [ -n "${VERBOSE:-}" ]; then
+  cat "$work"/tu/*.log | grep -E "Compiling entry|Used [0-9]+ registers|stack frame" || true
+fi
+
+# 2. NVRTC: every config through the runtime's path (sources handed over by name, name expressions).
+cat >"$work/nvrtc_check.cpp" <<'EOF'
+// Compiles each "kernel source K=V ..." line of a config file with NVRTC as tfe's compiler does.
+#include <nvrtc.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+int main(int argc, char** argv) {
+  const std::string dir = argv[2], include = argv[3];
+  std::vector<std::string> names, texts;
+  for (const char* f : {"common.cuh", "rmsnorm.cuh", "prepare_x.cuh", "copy_rows.cuh", "gemv.cuh", "qk_rope_kv.cuh",
+                        "ring_attention.cuh", "top1.cuh", "topk.cuh", "rescore.cuh"}) {
+    std::ifstream in(dir + "/" + f);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    names.push_back(f);
+    texts.push_back(ss.str());
+  }
+  std::vector<const char*> hn, ht;
+  for (size_t i = 0; i < names.size(); ++i) hn.push_back(names[i].c_str()), ht.push_back(texts[i].c_str());
+  std::ifstream cfgs(argv[1]);
+  std::string line;
+  int failed = 0, done = 0;
+  while (std::getline(cfgs, line)) {
+    std::istringstream ls(line);
+    std::string kernel, source, kv, body;
+    ls >> kernel >> source;
+    while (ls >> kv) body += "static constexpr long long " + kv.substr(0, kv.find('=')) + " = " +
+                             kv.substr(kv.find('=') + 1) + "; ";
+    const std::string src = "#include \"" + source + "\"\nstruct TfeConfig { " + body + "};\n";
+    const std::string expr = "tfe::kernels::" + kernel + "<TfeConfig>";
+    nvrtcProgram prog;
+    nvrtcCreateProgram(&prog, src.c_str(), "tfe_spec.cu", static_cast<int>(hn.size()), ht.data(), hn.data());
+    nvrtcAddNameExpression(prog, expr.c_str());
+    const std::string inc = "-I" + include;
+    const char* opts[] = {"--std=c++17", "-arch=sm_90", inc.c_str(), "-default-device"};
+    const nvrtcResult rc = nvrtcCompileProgram(prog, 4, opts);
+    const char* lowered = nullptr;
+    if (rc == NVRTC_SUCCESS) nvrtcGetLoweredName(prog, expr.c_str(), &lowered);
+    if (rc != NVRTC_SUCCESS || !lowered) {
+      size_t n = 0;
+      nvrtcGetProgramLogSize(prog, &n);
+      std::string log(n, '\0');
+      nvrtcGetProgramLog(prog, log.data());
+      std::printf("FAIL nvrtc %s\n%s\n", line.c_str(), log.c_str());
+      ++failed;
+    }
+    ++done;
+    nvrtcDestroyProgram(&prog);
+  }
+  std::printf("nvrtc: %d specializations compiled, %d failed\n", done - failed, failed);
+  return failed ? 1 : 0;
+}
+EOF
+g++ -std=c++17 -O1 -I"$cuda/include" "$work/nvrtc_check.cpp" -o "$work/nvrtc_check" -L"$cuda/lib64" -lnvrtc \
+  -Wl,-rpath,"$cuda/lib64"
+# A sample of the configs keeps this step short: every kernel, and gemv at ROWS 16 only.
+grep -v '^gemv' "$work/configs.txt" >"$work/nvrtc_configs.txt"
+grep '^gemv gemv.cuh ROWS=16 ' "$work/configs.txt" >>"$work/nvrtc_configs.txt"
+"$work/nvrtc_check" "$work/nvrtc_configs.txt" "$root/kernels" "$cuda/include" || status=1
+exit $status
