@@ -5,6 +5,7 @@
 #include "plan/error.h"
 #include "plan/header_yaml.h"
 #include "plan/plan.h"
+#include "plan/plan_yaml.h"
 #include "plan/presets.h"
 
 using namespace tfe;
@@ -67,5 +68,16 @@ TEST_CASE("make_plan: every preset plans and validates") {
     const Plan p = make_plan(preset_header(name), PlanOptions{});
     CHECK_NOTHROW(validate(p));
     CHECK(p.buckets.size() == 5);
+  }
+}
+
+TEST_CASE("plan YAML: dump -> load -> equal -> dump equal") {
+  for (const auto& name : preset_names()) {
+    CAPTURE(name);
+    const Plan p = make_plan(preset_header(name), PlanOptions{}, "ab12");
+    const std::string text = dump_plan_yaml(p);
+    const Plan q = load_plan_yaml(text);
+    CHECK(q == p);
+    CHECK(dump_plan_yaml(q) == text);
   }
 }
