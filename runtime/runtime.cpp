@@ -1,0 +1,706 @@
+#include "runtime/runtime.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <future>
+#include <map>
+#include <optional>
+
+#include "compiler/artifact.h"
+#include "compiler/cache.h"
+#include "compiler/nvrtc.h"
+#include "graphs/graph_cache.h"
+#include "plan/error.h"
+#include "plan/head_file.h"
+#include "runtime/cuda_check.h"
+#include "runtime/device_gemm.h"
+#include "runtime/device_handles.h"
+#include "runtime/device_kernels.h"
+#include "runtime/reference_ops.h"
+
+namespace tfe {
+
+namespace {
+
+constexpr int64_t kAlign = 256;
+// Dynamic shared memory a kernel gets without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
+constexpr int64_t kDefaultDynamicSmem = 48 * 1024;
+
+int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// Makes `device` current for the scope and restores the caller's device after it: an engine thread may
+// drive several GPUs.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    TFE_CUDA(cudaGetDevice(&previous_));
+    if (previous_ != device) TFE_CUDA(cudaSetDevice(device));
+  }
+  ~DeviceScope() {
+    int now = previous_;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) TFE_CUDA_NOEXCEPT(cudaSetDevice(previous_));
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+std::string device_arch(int device) {
+  int major = 0, minor = 0;
+  TFE_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  TFE_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return fmt::format("sm_{}{}", major, minor);
+}
+
+// Plan options without the arch, which the runtime always takes from the device.
+bool same_except_arch(PlanOptions a, PlanOptions b) {
+  a.arch = b.arch;
+  return a == b;
+}
+
+// A cubin and the symbol to look up in it.
+struct KernelImage {
+  std::string lowered_name;
+  std::string cubin;
+};
+
+}  // namespace
+
+// A node of the plan, ready to enqueue: a packed kernel launch or a cuBLASLt GEMM.
+struct PreparedNode {
+  std::string name;
+  int step = 0;
+  Node::Rows rows = Node::Rows::fixed;
+  std::optional<cuda::KernelLaunch> kernel;
+  int gemm = -1;
+};
+
+struct Runtime::Impl {
+  // Declaration order is release order reversed: graphs go before the kernels and memory they name,
+  // the memory before the stream it was used on is gone.
+  Plan plan;
+  OpenOptions options;
+  int device = 0;
+  std::string head_path;
+  cuda::Stream own_stream;
+  cudaStream_t stream = nullptr;
+  cuda::DeviceMemory memory;  // weights | arena | cuBLASLt workspace, one allocation
+  std::byte* weights = nullptr;
+  std::byte* arena = nullptr;
+  std::byte* workspace = nullptr;
+  // Host staging of the tables region, double-buffered so that packing the next extend chunk overlaps
+  // the previous chunk's copy; `staged[i]` marks the end of buffer i's last copy.
+  cuda::PinnedMemory staging[2];
+  cuda::Event staged[2];
+  int next_staging = 0;
+  cuda::PinnedMemory host_outputs;  // out_token | out_conf of the largest bucket
+  std::vector<cuda::Library> libraries;
+  std::map<std::string, cuda::LoadedKernel> kernels;  // by spec uri
+  cuda::GemmRunner gemm;
+  std::vector<std::vector<PreparedNode>> buckets;  // parallel to plan.buckets
+  std::vector<PreparedNode> extend;
+  std::optional<GraphCache> graphs;
+  SlotTable slots;
+  RuntimeStats stats;
+  std::string broken;  // the first failure after which device state is unknown
+  DeviceDraftOutputs last_outputs;
+  // Tables the runtime fills, found once.
+  const Buffer *t_slot = nullptr, *t_pos = nullptr, *t_tok = nullptr;
+  const Buffer *t_row_slot = nullptr, *t_row_pos = nullptr, *t_row_tok = nullptr;
+  const Buffer *t_last_row = nullptr, *t_last_slot = nullptr, *t_taps = nullptr;
+  const Buffer *b_out_token = nullptr, *b_out_conf = nullptr, *b_ring_k = nullptr, *b_ring_v = nullptr;
+
+  explicit Impl(Plan p, SlotLimits limits) : plan(std::move(p)), slots(limits) {}
+  ~Impl() {
+    // Nothing may be released while the stream still uses it.
+    if (stream) TFE_CUDA_NOEXCEPT(cudaStreamSynchronize(stream));
+  }
+
+  Bindings bindings() const {
+    return Bindings{arena, arena + plan.tables_offset, weights, workspace};
+  }
+  int scratch_slot() const { return plan.options.max_slots; }
+
+  void check_usable() const {
+    if (!broken.empty())
+      fail("runtime: unusable after an earlier device failure ({}); destroy it and open a new one", broken);
+  }
+  // Runs device work; any failure marks the runtime unusable, since device state is then unknown.
+  template <typename F>
+  auto device_work(F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      broken = e.what();
+      throw;
+    }
+  }
+
+  // The one function that enqueues plan nodes, used both eagerly and under graph capture: a graph holds
+  // exactly the launches an eager pass makes. `step_limit`: nodes with a larger step are left out (the
+  // pass of fewer steps is a prefix). `rows`: fixed and chunk_rows nodes; `slot_rows`: chunk_slots nodes.
+  void launch_nodes(std::span<const PreparedNode> nodes, int step_limit, int64_t rows, int64_t slot_rows,
+                    cudaStream_t s) {
+    for (const PreparedNode& n : nodes) {
+      if (n.step > step_limit) break;
+      const int64_t r = n.rows == Node::Rows::chunk_slots ? slot_rows : rows;
+      if (n.kernel)
+        n.kernel->launch(r, s);
+      else
+        gemm.run(n.gemm, r, s);
+    }
+  }
+
+  std::byte* staging_buffer() {
+    const int i = next_staging;
+    next_staging ^= 1;
+    // The buffer's previous copy must have left it before it is overwritten.
+    TFE_CUDA(cudaEventSynchronize(staged[i].get()));
+    cur_staging = i;
+    return staging[i].data();
+  }
+  // Copies [first, first + bytes) of the tables region from the current staging buffer.
+  void upload_tables(int64_t first, int64_t bytes) {
+    const int64_t rel = first - plan.tables_offset;
+    TFE_CUDA(cudaMemcpyAsync(arena + first, staging[cur_staging].data() + rel, static_cast<size_t>(bytes),
+                             cudaMemcpyHostToDevice, stream));
+    TFE_CUDA(cudaEventRecord(staged[cur_staging].get(), stream));
+    stats.bytes_uploaded += static_cast<uint64_t>(bytes);
+  }
+  template <typename T>
+  T* staged_table(std::byte* base, const Buffer* b) {
+    return reinterpret_cast<T*>(base + (b->offset - plan.tables_offset));
+  }
+  int cur_staging = 0;
+
+  void open_device(const OpenOptions& o);
+  void upload_weights(const HeadFile& file);
+  void load_kernels(const std::map<std::string, KernelImage>& images);
+  void prepare_nodes();
+  void capture_all();
+  GraphCache::Record draft_record(size_t bucket, int steps) {
+    return [this, bucket, steps](cudaStream_t s) {
+      launch_nodes(buckets[bucket], steps, plan.buckets[bucket].streams, 0, s);
+    };
+  }
+};
+
+namespace {
+
+SlotLimits slot_limits(const Plan& p) {
+  SlotLimits l;
+  l.max_slots = p.options.max_slots;
+  l.ring_rows = p.ring_rows;
+  l.vocab = p.header.vocab;
+  l.max_steps = p.options.max_steps;
+  l.max_streams = p.options.buckets.back();
+  l.window = p.header.window;
+  return l;
+}
+
+const Buffer* table(const Plan& p, std::string_view name, BufferRole role = BufferRole::table) {
+  const Buffer& b = p.arena.at(name);
+  if (b.role != role)
+    fail("plan: buffer `{}` has role {}, the runtime expects {}", name, buffer_role_name(b.role), buffer_role_name(role));
+  return &b;
+}
+
+// The plan and its kernels: from the artifact when it fits this head and device, else planned and
+// compiled through the kernel cache.
+struct Planned {
+  Plan plan;
+  std::map<std::string, KernelImage> images;
+};
+
+Planned plan_and_compile(const HeadHeader& header, const std::string& sha, PlanOptions options) {
+  Planned out;
+  out.plan = make_plan(header, options, sha);
+  const KernelCache cache = KernelCache::from_environment();
+  CompileOptions copt;
+  copt.arch = options.arch;
+  // Specializations compile independently; the cache serializes writers of one key.
+  std::vector<std::future<CachedKernel>> jobs;
+  for (const KernelSpec& spec : out.plan.specs)
+    jobs.push_back(std::async(std::launch::async, [&cache, &copt, spec] {
+      return cache.get(make_compile_unit(spec), copt);
+    }));
+  std::optional<Error> first;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    try {
+      CachedKernel k = jobs[i].get();
+      out.images[out.plan.specs[i].uri()] = KernelImage{k.kernel.lowered_name, std::move(k.kernel.cubin)};
+    } catch (const Error& e) {
+      if (!first) first = e;
+    }
+  }
+  if (first) throw *first;
+  return out;
+}
+
+Planned plan_for(const HeadFile& file, const OpenOptions& o, const std::string& arch) {
+  const std::string sha = file.header_sha256();
+  PlanOptions wanted = o.plan.value_or(PlanOptions{});
+  wanted.arch = arch;
+  if (o.artifact_dir.empty()) return plan_and_compile(file.header(), sha, wanted);
+
+  Artifact art = load_artifact(o.artifact_dir);
+  std::string mismatch;
+  if (art.plan.head_sha256 != sha)
+    mismatch = fmt::format("it was compiled for the head with header sha256 {}, but {} has {}", art.plan.head_sha256,
+                           file.file().path(), sha);
+  else if (art.arch != arch || art.plan.options.arch != arch)
+    mismatch = fmt::format("it was compiled for {}, but device {} is {}", art.arch, o.device, arch);
+  else if (o.plan && !same_except_arch(*o.plan, art.plan.options))
+    mismatch = "its plan options (buckets, max_steps, fp8, max_slots, extend_rows) differ from those asked";
+  if (!mismatch.empty()) {
+    if (!o.recompile_mismatched_artifact)
+      fail("artifact {}: {}; compile one for this head and device (tfe-plan compile), or open with "
+           "recompile_mismatched_artifact",
+           o.artifact_dir, mismatch);
+    if (!o.plan) wanted = art.plan.options, wanted.arch = arch;
+    return plan_and_compile(file.header(), sha, wanted);
+  }
+  validate(art.plan);
+  Planned out;
+  out.plan = std::move(art.plan);
+  for (ArtifactKernel& k : art.kernels) out.images[k.uri] = KernelImage{k.lowered_name, std::move(k.cubin)};
+  return out;
+}
+
+}  // namespace
+
+void Runtime::Impl::open_device(const OpenOptions& o) {
+  if (o.stream) {
+    if (o.stream == cudaStreamLegacy && o.graphs)
+      fail("runtime: the legacy default stream cannot be captured into a graph; pass a created stream, or none");
+    stream = o.stream;
+  } else {
+    own_stream = cuda::create_stream();
+    stream = own_stream.get();
+  }
+  const int64_t weights_bytes = align_up(plan.weights.bytes, kAlign);
+  const int64_t arena_bytes = align_up(plan.arena.bytes, kAlign);
+  const int64_t total = weights_bytes + arena_bytes + plan.cublaslt_workspace;
+  memory = cuda::allocate_device(static_cast<size_t>(total), "weights, arena and cuBLASLt workspace");
+  weights = memory.data();
+  arena = weights + weights_bytes;
+  workspace = plan.cublaslt_workspace > 0 ? arena + arena_bytes : nullptr;
+  // A zero arena: the scratch slot's ring holds valid (zero) keys, and nothing reads uninitialized memory.
+  TFE_CUDA(cudaMemsetAsync(arena, 0, static_cast<size_t>(arena_bytes), stream));
+  for (int i = 0; i < 2; ++i) {
+    staging[i] = cuda::allocate_pinned(static_cast<size_t>(plan.tables_bytes), "tables staging buffer");
+    std::memset(staging[i].data(), 0, staging[i].bytes());
+    staged[i] = cuda::create_event();
+    TFE_CUDA(cudaEventRecord(staged[i].get(), stream));
+  }
+  host_outputs = cuda::allocate_pinned(static_cast<size_t>(b_out_token->bytes + b_out_conf->bytes), "draft outputs");
+}
+
+void Runtime::Impl::upload_weights(const HeadFile& file) {
+  for (const Buffer& b : plan.weights.buffers) {
+    std::byte* dst = weights + b.offset;
+    if (b.from.size() == 1 && b.from[0] == "computed:rope_inv_freq") {
+      // The CPU reference's own function: both sides rotate by identical frequencies.
+      const std::vector<float> f = ref::rope_inv_freq(plan.header);
+      if (static_cast<int64_t>(f.size() * sizeof(float)) != b.bytes || b.dtype != DType::F32)
+        fail("weights: `{}` is {} bytes of {}, the RoPE table has {} fp32 values", b.name, b.bytes,
+             dtype_name(b.dtype), f.size());
+      TFE_CUDA(cudaMemcpy(dst, f.data(), static_cast<size_t>(b.bytes), cudaMemcpyHostToDevice));
+      stats.weight_bytes += static_cast<uint64_t>(b.bytes);
+      continue;
+    }
+    if (b.from.empty()) fail("weights: `{}` names no file tensor to upload", b.name);
+    int64_t at = 0;
+    for (const std::string& name : b.from) {
+      const TensorView& t = file.tensor(name);
+      if (t.dtype != b.dtype)
+        fail("weights: `{}` is {}, but its part `{}` in {} is {}", b.name, dtype_name(b.dtype), name,
+             file.file().path(), dtype_name(t.dtype));
+      if (at + t.bytes > b.bytes)
+        fail("weights: the parts of `{}` ({}) hold more than its {} bytes", b.name, fmt::join(b.from, ", "), b.bytes);
+      TFE_CUDA(cudaMemcpy(dst + at, t.data, static_cast<size_t>(t.bytes), cudaMemcpyHostToDevice));
+      at += t.bytes;
+    }
+    if (at != b.bytes)
+      fail("weights: the parts of `{}` ({}) hold {} bytes, the plan needs {}", b.name, fmt::join(b.from, ", "), at,
+           b.bytes);
+    stats.weight_bytes += static_cast<uint64_t>(b.bytes);
+  }
+}
+
+void Runtime::Impl::load_kernels(const std::map<std::string, KernelImage>& images) {
+  // The most dynamic shared memory any node asks of each specialization.
+  std::map<std::string, int64_t> smem;
+  auto note = [&](const std::vector<Node>& nodes) {
+    for (const Node& n : nodes)
+      if (n.kind == Node::Kind::kernel) smem[n.spec] = std::max(smem[n.spec], n.launch.smem);
+  };
+  for (const Bucket& b : plan.buckets) note(b.nodes);
+  note(plan.extend);
+
+  int optin = 0;
+  TFE_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  for (const KernelSpec& spec : plan.specs) {
+    const std::string uri = spec.uri();
+    const auto it = images.find(uri);
+    if (it == images.end()) fail("runtime: no cubin for kernel specialization {}", uri);
+    libraries.push_back(cuda::load_library(it->second.cubin.data(), uri.c_str()));
+    cuda::LoadedKernel k;
+    k.uri = uri;
+    const cudaError_t e = cudaLibraryGetKernel(&k.kernel, libraries.back().get(), it->second.lowered_name.c_str());
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      fail("runtime: the cubin of {} has no kernel `{}`: {}", uri, it->second.lowered_name, cudaGetErrorName(e));
+    }
+    // Also loads the kernel into this device's context now: a first load during capture would be an
+    // unsafe call inside the captured region.
+    cudaFuncAttributes attr{};
+    TFE_CUDA(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(k.kernel)));
+    k.max_threads_per_block = attr.maxThreadsPerBlock;
+    k.static_smem = static_cast<int64_t>(attr.sharedSizeBytes);
+    const int64_t dyn = smem[uri];
+    if (dyn + k.static_smem > optin)
+      fail("runtime: kernel {} needs {} bytes of dynamic and {} of static shared memory; device {} allows {} a block",
+           uri, dyn, k.static_smem, device, optin);
+    if (dyn > kDefaultDynamicSmem)
+      TFE_CUDA(cudaKernelSetAttributeForDevice(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(dyn), device));
+    kernels.emplace(uri, k);
+  }
+}
+
+void Runtime::Impl::prepare_nodes() {
+  const cuda::ArenaBases bases{&plan, weights, arena};
+  if (plan.cublaslt_workspace > 0) gemm = cuda::GemmRunner(workspace, static_cast<size_t>(plan.cublaslt_workspace));
+  auto prepare = [&](const Node& n, int64_t fixed_rows) {
+    PreparedNode p;
+    p.name = n.name;
+    p.step = n.step;
+    p.rows = n.rows;
+    const int64_t max_rows = n.rows == Node::Rows::fixed        ? fixed_rows
+                             : n.rows == Node::Rows::chunk_rows ? plan.options.extend_rows
+                                                                : plan.options.max_slots;
+    if (n.kind == Node::Kind::kernel) {
+      p.kernel.emplace(n, kernels.at(n.spec), bases, max_rows);
+    } else {
+      if (plan.cublaslt_workspace <= 0) fail("plan: node {} is a GEMM but the plan reserves no cuBLASLt workspace", n.name);
+      const Gemm& g = n.gemm;
+      const Buffer& w = plan.weights.at(g.w);
+      const Buffer& x = plan.arena.at(g.x);
+      const Buffer& y = plan.arena.at(g.y);
+      if (w.dtype != DType::BF16 || x.dtype != DType::BF16 || y.dtype != DType::BF16)
+        fail("plan: GEMM node {} needs bf16 operands ({} {}, {} {}, {} {})", n.name, g.w, dtype_name(w.dtype), g.x,
+             dtype_name(x.dtype), g.y, dtype_name(y.dtype));
+      if (g.w_offset < 0 || g.w_offset + g.n * g.k * 2 > w.bytes)
+        fail("plan: GEMM node {} reads {} x {} bf16 at byte {} of `{}`, which holds {} bytes", n.name, g.n, g.k,
+             g.w_offset, g.w, w.bytes);
+      cuda::GemmOperands op;
+      op.name = n.name;
+      op.w = bases.address(g.w, g.w_offset, n.name);
+      op.x = bases.address(g.x, 0, n.name);
+      op.y = bases.address(g.y, 0, n.name);
+      op.n = g.n;
+      op.k = g.k;
+      op.ldx = x.shape.back();
+      op.ldy = y.shape.back();
+      op.max_rows = std::min({max_rows, x.shape.front(), y.shape.front()});
+      p.gemm = gemm.add(op);
+      if (n.rows == Node::Rows::fixed) gemm.prepare(p.gemm, fixed_rows);
+    }
+    return p;
+  };
+  for (const Bucket& b : plan.buckets) {
+    std::vector<PreparedNode> nodes;
+    int last_step = 0;
+    for (const Node& n : b.nodes) {
+      if (n.step < last_step || n.step < 1 || n.step > plan.options.max_steps)
+        fail("plan: node {} of bucket {} has step {}; steps must ascend within 1..{}", n.name, b.streams, n.step,
+             plan.options.max_steps);
+      last_step = n.step;
+      nodes.push_back(prepare(n, b.streams));
+    }
+    buckets.push_back(std::move(nodes));
+  }
+  for (const Node& n : plan.extend) {
+    if (n.rows == Node::Rows::fixed) fail("plan: extend node {} has a fixed row count", n.name);
+    extend.push_back(prepare(n, 0));
+  }
+}
+
+void Runtime::Impl::capture_all() {
+  for (size_t b = 0; b < plan.buckets.size(); ++b)
+    for (int s = 1; s <= plan.options.max_steps; ++s)
+      graphs->prepare(GraphKey{plan.buckets[b].streams, s}, bindings(), draft_record(b, s));
+}
+
+Runtime Runtime::open(const std::string& head_path, const OpenOptions& o) {
+  const int count = cuda::device_count();
+  if (count == 0) fail("runtime: no CUDA device (cudaGetDeviceCount reports none or fails)");
+  if (o.device < 0 || o.device >= count) fail("runtime: device {} is outside 0..{}", o.device, count - 1);
+  DeviceScope scope(o.device);
+  const std::string arch = device_arch(o.device);
+
+  HeadFile::Options fo;
+  fo.verify_sha256 = o.verify_sha256;
+  const HeadFile file = HeadFile::open(head_path, fo);
+  Planned planned = plan_for(file, o, arch);
+
+  const SlotLimits limits = slot_limits(planned.plan);
+  auto impl = std::make_unique<Impl>(std::move(planned.plan), limits);
+  Impl& r = *impl;
+  r.options = o;
+  r.device = o.device;
+  r.head_path = head_path;
+  const Plan& p = r.plan;
+  r.t_slot = table(p, "slot");
+  r.t_pos = table(p, "pos");
+  r.t_tok = table(p, "tok");
+  r.t_row_slot = table(p, "row_slot");
+  r.t_row_pos = table(p, "row_pos");
+  r.t_row_tok = table(p, "row_tok");
+  r.t_last_row = table(p, "last_row");
+  r.t_last_slot = table(p, "last_slot");
+  r.t_taps = table(p, "taps");
+  r.b_out_token = table(p, "out_token", BufferRole::output);
+  r.b_out_conf = table(p, "out_conf", BufferRole::output);
+  r.b_ring_k = table(p, "ring_k", BufferRole::state);
+  r.b_ring_v = table(p, "ring_v", BufferRole::state);
+  // A draft uploads [slot .. tok] and an extend chunk [row_slot .. taps]: each one copy.
+  if (!(r.t_slot->offset < r.t_tok->offset && r.t_row_slot->offset < r.t_taps->offset &&
+        r.t_last_slot->offset < r.t_taps->offset && r.t_pos->offset < r.t_tok->offset))
+    fail("plan: the tables region is not laid out as [slot pos tok][row_slot row_pos row_tok last_row last_slot taps]");
+
+  r.open_device(o);
+  r.upload_weights(file);
+  r.load_kernels(planned.images);
+  r.prepare_nodes();
+  TFE_CUDA(cudaStreamSynchronize(r.stream));
+
+  const bool graphs_on = o.graphs && graphs_enabled_by_environment();
+  if (graphs_on) {
+    const size_t capacity =
+        o.graph_capacity ? o.graph_capacity : p.buckets.size() * static_cast<size_t>(p.options.max_steps);
+    r.graphs.emplace(r.stream, capacity, o.check_bindings);
+    if (o.capture == OpenOptions::Capture::at_open) r.capture_all();
+  }
+  return Runtime(std::move(impl));
+}
+
+Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Runtime::Runtime(Runtime&&) noexcept = default;
+
+Runtime& Runtime::operator=(Runtime&& o) noexcept {
+  if (this != &o) {
+    release();
+    impl_ = std::move(o.impl_);
+  }
+  return *this;
+}
+
+Runtime::~Runtime() { release(); }
+
+void Runtime::release() noexcept {
+  if (!impl_) return;
+  // Release on the runtime's device, whatever the caller's current one is.
+  const int device = impl_->device;
+  int previous = -1;
+  const bool known = cudaGetDevice(&previous) == cudaSuccess;
+  if (known && previous != device) TFE_CUDA_NOEXCEPT(cudaSetDevice(device));
+  impl_.reset();
+  if (known && previous != device) TFE_CUDA_NOEXCEPT(cudaSetDevice(previous));
+}
+
+void Runtime::extend(std::span<const ExtendRequest> requests) {
+  Impl& r = *impl_;
+  r.check_usable();
+  const HeadHeader& h = r.plan.header;
+  const int64_t row_width = static_cast<int64_t>(h.taps.size()) * h.target_hidden;
+  // Every request is checked before anything changes (the CPU reference's checks and messages).
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const ExtendRequest& q = requests[i];
+    r.slots.check_extend(q.slot, q.first_pos, q.n_rows, q.tokens);
+    if (static_cast<int64_t>(q.taps.size()) != q.n_rows * row_width)
+      fail("extend of slot {}: {} tap values for {} rows of {} taps x {} (= {})", q.slot, q.taps.size(), q.n_rows,
+           h.taps.size(), h.target_hidden, q.n_rows * row_width);
+    for (size_t j = 0; j < i; ++j)
+      if (requests[j].slot == q.slot)
+        fail("extend: slot {} appears in requests[{}] and requests[{}] (one request per slot and call)", q.slot, j, i);
+  }
+  if (requests.empty()) return;
+
+  DeviceScope scope(r.device);
+  r.device_work([&] {
+    const int64_t E = r.plan.options.extend_rows;
+    const size_t row_bytes = static_cast<size_t>(row_width) * sizeof(bf16_bits);
+    size_t req = 0;
+    int64_t done = 0;  // rows of requests[req] already packed
+    while (req < requests.size()) {
+      std::byte* st = r.staging_buffer();
+      auto* row_slot = r.staged_table<int32_t>(st, r.t_row_slot);
+      auto* row_pos = r.staged_table<int32_t>(st, r.t_row_pos);
+      auto* row_tok = r.staged_table<int32_t>(st, r.t_row_tok);
+      auto* last_row = r.staged_table<int32_t>(st, r.t_last_row);
+      auto* last_slot = r.staged_table<int32_t>(st, r.t_last_slot);
+      auto* taps = r.staged_table<std::byte>(st, r.t_taps);
+      int64_t rows = 0, slot_rows = 0;
+      // A chunk takes whole requests while they fit and splits the one that does not; each slot it touches
+      // keeps the g of its last row in the chunk (a later chunk of the same request overwrites it).
+      while (req < requests.size() && rows < E) {
+        const ExtendRequest& q = requests[req];
+        const int64_t take = std::min(q.n_rows - done, E - rows);
+        for (int64_t i = 0; i < take; ++i) {
+          row_slot[rows + i] = q.slot;
+          row_pos[rows + i] = static_cast<int32_t>(q.first_pos + done + i);
+          row_tok[rows + i] = q.tokens[static_cast<size_t>(done + i)];
+        }
+        std::memcpy(taps + static_cast<size_t>(rows) * row_bytes,
+                    q.taps.data() + static_cast<size_t>(done * row_width), static_cast<size_t>(take) * row_bytes);
+        last_row[slot_rows] = static_cast<int32_t>(rows + take - 1);
+        last_slot[slot_rows] = q.slot;
+        ++slot_rows;
+        rows += take;
+        done += take;
+        if (done == q.n_rows) ++req, done = 0;
+      }
+      const int64_t first = r.t_row_slot->offset;
+      r.upload_tables(first, r.t_taps->offset + rows * static_cast<int64_t>(row_bytes) - first);
+      r.launch_nodes(r.extend, INT_MAX, rows, slot_rows, r.stream);
+      ++r.stats.extend_chunks;
+    }
+  });
+  for (const ExtendRequest& q : requests) r.slots.commit_extend(q.slot, q.first_pos, q.n_rows, q.tokens);
+}
+
+DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
+  Impl& r = *impl_;
+  r.check_usable();
+  r.slots.check_draft(slot_ids, steps);
+  const int n = static_cast<int>(slot_ids.size());
+  size_t bucket = 0;
+  while (r.plan.buckets[bucket].streams < n) ++bucket;  // check_draft bounds n by the largest bucket
+  const int streams = r.plan.buckets[bucket].streams;
+  const int64_t max_steps = r.plan.options.max_steps;
+
+  DeviceScope scope(r.device);
+  DraftResult out;
+  r.device_work([&] {
+    std::byte* st = r.staging_buffer();
+    auto* slot = r.staged_table<int32_t>(st, r.t_slot);
+    auto* pos = r.staged_table<int32_t>(st, r.t_pos);
+    auto* tok = r.staged_table<int32_t>(st, r.t_tok);
+    for (int i = 0; i < streams; ++i) {
+      if (i < n) {
+        slot[i] = slot_ids[static_cast<size_t>(i)];
+        pos[i] = r.slots.last_pos(slot[i]);
+        tok[i] = r.slots.last_token(slot[i]);
+      } else {
+        // Padding: the scratch slot at position 0; its ring and g are zeros (valid) and its rows are dropped.
+        slot[i] = r.scratch_slot();
+        pos[i] = 0;
+        tok[i] = 0;
+      }
+    }
+    const int64_t first = r.t_slot->offset;
+    r.upload_tables(first, r.t_tok->offset + r.t_tok->bytes - first);
+
+    const GraphKey key{streams, steps};
+    if (r.graphs) {
+      r.graphs->run(key, r.bindings(), r.draft_record(bucket, steps));
+      ++r.stats.replays;
+    } else {
+      r.launch_nodes(r.buckets[bucket], steps, streams, 0, r.stream);
+      ++r.stats.eager_passes;
+    }
+
+    const size_t tok_bytes = static_cast<size_t>(streams * max_steps) * sizeof(int32_t);
+    const size_t conf_bytes = static_cast<size_t>(streams * max_steps) * sizeof(float);
+    std::byte* host = r.host_outputs.data();
+    TFE_CUDA(cudaMemcpyAsync(host, r.arena + r.b_out_token->offset, tok_bytes, cudaMemcpyDeviceToHost, r.stream));
+    TFE_CUDA(cudaMemcpyAsync(host + tok_bytes, r.arena + r.b_out_conf->offset, conf_bytes, cudaMemcpyDeviceToHost,
+                             r.stream));
+    TFE_CUDA(cudaStreamSynchronize(r.stream));
+    r.stats.bytes_downloaded += tok_bytes + conf_bytes;
+
+    const auto* tokens = reinterpret_cast<const int32_t*>(host);
+    const auto* confs = reinterpret_cast<const float*>(host + tok_bytes);
+    out.streams = n;
+    out.steps = steps;
+    out.width = 0;  // hidden states stay on the device (read_buffer("h2") holds the last step's)
+    out.tokens.resize(static_cast<size_t>(n * steps));
+    out.confidences.resize(out.tokens.size());
+    for (int i = 0; i < n; ++i)
+      for (int s = 0; s < steps; ++s) {
+        out.tokens[static_cast<size_t>(i * steps + s)] = tokens[i * max_steps + s];
+        out.confidences[static_cast<size_t>(i * steps + s)] = confs[i * max_steps + s];
+      }
+  });
+  r.last_outputs = DeviceDraftOutputs{reinterpret_cast<const int32_t*>(r.arena + r.b_out_token->offset),
+                                      reinterpret_cast<const float*>(r.arena + r.b_out_conf->offset), max_steps, n,
+                                      steps};
+  return out;
+}
+
+DeviceDraftOutputs Runtime::device_outputs() const { return impl_->last_outputs; }
+
+void Runtime::reset(int slot) {
+  Impl& r = *impl_;
+  r.check_usable();
+  r.slots.reset(slot);
+  // Zero the slot's ring so that what a slot computes never depends on an earlier sequence's keys.
+  DeviceScope scope(r.device);
+  r.device_work([&] {
+    const size_t per_slot = static_cast<size_t>(r.b_ring_k->bytes / (r.plan.options.max_slots + 1));
+    TFE_CUDA(cudaMemsetAsync(r.arena + r.b_ring_k->offset + per_slot * static_cast<size_t>(slot), 0, per_slot, r.stream));
+    TFE_CUDA(cudaMemsetAsync(r.arena + r.b_ring_v->offset + per_slot * static_cast<size_t>(slot), 0, per_slot, r.stream));
+  });
+}
+
+RuntimeStats Runtime::stats() const {
+  RuntimeStats s = impl_->stats;
+  if (impl_->graphs) {
+    const GraphCounters& g = impl_->graphs->counters();
+    s.captures = g.captures + g.updates + g.reinstantiated;
+    s.graph_updates = g.updates + g.reinstantiated;
+  }
+  return s;
+}
+
+const Plan& Runtime::plan() const { return impl_->plan; }
+const SlotTable& Runtime::slots() const { return impl_->slots; }
+int Runtime::ring_rows() const { return impl_->plan.ring_rows; }
+cudaStream_t Runtime::stream() const { return impl_->stream; }
+int Runtime::device() const { return impl_->device; }
+bool Runtime::graphs_enabled() const { return impl_->graphs.has_value(); }
+
+std::vector<std::byte> Runtime::read_buffer(std::string_view name) const {
+  Impl& r = *impl_;
+  const Buffer& b = r.plan.arena.at(name);
+  DeviceScope scope(r.device);
+  std::vector<std::byte> host(static_cast<size_t>(b.bytes));
+  r.device_work([&] {
+    TFE_CUDA(cudaStreamSynchronize(r.stream));
+    TFE_CUDA(cudaMemcpy(host.data(), r.arena + b.offset, host.size(), cudaMemcpyDeviceToHost));
+  });
+  r.stats.bytes_downloaded += host.size();
+  return host;
+}
+
+void Runtime::fill_buffer(std::string_view name, uint8_t byte) {
+  Impl& r = *impl_;
+  r.check_usable();
+  const Buffer& b = r.plan.arena.at(name);
+  DeviceScope scope(r.device);
+  r.device_work([&] { TFE_CUDA(cudaMemsetAsync(r.arena + b.offset, byte, static_cast<size_t>(b.bytes), r.stream)); });
+}
+
+void Runtime::synchronize() const {
+  Impl& r = *impl_;
+  r.check_usable();
+  DeviceScope scope(r.device);
+  r.device_work([&] { TFE_CUDA(cudaStreamSynchronize(r.stream)); });
+}
+
+}  // namespace tfe

@@ -1,0 +1,121 @@
+// tfe::Runtime: one draft head on one GPU.
+//
+// open() reads the head, makes (or loads) its plan, uploads the weights the plan names, allocates one
+// device range (weights, arena, cuBLASLt workspace), loads every kernel and captures a CUDA graph per
+// (streams bucket, steps). Then an engine calls, per round:
+//   extend(requests)  the real rows the target verified (taps + the token that follows each), eager;
+//   draft(slots, n)   n chained draft steps for each slot: one graph replay;
+//   reset(slot)       when a sequence ends.
+// State lives on the device: per slot a K/V ring of ring_rows() rows and the last real row's g. The host
+// keeps the SlotTable (runtime/slots.h), which checks every call before anything changes; a refused call
+// changes nothing. Draft rows written into a ring are overwritten by the next extend, so a rejected draft
+// needs no rollback.
+//
+// Errors are tfe::Error with a message naming what, where and the limit. A CUDA failure during a call
+// leaves the device state unknown: the runtime then refuses every later call (naming the first failure)
+// and must be destroyed. One thread at a time per Runtime.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "plan/plan.h"
+#include "runtime/reference.h"  // ExtendRequest, DraftResult: the runtime and the CPU reference share them
+#include "runtime/slots.h"
+
+namespace tfe {
+
+struct OpenOptions {
+  // A deploy artifact (tfe-plan compile -o DIR). Empty: plan now and compile through the kernel cache.
+  std::string artifact_dir;
+  // An artifact made for another head (header sha256) or another architecture than the device's is
+  // refused, or, with `recompile_mismatched_artifact`, planned and compiled anew for this head and device.
+  bool recompile_mismatched_artifact = false;
+  int device = 0;
+  // The stream every call enqueues on. Null: the runtime creates its own. Must not be the legacy default
+  // stream's handle when graphs are on (capture needs a created stream).
+  cudaStream_t stream = nullptr;
+  // Plan options (fp8 mode, stream buckets, max steps, max slots, extend rows). The arch is always the
+  // device's. With an artifact, when set they must equal the artifact's (else refused or recompiled).
+  std::optional<PlanOptions> plan;
+  enum class Capture : uint8_t { at_open, lazy };  // lazy: a graph is captured at its first replay
+  Capture capture = Capture::at_open;
+  bool graphs = true;            // false, or TFE_GRAPHS=0 in the environment: every pass runs eagerly
+  bool check_bindings = true;    // before each replay: the graph's captured addresses are the live ones
+  size_t graph_capacity = 0;     // executors kept; 0: one per (bucket, steps)
+  bool verify_sha256 = false;    // hash every tensor of the head file against its recorded sha256
+};
+
+struct RuntimeStats {
+  uint64_t replays = 0;        // draft passes run as a graph replay
+  uint64_t eager_passes = 0;   // draft passes launched node by node
+  uint64_t extend_chunks = 0;  // eager extend chunks
+  uint64_t captures = 0;       // graphs captured (re-captures for an update included)
+  uint64_t graph_updates = 0;  // executors updated in place or re-instantiated
+  uint64_t bytes_uploaded = 0;    // host -> device, weights excluded
+  uint64_t bytes_downloaded = 0;  // device -> host
+  uint64_t weight_bytes = 0;      // uploaded at open
+};
+
+// Device addresses of the draft outputs, for engines that consume them on the device. Row r (the r-th
+// slot of the last draft call) and step s (1-based) is at index r * row_stride + (s - 1). Valid until the
+// next draft call.
+struct DeviceDraftOutputs {
+  const int32_t* tokens = nullptr;
+  const float* confidences = nullptr;
+  int64_t row_stride = 0;
+  int rows = 0;
+  int steps = 0;
+};
+
+class Runtime {
+ public:
+  static Runtime open(const std::string& head_path, const OpenOptions& options = {});
+
+  Runtime(Runtime&&) noexcept;
+  Runtime& operator=(Runtime&&) noexcept;
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+  ~Runtime();
+
+  // Absorbs real rows (see ExtendRequest): every request is checked before anything changes; then the
+  // rows run in chunks of up to plan().options.extend_rows rows. Asynchronous on stream(): the request's
+  // spans may be released on return.
+  void extend(std::span<const ExtendRequest> requests);
+  // Drafts `steps` tokens for each slot (distinct, non-empty, at most the largest bucket). Blocks until
+  // the host copies of tokens and confidences are ready. `hidden` of the result is left empty.
+  DraftResult draft(std::span<const int> slots, int steps);
+  DeviceDraftOutputs device_outputs() const;
+  void reset(int slot);
+
+  RuntimeStats stats() const;
+  const Plan& plan() const;
+  const SlotTable& slots() const;
+  int ring_rows() const;
+  cudaStream_t stream() const;
+  int device() const;
+  bool graphs_enabled() const;
+
+  // Diagnostics and tests: a host copy of an arena buffer (state, table, activation or output), taken
+  // after the stream is idle; and filling a buffer with one byte value (e.g. 0xFF: NaN in bf16 and fp32)
+  // to prove that a pass writes what it is said to.
+  std::vector<std::byte> read_buffer(std::string_view name) const;
+  void fill_buffer(std::string_view name, uint8_t byte);
+  // Waits for the stream; throws on an asynchronous CUDA failure.
+  void synchronize() const;
+
+  struct Impl;
+
+ private:
+  explicit Runtime(std::unique_ptr<Impl> impl);
+  void release() noexcept;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tfe
