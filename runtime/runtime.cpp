@@ -84,7 +84,6 @@ struct Runtime::Impl {
   Plan plan;
   OpenOptions options;
   int device = 0;
-  std::string head_path;
   cuda::Stream own_stream;
   cudaStream_t stream = nullptr;
   cuda::DeviceMemory memory;  // weights | arena | cuBLASLt workspace, one allocation
@@ -436,16 +435,25 @@ void Runtime::Impl::capture_all() {
       graphs->prepare(GraphKey{plan.buckets[b].streams, s}, bindings(), draft_record(b, s));
 }
 
-Runtime Runtime::open(const std::string& head_path, const OpenOptions& o) {
+namespace {
+void check_device(int device) {
   const int count = cuda::device_count();
   if (count == 0) fail("runtime: no CUDA device (cudaGetDeviceCount reports none or fails)");
-  if (o.device < 0 || o.device >= count) fail("runtime: device {} is outside 0..{}", o.device, count - 1);
-  DeviceScope scope(o.device);
-  const std::string arch = device_arch(o.device);
+  if (device < 0 || device >= count) fail("runtime: device {} is outside 0..{}", device, count - 1);
+}
+}  // namespace
 
+Runtime Runtime::open(const std::string& head_path, const OpenOptions& o) {
+  check_device(o.device);
   HeadFile::Options fo;
   fo.verify_sha256 = o.verify_sha256;
-  const HeadFile file = HeadFile::open(head_path, fo);
+  return open(HeadFile::open(head_path, fo), o);
+}
+
+Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) {
+  check_device(o.device);
+  DeviceScope scope(o.device);
+  const std::string arch = device_arch(o.device);
   Planned planned = plan_for(file, o, arch);
 
   const SlotLimits limits = slot_limits(planned.plan);
@@ -453,7 +461,6 @@ Runtime Runtime::open(const std::string& head_path, const OpenOptions& o) {
   Impl& r = *impl;
   r.options = o;
   r.device = o.device;
-  r.head_path = head_path;
   const Plan& p = r.plan;
   r.t_slot = table(p, "slot");
   r.t_pos = table(p, "pos");

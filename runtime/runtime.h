@@ -25,6 +25,7 @@
 
 #include <cuda_runtime.h>
 
+#include "plan/head_file.h"
 #include "plan/plan.h"
 #include "runtime/reference.h"  // ExtendRequest, DraftResult: the runtime and the CPU reference share them
 #include "runtime/slots.h"
@@ -77,6 +78,8 @@ struct DeviceDraftOutputs {
 class Runtime {
  public:
   static Runtime open(const std::string& head_path, const OpenOptions& options = {});
+  // From a head already in memory (HeadFile::from_bytes); the file need not outlive the call.
+  static Runtime open(const HeadFile& file, const OpenOptions& options = {});
 
   Runtime(Runtime&&) noexcept;
   Runtime& operator=(Runtime&&) noexcept;

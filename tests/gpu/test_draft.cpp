@@ -1,0 +1,229 @@
+// draft and extend against the CPU reference, one call and 50 engine rounds.
+//
+// Tolerances. The kernels may sum in another order than the reference (head-spec.md, "Numerics"), so
+// a bf16 value may differ by an ulp and the difference travels through the layer:
+//  - drafts: equal wherever the reference's top two logits (dense) or exact candidate logits
+//    (two_stage) are more than kMargin apart; after the first step that is closer, the rest of that
+//    slot's pass is not compared (its input may legitimately differ);
+//  - confidences: within kConfTolerance (absolute) at the compared steps;
+//  - hidden states (slot g after extend, h2 after a pass, ring K/V): normalized L2 error below
+//    kHiddenTolerance.
+#include <set>
+
+#include "tests/gpu/fixture.h"
+#include "tests/gpu/gpu_test.h"
+
+namespace tfe::test {
+namespace {
+
+constexpr float kMargin = 0.15f;
+constexpr float kConfTolerance = 2e-2f;
+constexpr double kHiddenTolerance = 2e-2;
+
+double normalized_error(std::span<const bf16_bits> got, std::span<const bf16_bits> want) {
+  return compare_bf16(got, want).normalized_error;
+}
+
+struct Agreement {
+  int compared = 0;  // steps compared
+  int mismatched = 0;
+  std::vector<bool> whole;  // per slot: every step compared (h2 comparable)
+};
+
+float margin_at(const HeadHeader& h, const DraftTrace& tr, int slot, int step) {
+  const StepTrace& s = tr.at(slot, step);
+  return h.head_type == HeadType::dense ? top_two_gap(s.logits) : top_two_gap(s.exact);
+}
+
+Agreement compare_drafts(const HeadHeader& h, const DraftResult& gpu, const DraftResult& ref, const DraftTrace& tr) {
+  Agreement a;
+  for (int i = 0; i < gpu.streams; ++i) {
+    bool whole = true;
+    for (int s = 1; s <= gpu.steps; ++s) {
+      if (margin_at(h, tr, i, s) <= kMargin) {
+        whole = false;
+        break;
+      }
+      ++a.compared;
+      CAPTURE(i);
+      CAPTURE(s);
+      CHECK(gpu.token(i, s) == ref.token(i, s));
+      CHECK(std::fabs(gpu.confidence(i, s) - ref.confidence(i, s)) < kConfTolerance);
+      if (gpu.token(i, s) != ref.token(i, s)) {
+        ++a.mismatched;
+        whole = false;
+        break;
+      }
+    }
+    a.whole.push_back(whole);
+  }
+  return a;
+}
+
+void check_state(Runtime& rt, const Reference& ref, std::span<const int> slots) {
+  const HeadHeader& h = rt.plan().header;
+  const auto slot_g = as_vector<bf16_bits>(rt.read_buffer("slot_g"));
+  const auto ring_k = as_vector<bf16_bits>(rt.read_buffer("ring_k"));
+  const auto ring_v = as_vector<bf16_bits>(rt.read_buffer("ring_v"));
+  const size_t H = static_cast<size_t>(h.hidden);
+  const size_t ring = static_cast<size_t>(rt.ring_rows() * h.kv_heads * h.head_dim);
+  for (int s : slots) {
+    CAPTURE(s);
+    const std::span<const bf16_bits> g(slot_g.data() + H * static_cast<size_t>(s), H);
+    CHECK(normalized_error(g, ref.last_g(s)) < kHiddenTolerance);
+    // Only the rows of the slot's current sequence are compared (the reference keeps an earlier
+    // sequence's rows after a reset; the runtime zeroes them).
+    const int R = rt.ring_rows();
+    const size_t kv = static_cast<size_t>(h.kv_heads * h.head_dim);
+    const int32_t last = ref.slots().last_pos(s);
+    const int32_t begin = std::max(ref.slots().first_pos(s), last - R + 1);
+    std::vector<bf16_bits> gk, gv, wk, wv;
+    const auto rk = ref.ring_k(s), rv = ref.ring_v(s);
+    for (int32_t p = begin; p <= last; ++p) {
+      const size_t row = static_cast<size_t>(ring_row(p, R)) * kv;
+      const size_t at = ring * static_cast<size_t>(s) + row;
+      gk.insert(gk.end(), ring_k.begin() + at, ring_k.begin() + at + kv);
+      gv.insert(gv.end(), ring_v.begin() + at, ring_v.begin() + at + kv);
+      wk.insert(wk.end(), rk.begin() + row, rk.begin() + row + kv);
+      wv.insert(wv.end(), rv.begin() + row, rv.begin() + row + kv);
+    }
+    CHECK(normalized_error(gk, wk) < kHiddenTolerance);
+    CHECK(normalized_error(gv, wv) < kHiddenTolerance);
+  }
+}
+
+void draft_vs_reference(const std::string& preset, Fp8Mode fp8) {
+  auto head = random_head_image(preset, 21, fp8 != Fp8Mode::off);
+  const HeadHeader& h = head->file.header();
+  const PlanOptions po = test_plan_options(fp8);
+  Runtime rt = Runtime::open(head->file, test_open_options(po));
+  Reference ref(head->file, reference_options(po));
+  CHECK(rt.plan().fp8 == (fp8 == Fp8Mode::require));
+
+  std::mt19937_64 rng(99);
+  std::vector<Rows> prefix;
+  std::vector<int> all;
+  for (int s = 0; s < 16; ++s) {
+    prefix.push_back(random_rows(rng, h, s, 0, 1 + (s * 5) % rt.ring_rows()));
+    all.push_back(s);
+  }
+  rt.extend(requests(prefix));
+  ref.extend(requests(prefix));
+  check_state(rt, ref, all);
+
+  int compared = 0;
+  for (int n : {1, 3, 16}) {
+    CAPTURE(n);
+    const std::vector<int> slots(all.begin() + (16 - n), all.end());
+    const DraftResult gpu = rt.draft(slots, po.max_steps);
+    DraftTrace tr;
+    const DraftResult want = ref.draft(slots, po.max_steps, &tr);
+    const Agreement a = compare_drafts(h, gpu, want, tr);
+    compared += a.compared;
+    CHECK(a.mismatched == 0);
+    const auto h2 = as_vector<bf16_bits>(rt.read_buffer("h2"));
+    for (int i = 0; i < n; ++i) {
+      if (!a.whole[static_cast<size_t>(i)]) continue;
+      const std::span<const bf16_bits> got(h2.data() + static_cast<size_t>(i * h.hidden), static_cast<size_t>(h.hidden));
+      CHECK(normalized_error(got, want.h2(i, po.max_steps)) < kHiddenTolerance);
+    }
+  }
+  // The comparison must have bitten: most steps are far from a tie.
+  CHECK(compared >= (1 + 3 + 16) * po.max_steps / 2);
+}
+
+TFE_GPU_TEST_CASE("draft: matches the reference, tiny dense bf16") { draft_vs_reference("tiny", Fp8Mode::off); }
+TFE_GPU_TEST_CASE("draft: matches the reference, tiny dense FP8") { draft_vs_reference("tiny", Fp8Mode::require); }
+TFE_GPU_TEST_CASE("draft: matches the reference, tiny two_stage bf16") {
+  draft_vs_reference("tiny-two-stage", Fp8Mode::off);
+}
+TFE_GPU_TEST_CASE("draft: matches the reference, tiny two_stage FP8") {
+  draft_vs_reference("tiny-two-stage", Fp8Mode::require);
+}
+
+// An engine's rounds: draft, a synthetic target accepts a prefix of the reference's drafts (seeded) and
+// adds its own token, both sides extend the accepted rows (overwriting the draft rows in the rings), and
+// so on; slots of different lengths; slot 1 is reset at round 25 and starts over.
+void rounds_vs_reference(const std::string& preset, Fp8Mode fp8) {
+  auto head = random_head_image(preset, 31, fp8 != Fp8Mode::off);
+  const HeadHeader& h = head->file.header();
+  const PlanOptions po = test_plan_options(fp8);
+  Runtime rt = Runtime::open(head->file, test_open_options(po));
+  Reference ref(head->file, reference_options(po));
+  std::mt19937_64 rng(7);
+  const std::vector<int> slots = {0, 1, 2, 3, 4, 5};
+  {
+    std::vector<Rows> prefix;
+    for (int s : slots) prefix.push_back(random_rows(rng, h, s, 0, 1 + 4 * s));
+    rt.extend(requests(prefix));
+    ref.extend(requests(prefix));
+  }
+  std::bernoulli_distribution agree(0.6);
+  int compared = 0, mismatched = 0;
+  for (int round = 1; round <= 50; ++round) {
+    CAPTURE(round);
+    const int steps = 1 + round % po.max_steps;
+    const DraftResult gpu = rt.draft(slots, steps);
+    DraftTrace tr;
+    const DraftResult want = ref.draft(slots, steps, &tr);
+    const Agreement a = compare_drafts(h, gpu, want, tr);
+    compared += a.compared;
+    mismatched += a.mismatched;
+
+    std::vector<Rows> accepted;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const int s = slots[i];
+      int k = 0;
+      while (k < steps && agree(rng)) ++k;
+      Rows r = random_rows(rng, h, s, ref.slots().last_pos(s) + 1, k + 1);
+      for (int j = 0; j < k; ++j) r.tokens[static_cast<size_t>(j)] = want.token(static_cast<int>(i), j + 1);
+      accepted.push_back(std::move(r));
+    }
+    rt.extend(requests(accepted));
+    ref.extend(requests(accepted));
+    if (round == 25) {
+      rt.reset(1);
+      ref.reset(1);
+      CHECK(rt.slots().empty(1));
+      const std::vector<Rows> again = {random_rows(rng, h, 1, 0, 6)};
+      rt.extend(requests(again));
+      ref.extend(requests(again));
+    }
+    if (round % 10 == 0) check_state(rt, ref, slots);
+    for (int s : slots) CHECK(rt.slots().last_pos(s) == ref.slots().last_pos(s));
+  }
+  CHECK(mismatched == 0);
+  CHECK(compared > 0);
+  MESSAGE(fmt::format("{} {}: {} draft steps compared over 50 rounds", preset, fp8_mode_name(fp8), compared));
+}
+
+TFE_GPU_TEST_CASE("rounds: 50 extend/draft rounds match the reference, tiny dense") {
+  rounds_vs_reference("tiny", Fp8Mode::off);
+}
+TFE_GPU_TEST_CASE("rounds: 50 extend/draft rounds match the reference, tiny two_stage FP8") {
+  rounds_vs_reference("tiny-two-stage", Fp8Mode::require);
+}
+
+// runtime/slots.h: a slot may start at any position and then attends only positions it has seen.
+TFE_GPU_TEST_CASE("draft: a slot attached mid-sequence attends only its own rows, as the reference does") {
+  auto head = random_head_image("tiny", 41, false);
+  const HeadHeader& h = head->file.header();
+  const PlanOptions po = test_plan_options(Fp8Mode::off);
+  Runtime rt = Runtime::open(head->file, test_open_options(po));
+  Reference ref(head->file, reference_options(po));
+  std::mt19937_64 rng(3);
+  const std::vector<Rows> rows = {random_rows(rng, h, 0, 1000, 4)};  // p - W reaches below 1000
+  rt.extend(requests(rows));
+  ref.extend(requests(rows));
+  const std::vector<int> slots = {0};
+  const DraftResult gpu = rt.draft(slots, 2);
+  DraftTrace tr;
+  const DraftResult want = ref.draft(slots, 2, &tr);
+  CHECK(compare_drafts(h, gpu, want, tr).mismatched == 0);
+  const auto h2 = as_vector<bf16_bits>(rt.read_buffer("h2"));
+  CHECK(normalized_error(std::span<const bf16_bits>(h2.data(), static_cast<size_t>(h.hidden)), want.h2(0, 2)) <
+        kHiddenTolerance);
+}
+
+}  // namespace
+}  // namespace tfe::test

@@ -1,0 +1,124 @@
+// Graph replay against eager passes, bit for bit, and the graph cache's capture / update / eviction.
+#include <algorithm>
+#include <cstring>
+
+#include "graphs/graph_cache.h"
+#include "runtime/cuda_check.h"
+#include "tests/gpu/fixture.h"
+#include "tests/gpu/gpu_test.h"
+
+namespace tfe::test {
+namespace {
+
+// Two runtimes on one head, one replaying graphs and one launching node by node, fed the same calls:
+// every output and every state buffer must match to the bit, for each bucket and step count. Outputs and
+// activations are filled with 0xFF (NaN in bf16 and fp32, -1 as int32) before each pass, so a pass that
+// leaves a value unwritten cannot match by leftover.
+void graph_vs_eager(const std::string& preset, Fp8Mode fp8) {
+  auto head = random_head_image(preset, 11, fp8 != Fp8Mode::off);
+  const HeadHeader& h = head->file.header();
+  const PlanOptions po = test_plan_options(fp8);
+  Runtime graph = Runtime::open(head->file, test_open_options(po, true));
+  Runtime eager = Runtime::open(head->file, test_open_options(po, false));
+  REQUIRE(graph.graphs_enabled());
+  REQUIRE_FALSE(eager.graphs_enabled());
+
+  std::mt19937_64 rng(5);
+  std::vector<Rows> prefix;
+  for (int s = 0; s < 16; ++s) prefix.push_back(random_rows(rng, h, s, 0, 3 + 5 * s));
+  graph.extend(requests(prefix));
+  eager.extend(requests(prefix));
+
+  const std::vector<std::string> compared = {"out_token", "out_conf", "h2", "n", "slot_g", "ring_k", "ring_v"};
+  for (int bucket : po.buckets) {
+    std::vector<int> slots;
+    for (int s = 0; s < bucket; ++s) slots.push_back((s * 7) % 16);  // distinct, not in order
+    for (int steps = 1; steps <= po.max_steps; ++steps) {
+      CAPTURE(bucket);
+      CAPTURE(steps);
+      for (Runtime* r : {&graph, &eager})
+        for (const char* b : {"out_token", "out_conf", "h2", "n", "x", "h1"}) r->fill_buffer(b, 0xFF);
+      const DraftResult a = graph.draft(slots, steps);
+      const DraftResult b = eager.draft(slots, steps);
+      CHECK(std::memcmp(a.tokens.data(), b.tokens.data(), a.tokens.size() * sizeof(int32_t)) == 0);
+      CHECK(std::memcmp(a.confidences.data(), b.confidences.data(), a.confidences.size() * sizeof(float)) == 0);
+      for (size_t i = 0; i < a.tokens.size(); ++i) {
+        CHECK(a.tokens[i] >= 0);
+        CHECK(a.tokens[i] < h.vocab);
+        CHECK(a.confidences[i] > 0.0f);  // false for NaN: every asked output was written
+        CHECK(a.confidences[i] <= 1.0f);
+      }
+      for (const auto& name : compared) {
+        CAPTURE(name);
+        CHECK(graph.read_buffer(name) == eager.read_buffer(name));
+      }
+    }
+  }
+  const RuntimeStats gs = graph.stats(), es = eager.stats();
+  CHECK(gs.replays == po.buckets.size() * static_cast<size_t>(po.max_steps));
+  CHECK(gs.eager_passes == 0);
+  CHECK(gs.captures == po.buckets.size() * static_cast<size_t>(po.max_steps));  // all at open, none since
+  CHECK(es.replays == 0);
+  CHECK(es.eager_passes == po.buckets.size() * static_cast<size_t>(po.max_steps));
+}
+
+TFE_GPU_TEST_CASE("graphs: replay equals eager bit for bit, tiny dense, every bucket and step") {
+  graph_vs_eager("tiny", Fp8Mode::off);
+}
+TFE_GPU_TEST_CASE("graphs: replay equals eager bit for bit, tiny two_stage FP8") {
+  graph_vs_eager("tiny-two-stage", Fp8Mode::require);
+}
+
+TFE_GPU_TEST_CASE("graphs: lazy capture captures each key once, at its first replay") {
+  auto head = random_head_image("tiny", 3, false);
+  OpenOptions o = test_open_options(test_plan_options());
+  o.capture = OpenOptions::Capture::lazy;
+  Runtime rt = Runtime::open(head->file, o);
+  CHECK(rt.stats().captures == 0);
+  std::mt19937_64 rng(1);
+  auto rows = random_rows(rng, head->file.header(), 0, 0, 9);
+  const std::vector<ExtendRequest> req = {rows.request()};
+  rt.extend(req);
+  const std::vector<int> slots = {0};
+  const DraftResult first = rt.draft(slots, 3);
+  const DraftResult second = rt.draft(slots, 3);
+  CHECK(rt.stats().captures == 1);
+  CHECK(rt.stats().replays == 2);
+  CHECK(first.tokens == second.tokens);  // a draft does not change a slot's real state
+  (void)rt.draft(slots, 2);
+  CHECK(rt.stats().captures == 2);
+}
+
+// The cache on its own, with memset nodes: capture, an update when the bound address changes, the
+// bindings check, and eviction of the least recently used executor.
+TFE_GPU_TEST_CASE("graphs: cache updates an executor whose addresses changed and refuses stale bindings") {
+  cuda::Stream stream = cuda::create_stream();
+  cuda::DeviceMemory a = cuda::allocate_device(4096, "a"), b = cuda::allocate_device(4096, "b");
+  std::byte* target = a.data();
+  const GraphCache::Record record = [&](cudaStream_t s) { TFE_CUDA(cudaMemsetAsync(target, 0x5A, 4096, s)); };
+  GraphCache cache(stream.get(), 2, true);
+  const GraphKey key{1, 1};
+  cache.run(key, Bindings{a.data()}, record);
+  CHECK(cache.counters().captures == 1);
+
+  target = b.data();
+  TFE_CUDA(cudaMemsetAsync(b.data(), 0, 4096, stream.get()));
+  CHECK_THROWS_WITH_AS(cache.replay(key, Bindings{b.data()}), doctest::Contains("was captured with arena"),
+                       tfe::Error);
+  cache.run(key, Bindings{b.data()}, record);  // re-captured and applied by cudaGraphExecUpdate
+  CHECK(cache.counters().updates + cache.counters().reinstantiated == 1);
+  std::vector<uint8_t> host(4096);
+  TFE_CUDA(cudaStreamSynchronize(stream.get()));
+  TFE_CUDA(cudaMemcpy(host.data(), b.data(), host.size(), cudaMemcpyDeviceToHost));
+  CHECK(std::all_of(host.begin(), host.end(), [](uint8_t v) { return v == 0x5A; }));
+
+  cache.run(GraphKey{2, 1}, Bindings{b.data()}, record);
+  cache.run(GraphKey{4, 1}, Bindings{b.data()}, record);  // capacity 2: evicts (1, 1)
+  CHECK(cache.size() == 2);
+  CHECK(cache.counters().evictions == 1);
+  CHECK_FALSE(cache.contains(key));
+  CHECK_THROWS_WITH_AS(cache.replay(key, Bindings{b.data()}), doctest::Contains("has not been captured"), tfe::Error);
+}
+
+}  // namespace
+}  // namespace tfe::test
