@@ -1,7 +1,9 @@
 // The .tfe head file: writer and reader round trips, and one malformed file per validation rule, each
 // refused with a message that names what is wrong.
 #include <doctest/doctest.h>
+#include <sys/wait.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -452,4 +454,45 @@ TEST_CASE("head file: random byte corruption is refused or accepted, never a cra
     }
   }
   CHECK(refused > 200);
+}
+
+namespace {
+
+// Runs a command and returns its exit status and standard output (stderr folded in).
+std::pair<int, std::string> run_command(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+}  // namespace
+
+TEST_CASE("tfe-plan inspect: header, tensors, parameters, step bytes; refuses a bad file") {
+  const auto h = fp8_tiny();
+  const Bytes image = random_head_bytes(h, 16);
+  const auto path = write_temp_file(image, "inspect.tfe");
+  const auto [rc, out] = run_command(fmt::format("{} inspect {} --verify --rows 2 --bandwidth 2", TFE_PLAN_EXE, path));
+  CAPTURE(out);
+  CHECK(rc == 0);
+  const auto head = HeadFile::from_bytes(image);
+  CHECK(out.find(head.header_sha256()) != std::string::npos);
+  CHECK(out.find("tensors (22)") != std::string::npos);
+  CHECK(out.find("fp8              wq, w_down, lm_head") != std::string::npos);
+  CHECK(out.find("lm_head.fp8") != std::string::npos);
+  CHECK(out.find("per draft step (2 rows, HBM at 2 TB/s)") != std::string::npos);
+  // The bf16 and FP8 step totals, as step_bytes computes them.
+  CHECK(out.find(fmt::format("{:>12.3f}", step_bytes(h, 2, false).total() / 1e6)) != std::string::npos);
+  CHECK(out.find(fmt::format("{:>12.3f}", step_bytes(h, 2, true).total() / 1e6)) != std::string::npos);
+  CHECK(out.find("sha256: all 22 tensors match") != std::string::npos);
+
+  Bytes flipped = image;
+  flipped[size_t(head.tensor("embed").data - image.data())] ^= std::byte{1};
+  const auto bad = write_temp_file(flipped, "inspect-bad.tfe");
+  const auto [rc2, out2] = run_command(fmt::format("{} inspect {} --verify", TFE_PLAN_EXE, bad));
+  CHECK(rc2 == 1);
+  CHECK(out2.find("inspect-bad.tfe: tensor `embed`: sha256") != std::string::npos);
 }

@@ -1,0 +1,116 @@
+// Interop with the reference implementation: the `safetensors` Python package reads a head tfe wrote, and
+// tfe reads a file the package wrote. Without python3 or the package the tests say "skipped" and check
+// nothing (they are not evidence of interop then).
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "plan/head_file.h"
+#include "plan/numeric.h"
+#include "plan/presets.h"
+#include "test_util.h"
+
+using namespace tfe;
+
+namespace {
+
+const std::string kScript = std::string(TFE_SOURCE_DIR) + "/tests/python/read_tfe.py";
+
+std::pair<int, std::string> run_command(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Empty when python3 and the safetensors package (with numpy) import; otherwise why not.
+std::string python_missing() {
+  static const std::string why = [] {
+    auto [rc, out] = run_command("python3 -c 'import numpy, safetensors.numpy'");
+    return rc == 0 ? std::string() : "python3 with numpy and safetensors is not available: " + out;
+  }();
+  return why;
+}
+
+}  // namespace
+
+TEST_CASE("safetensors (Python) reads every tensor of a head tfe wrote") {
+  if (const auto why = python_missing(); !why.empty()) {
+    MESSAGE("skipped: " << why);
+    return;
+  }
+  for (const char* preset : {"tiny", "tiny-two-stage"}) {
+    CAPTURE(preset);
+    auto h = preset_header(preset);
+    h.fp8 = {"wq", "w_down"};  // F8_E4M3 and F32 beside BF16 and I32
+    const auto image = test::random_head_bytes(h, std::random_device{}());
+    const auto path = test::write_temp_file(image, std::string(preset) + ".tfe");
+    const auto head = HeadFile::from_bytes(image);
+
+    nlohmann::json expected;
+    expected["metadata"] = head.file().metadata();
+    for (const auto& t : head.file().tensors())
+      expected["tensors"][t.name] = {{"dtype", dtype_name(t.dtype)},
+                                     {"shape", t.shape},
+                                     {"sha256", sha256_hex({t.data, size_t(t.bytes)})}};
+    const auto expected_path = (test::temp_dir() / (std::string(preset) + ".expected.json")).string();
+    std::ofstream(expected_path) << expected.dump();
+
+    const auto [rc, out] = run_command(fmt::format("python3 {} read {} {}", kScript, path, expected_path));
+    INFO(out);
+    CHECK(rc == 0);
+    CHECK(out.find(fmt::format("ok: {} tensors", head.file().tensors().size())) != std::string::npos);
+  }
+}
+
+TEST_CASE("SafetensorsFile reads a file the safetensors (Python) package wrote") {
+  if (const auto why = python_missing(); !why.empty()) {
+    MESSAGE("skipped: " << why);
+    return;
+  }
+  const auto path = (test::temp_dir() / "from_python.safetensors").string();
+  const auto [rc, out] = run_command(fmt::format("python3 {} write {}", kScript, path));
+  INFO(out);
+  REQUIRE(rc == 0);
+
+  const auto f = SafetensorsFile::open(path);
+  CHECK(f.metadata() == std::map<std::string, std::string>{{"written_by", "safetensors.numpy"}});
+  REQUIRE(f.tensors().size() == 5);
+
+  const TensorView* a = f.find("a");
+  REQUIRE(a);
+  CHECK(a->dtype == DType::F32);
+  CHECK(a->shape == std::vector<int64_t>{3, 4});
+  for (int i = 0; i < 12; ++i) CHECK(a->as<float>()[i] == 0.5f * i);
+
+  const TensorView* b = f.find("b");
+  REQUIRE(b);
+  CHECK(b->dtype == DType::I32);
+  for (int i = 0; i < 11; ++i) CHECK(b->as<int32_t>()[i] == i - 5);
+
+  const TensorView* c = f.find("c");
+  REQUIRE(c);
+  CHECK(c->dtype == DType::F16);
+  CHECK(c->shape == std::vector<int64_t>{2, 3});
+  // float16 bit patterns of 0, 0.25, 0.5, 0.75, 1, 1.25.
+  const uint16_t c_bits[] = {0x0000, 0x3400, 0x3800, 0x3a00, 0x3c00, 0x3d00};
+  for (int i = 0; i < 6; ++i) CHECK(c->as<uint16_t>()[i] == c_bits[i]);
+
+  const TensorView* d = f.find("d");
+  REQUIRE(d);
+  CHECK(d->dtype == DType::I64);
+  for (int i = 0; i < 5; ++i) CHECK(d->as<int64_t>()[i] == 3 * i - 7);
+
+  const TensorView* e = f.find("e");
+  REQUIRE(e);
+  CHECK(e->shape == std::vector<int64_t>{0, 3});
+  CHECK(e->bytes == 0);
+}
