@@ -250,9 +250,11 @@ void validate(const Plan& p) {
       fail("plan: buckets[{}] has streams = {}, options list {}", i, b.streams, p.options.buckets[i]);
     int last = 1;
     for (const auto& n : b.nodes) {
-      if (n.step < last || n.step > p.options.max_steps)
-        fail("plan: bucket {} node {} has step {}; steps run {}..{} in order", b.streams, n.name, n.step, last,
-             p.options.max_steps);
+      if (n.step < 1 || n.step > p.options.max_steps)
+        fail("plan: bucket {} node {} has step {}, outside 1..{}", b.streams, n.name, n.step, p.options.max_steps);
+      if (n.step < last)
+        fail("plan: bucket {} node {} of step {} follows a node of step {}; steps must not decrease", b.streams,
+             n.name, n.step, last);
       last = n.step;
       if (n.kind != Node::Kind::kernel || n.rows != Node::Rows::fixed)
         fail("plan: bucket {} node {} must be a kernel on fixed rows", b.streams, n.name);

@@ -1,12 +1,22 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
 
 #include "plan/error.h"
+#include "plan/head_file.h"
 #include "plan/header_yaml.h"
 #include "plan/plan.h"
 #include "plan/plan_yaml.h"
 #include "plan/presets.h"
+#include "test_util.h"
 
 using namespace tfe;
 
@@ -80,4 +90,470 @@ TEST_CASE("plan YAML: dump -> load -> equal -> dump equal") {
     CHECK(q == p);
     CHECK(dump_plan_yaml(q) == text);
   }
+}
+
+namespace {
+
+// Smaller than the defaults so that the golden files stay readable; every code path is still taken
+// (a one-stream bucket, a padded middle one, the 16-row GEMV tile).
+PlanOptions golden_options() {
+  PlanOptions o;
+  o.buckets = {1, 4, 16};
+  o.max_steps = 4;
+  return o;
+}
+
+// The golden cases: each preset, and the two full-size ones with an FP8 form for every linear in use.
+std::vector<std::pair<std::string, HeadHeader>> golden_heads() {
+  std::vector<std::pair<std::string, HeadHeader>> out;
+  for (const auto& name : preset_names()) out.emplace_back(name, preset_header(name));
+  for (const auto* name : {"llama3-8b-eagle3", "tfe-two-stage"}) {
+    HeadHeader h = preset_header(name);
+    h.fp8 = linears_in_use(h);
+    out.emplace_back(std::string(name) + "-fp8", h);
+  }
+  return out;
+}
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string replace_once(std::string s, std::string_view from, std::string_view to) {
+  const auto at = s.find(from);
+  REQUIRE_MESSAGE(at != std::string::npos, "`" << from << "` not in the text");
+  s.replace(at, from.size(), to);
+  return s;
+}
+
+const Buffer& buffer_of(const Plan& p, const std::string& name) {
+  if (const Buffer* b = p.weights.find(name)) return *b;
+  return p.arena.at(name);
+}
+
+}  // namespace
+
+TEST_CASE("plan golden: each preset's plan YAML is exactly the stored one") {
+  const std::filesystem::path dir = std::filesystem::path(TFE_SOURCE_DIR) / "tests" / "golden";
+  const bool update = std::getenv("TFE_UPDATE_GOLDEN") != nullptr;
+  for (const auto& [name, header] : golden_heads()) {
+    CAPTURE(name);
+    const std::string text = dump_plan_yaml(make_plan(header, golden_options()));
+    const auto path = dir / (name + ".yaml");
+    if (update) {
+      std::filesystem::create_directories(dir);
+      std::ofstream(path, std::ios::binary) << text;
+    }
+    REQUIRE_MESSAGE(std::filesystem::exists(path), path.string() << " is missing; regenerate with TFE_UPDATE_GOLDEN=1");
+    const std::string stored = read_text(path);
+    CHECK_MESSAGE(stored == text, "the plan of " << name << " differs from " << path.string()
+                                                 << "; if the change is intended, regenerate with TFE_UPDATE_GOLDEN=1 "
+                                                    "and review the diff");
+    CHECK(load_plan_yaml(stored) == make_plan(header, golden_options()));
+  }
+}
+
+TEST_CASE("plan YAML: round trip under varied options and FP8 forms") {
+  std::mt19937_64 rng(std::random_device{}());
+  for (int trial = 0; trial < 12; ++trial) {
+    const auto names = preset_names();
+    HeadHeader h = preset_header(names[rng() % 2]);  // the tiny ones: fast
+    for (const auto& l : linears_in_use(h))
+      if (rng() % 2) h.fp8.push_back(l);
+    PlanOptions o;
+    o.buckets.clear();
+    for (int b = 1; b <= 16; ++b)
+      if (rng() % 4 == 0) o.buckets.push_back(b);
+    if (o.buckets.empty()) o.buckets = {static_cast<int>(1 + rng() % 16)};
+    o.max_steps = static_cast<int>(1 + rng() % 16);
+    o.fp8 = rng() % 2 ? Fp8Mode::automatic : Fp8Mode::off;
+    o.max_slots = 16 + static_cast<int>(rng() % 100);
+    o.extend_rows = 16 + static_cast<int>(rng() % 2000);
+    o.arch = rng() % 2 ? "sm_90" : "sm_100";
+    const std::string sha = fmt::format("{:016x}", rng());
+    CAPTURE(dump_plan_yaml(make_plan(h, o, sha)).substr(0, 2000));
+    const Plan p = make_plan(h, o, sha);
+    const std::string text = dump_plan_yaml(p);
+    const Plan q = load_plan_yaml(text);
+    CHECK(q == p);
+    CHECK(dump_plan_yaml(q) == text);
+  }
+}
+
+TEST_CASE("make_plan: options outside their limits are refused by name") {
+  const HeadHeader h = preset_header("tiny");
+  auto refused = [&](auto edit, const char* message) {
+    PlanOptions o;
+    edit(o);
+    CHECK_THROWS_WITH_AS(make_plan(h, o), doctest::Contains(message), Error);
+  };
+  refused([](PlanOptions& o) { o.buckets = {}; }, "buckets is empty");
+  refused([](PlanOptions& o) { o.buckets = {0, 2}; }, "buckets[0] = 0 is outside 1..16");
+  refused([](PlanOptions& o) { o.buckets = {1, 17}; }, "buckets[1] = 17 is outside 1..16");
+  refused([](PlanOptions& o) { o.buckets = {4, 2}; }, "buckets must be ascending and unique; buckets[1] = 2 follows 4");
+  refused([](PlanOptions& o) { o.buckets = {2, 2}; }, "buckets[1] = 2 follows 2");
+  refused([](PlanOptions& o) { o.max_steps = 0; }, "max_steps = 0 is outside 1..16");
+  refused([](PlanOptions& o) { o.max_steps = 17; }, "max_steps = 17 is outside 1..16");
+  refused([](PlanOptions& o) { o.max_slots = 0; }, "max_slots = 0 is outside 1..4096");
+  refused([](PlanOptions& o) { o.max_slots = 4097; }, "max_slots = 4097 is outside 1..4096");
+  refused([](PlanOptions& o) { o.max_slots = 8; }, "bucket 16 exceeds max_slots = 8");
+  refused([](PlanOptions& o) { o.extend_rows = 15; }, "extend_rows = 15 is outside 16..8192");
+  refused([](PlanOptions& o) { o.extend_rows = 8193; }, "extend_rows = 8193 is outside 16..8192");
+  refused([](PlanOptions& o) { o.arch = "90"; }, "arch `90` is not of the form sm_<digits>");
+  refused([](PlanOptions& o) { o.arch = "sm_90x"; }, "arch `sm_90x`");
+  refused([](PlanOptions& o) { o.arch = "sm_75"; }, "arch sm_75 is below sm_80");
+  CHECK_THROWS_WITH_AS(fp8_mode_from_name("on"), doctest::Contains("fp8 mode `on`"), Error);
+}
+
+TEST_CASE("make_plan: fp8 = require names each linear without an FP8 form") {
+  HeadHeader h = preset_header("tiny-two-stage");
+  h.fp8 = linears_in_use(h);
+  std::mt19937_64 rng(std::random_device{}());
+  const auto in_use = linears_in_use(h);
+  const std::string missing = in_use[rng() % in_use.size()];
+  CAPTURE(missing);
+  h.fp8.erase(std::find(h.fp8.begin(), h.fp8.end(), missing));
+  PlanOptions o;
+  o.fp8 = Fp8Mode::require;
+  try {
+    make_plan(h, o);
+    FAIL("fp8 = require planned a head lacking the FP8 form of " << missing);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("fp8 = require") != std::string::npos);
+    CHECK(what.find("form for " + missing + " (") != std::string::npos);
+    for (const auto& l : in_use)
+      if (l != missing) CHECK_MESSAGE(what.find(" " + l + " ") == std::string::npos, l << " named wrongly: " << what);
+  }
+  h.fp8.push_back(missing);
+  const Plan p = make_plan(h, o);
+  CHECK(p.fp8);
+  for (const auto& b : p.weights.buffers)
+    if (b.name == "fc" || b.name == "wqkv" || b.name == "w_gate_up" || b.name == "target_head")
+      CHECK_MESSAGE(b.dtype == DType::F8_E4M3, b.name);
+}
+
+TEST_CASE("make_plan: a fusion is FP8 only when every part has its form") {
+  HeadHeader h = preset_header("tiny");
+  h.fp8 = {"wq", "wk", "w_gate", "w_up", "wo"};
+  const Plan p = make_plan(h, PlanOptions{});
+  CHECK(p.weights.at("wqkv").dtype == DType::BF16);
+  CHECK(p.weights.at("wqkv").from == std::vector<std::string>{"wq", "wk", "wv"});
+  CHECK(p.weights.find("wqkv.scale") == nullptr);
+  CHECK(p.weights.at("w_gate_up").dtype == DType::F8_E4M3);
+  CHECK(p.weights.at("w_gate_up").from == std::vector<std::string>{"w_gate.fp8", "w_up.fp8"});
+  CHECK(p.weights.at("w_gate_up.scale").from == std::vector<std::string>{"w_gate.scale", "w_up.scale"});
+  CHECK(p.weights.at("wo").dtype == DType::F8_E4M3);
+  bool wqkv_reason = false, wq_reason = false;
+  for (const auto& c : p.choices) {
+    if (c.subject == "wqkv") wqkv_reason = c.decision.find("bf16") != std::string::npos && c.reason.find("wv") != std::string::npos;
+    if (c.subject == "wq") wq_reason = c.decision == "bf16" && c.reason.find("fused") != std::string::npos;
+  }
+  CHECK(wqkv_reason);
+  CHECK(wq_reason);
+  // fp8 = off uses no form at all.
+  PlanOptions off;
+  off.fp8 = Fp8Mode::off;
+  const Plan q = make_plan(h, off);
+  CHECK_FALSE(q.fp8);
+  for (const auto& b : q.weights.buffers) CHECK(b.dtype != DType::F8_E4M3);
+}
+
+TEST_CASE("make_plan: weights are the tensors in use, 256-byte aligned, each from its file tensors") {
+  for (const auto& [name, h] : golden_heads()) {
+    CAPTURE(name);
+    const Plan p = make_plan(h, golden_options());
+    std::set<std::string> file;
+    for (const auto& t : expected_tensors(h)) file.insert(t.name);
+    for (const auto& b : p.weights.buffers) {
+      CAPTURE(b.name);
+      CHECK(b.offset % 256 == 0);
+      for (const auto& f : b.from) CHECK((file.count(f) || f == "computed:rope_inv_freq"));
+    }
+    CHECK(p.weights.at("rope_inv_freq").shape == std::vector<int64_t>{h.head_dim / 2});
+    // The other head type's vocabulary weights are not loaded.
+    CHECK((p.weights.find("lm_head") != nullptr) == (h.head_type == HeadType::dense));
+    CHECK((p.weights.find("target_head") != nullptr) == (h.head_type == HeadType::two_stage));
+    CHECK(p.ring_rows == h.window + 1 + golden_options().max_steps);
+  }
+}
+
+TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role its parameter needs") {
+  // What each pointer parameter may bind. Index tables of the draft are host tables; the draft's later
+  // steps read the tokens it drafted itself (an activation).
+  using R = BufferRole;
+  const std::map<std::string, std::set<R>> roles = {
+      {"w", {R::weight}}, {"scale", {R::weight}}, {"embed", {R::weight}}, {"input_norm", {R::weight}},
+      {"hidden_norm", {R::weight}}, {"q_norm", {R::weight}}, {"k_norm", {R::weight}}, {"inv_freq", {R::weight}},
+      {"d2t", {R::weight}}, {"target_head", {R::weight}},
+      {"slot", {R::table}}, {"pos", {R::table}}, {"src_index", {R::table}}, {"dst_index", {R::table}},
+      {"tokens", {R::table, R::activation}},
+      {"ring_k", {R::state}}, {"ring_v", {R::state}},
+      {"out_token", {R::output}}, {"out_conf", {R::output}},
+      {"src", {R::state, R::activation}}, {"dst", {R::state, R::activation}},
+      // rmsnorm normalizes the uploaded taps in place; every other row operand is an activation.
+      {"x", {R::activation, R::table}}, {"y", {R::activation, R::table}}, {"g", {R::activation}},
+      {"residual", {R::activation}}, {"qkv", {R::activation}}, {"q_out", {R::activation}}, {"q", {R::activation}},
+      {"o", {R::activation}}, {"logits", {R::activation}}, {"part_max", {R::activation}},
+      {"part_idx", {R::activation}}, {"part_sum", {R::activation}}, {"next_token", {R::activation}},
+      {"scores", {R::activation}}, {"cand", {R::activation}}, {"n", {R::activation}}};
+  for (const auto& [name, h] : golden_heads()) {
+    CAPTURE(name);
+    const Plan p = make_plan(h, golden_options());
+    std::vector<const Node*> nodes;
+    for (const auto& b : p.buckets)
+      for (const auto& n : b.nodes) nodes.push_back(&n);
+    for (const auto& n : p.extend) nodes.push_back(&n);
+    for (const Node* n : nodes) {
+      CAPTURE(n->name);
+      if (n->kind == Node::Kind::gemm) {
+        CHECK(buffer_of(p, n->gemm.w).role == R::weight);
+        CHECK(buffer_of(p, n->gemm.y).role == R::activation);
+        continue;
+      }
+      const KernelDef& def = kernel_def(p.spec(n->spec).kernel);
+      REQUIRE(n->args.size() == def.params.size());
+      for (size_t i = 0; i < n->args.size(); ++i) {
+        const Arg& a = n->args[i];
+        CAPTURE(a.param);
+        CHECK(a.param == def.params[i].name);
+        if (a.kind != Arg::Kind::buffer) continue;
+        const Buffer& b = buffer_of(p, a.buffer);
+        REQUIRE(roles.count(a.param));
+        CHECK_MESSAGE(roles.at(a.param).count(b.role), "binds " << b.name << " of role " << buffer_role_name(b.role));
+        if (b.role == R::table && param_writes(p.spec(n->spec).kernel, a.param)) CHECK(n->name.starts_with("extend.tap_norm"));
+        CHECK(a.byte_offset < b.bytes);
+      }
+    }
+  }
+}
+
+TEST_CASE("make_plan: the nodes of step <= s form the (B, s) pass") {
+  // Data flow: walking the prefix of steps <= s in order, every activation a node reads was written by
+  // an earlier node of the prefix, and the prefix ends by writing step s's outputs.
+  for (const auto& [name, h] : golden_heads()) {
+    const Plan p = make_plan(h, golden_options());
+    for (const auto& bucket : p.buckets) {
+      for (int s = 1; s <= p.options.max_steps; ++s) {
+        CAPTURE(name);
+        CAPTURE(bucket.streams);
+        CAPTURE(s);
+        size_t end = 0;
+        while (end < bucket.nodes.size() && bucket.nodes[end].step <= s) ++end;
+        for (size_t i = end; i < bucket.nodes.size(); ++i) CHECK(bucket.nodes[i].step > s);
+        std::set<std::string> written;
+        for (size_t i = 0; i < end; ++i) {
+          const Node& n = bucket.nodes[i];
+          const std::string kernel = p.spec(n.spec).kernel;
+          for (const auto& a : n.args) {
+            if (a.kind == Arg::Kind::i64 && a.param == "rows") CHECK(a.i == bucket.streams);
+            if (a.kind != Arg::Kind::buffer || param_writes(kernel, a.param)) continue;
+            if (!p.weights.find(a.buffer) && p.arena.at(a.buffer).role == BufferRole::activation)
+              CHECK_MESSAGE(written.count(a.buffer), n.name << " reads " << a.buffer << " before the prefix writes it");
+          }
+          // residual reads are reads; everything else a kernel writes becomes available.
+          for (const auto& a : n.args)
+            if (a.kind == Arg::Kind::buffer && param_writes(kernel, a.param)) written.insert(a.buffer);
+        }
+        REQUIRE(end > 0);
+        const Node& last = bucket.nodes[end - 1];
+        CHECK(last.step == s);
+        const auto step = std::find_if(last.args.begin(), last.args.end(), [](const Arg& a) { return a.param == "step"; });
+        REQUIRE(step != last.args.end());
+        CHECK(step->i == s);
+        CHECK(written.count("out_token"));
+      }
+    }
+  }
+}
+
+TEST_CASE("make_plan: buffers never overlap, stay inside their arena, and the tables are one region") {
+  for (const auto& [name, h] : golden_heads()) {
+    CAPTURE(name);
+    const Plan p = make_plan(h, golden_options());
+    for (const Arena* a : {&p.weights, &p.arena}) {
+      std::vector<const Buffer*> bs;
+      for (const auto& b : a->buffers) bs.push_back(&b);
+      for (size_t i = 0; i < bs.size(); ++i) {
+        CHECK(bs[i]->offset + bs[i]->bytes <= a->bytes);
+        for (size_t j = i + 1; j < bs.size(); ++j)
+          CHECK_MESSAGE((bs[i]->offset + bs[i]->bytes <= bs[j]->offset || bs[j]->offset + bs[j]->bytes <= bs[i]->offset),
+                        bs[i]->name << " overlaps " << bs[j]->name);
+      }
+    }
+    int64_t lo = INT64_MAX, hi = 0;
+    for (const auto& b : p.arena.buffers)
+      if (b.role == BufferRole::table) lo = std::min(lo, b.offset), hi = std::max(hi, b.offset + b.bytes);
+    CHECK(lo == p.tables_offset);
+    CHECK(hi == p.tables_offset + p.tables_bytes);
+    for (const auto& b : p.arena.buffers)
+      if (b.role != BufferRole::table) CHECK((b.offset + b.bytes <= lo || b.offset >= hi));
+    const int64_t slots = p.options.max_slots + 1;
+    CHECK(p.arena.at("ring_k").shape == std::vector<int64_t>{slots, p.ring_rows, h.kv_heads, h.head_dim});
+    CHECK(p.arena.at("slot_g").shape == std::vector<int64_t>{slots, h.hidden});
+    CHECK(p.device_bytes == p.weights.bytes + p.arena.bytes + p.cublaslt_workspace);
+  }
+}
+
+TEST_CASE("make_plan: the extend's K/V GEMM reads the contiguous wk|wv rows of wqkv") {
+  for (const auto& [name, h] : golden_heads()) {
+    CAPTURE(name);
+    const Plan p = make_plan(h, golden_options());
+    const auto kv = std::find_if(p.extend.begin(), p.extend.end(), [](const Node& n) { return n.name == "extend.kv"; });
+    REQUIRE(kv != p.extend.end());
+    const Buffer& wqkv = p.weights.at("wqkv");
+    const int64_t q_rows = h.heads * h.head_dim, k = 2 * h.hidden;
+    if (wqkv.dtype == DType::BF16) {
+      CHECK(kv->kind == Node::Kind::gemm);
+      CHECK(kv->gemm.w == "wqkv");
+      CHECK(kv->gemm.w_offset == q_rows * k * 2);
+      CHECK(kv->gemm.n == 2 * h.kv_heads * h.head_dim);
+      CHECK(kv->gemm.w_offset + kv->gemm.n * kv->gemm.k * 2 == wqkv.bytes);
+    } else {
+      CHECK(kv->kind == Node::Kind::kernel);
+      CHECK(p.spec(kv->spec).constant("ROWS") == 16);
+      CHECK(kv->args[0].byte_offset == q_rows * k);
+      CHECK(kv->args[1].byte_offset == q_rows * 4);
+    }
+    // Each tap norm works in place on its column slice of the uploaded taps.
+    for (const auto& n : p.extend)
+      if (n.name.starts_with("extend.tap_norm.")) {
+        const int64_t i = std::stoll(n.name.substr(16));
+        CHECK(n.args[0].byte_offset == i * h.target_hidden * 2);
+        CHECK(n.args[3].byte_offset == n.args[0].byte_offset);
+        CHECK(n.args[1].i == static_cast<int64_t>(h.taps.size()) * h.target_hidden);
+      }
+  }
+}
+
+TEST_CASE("plan YAML: another schema_version is refused naming both versions") {
+  const std::string text = dump_plan_yaml(make_plan(preset_header("tiny"), golden_options()));
+  CHECK_THROWS_WITH_AS(load_plan_yaml(replace_once(text, "schema_version: 1", "schema_version: 2")),
+                       doctest::Contains("schema_version 2 is not supported; this build reads schema_version 1"), Error);
+  // Checked before anything else: a future plan with other fields is still refused for its version.
+  CHECK_THROWS_WITH_AS(load_plan_yaml("schema_version: 7\nsomething_new: 1\n"), doctest::Contains("schema_version 7"),
+                       Error);
+}
+
+TEST_CASE("plan YAML: corrupted plans are refused by name, never loaded") {
+  const std::string text = dump_plan_yaml(make_plan(preset_header("tiny-two-stage"), golden_options()));
+  auto refused = [&](std::string_view from, std::string_view to, const char* message) {
+    CAPTURE(from);
+    CHECK_THROWS_WITH_AS(load_plan_yaml(replace_once(text, from, to)), doctest::Contains(message), Error);
+  };
+  refused("ring_rows: 20", "ring_rows: 19", "ring_rows = 19 is outside 20..");
+  refused("ring_rows: 20", "ring_rows: twenty", "ring_rows: expected an integer, found `twenty`");
+  refused("ring_rows: 20\n", "", "missing key `ring_rows`");
+  refused("ring_rows: 20", "ring_rows: 20\nring_cols: 3", "unknown key `ring_cols`");
+  refused("buffer: slot_g, byte_offset: 0", "buffer: slot_h, byte_offset: 0",
+          "node s1.gather_g: arg `src` names buffer `slot_h`, which no arena holds");
+  refused("{param: src, kind: buffer", "{param: source, kind: buffer", "binds `source`, kernel copy_rows expects `src`");
+  refused("kind: buffer, buffer: slot_g, byte_offset: 0", "kind: buffer, buffer: slot_g, byte_offset: 99999999",
+          "byte_offset 99999999 is outside `slot_g`");
+  refused("kind: buffer, buffer: slot_g, byte_offset: 0", "kind: i64, i64: 3", "a ptr parameter cannot take");
+  refused("max_steps: 4", "max_steps: 3", "node s4.prepare_x has step 4, outside 1..3");
+  refused("buckets: [1, 4, 16]", "buckets: [1, 4, 8]", "buckets[2] has streams = 16, options list 8");
+  refused("spec: copy_rows__width_64__threads_32", "spec: copy_rows__width_64__threads_64",
+          "names spec `copy_rows__width_64__threads_64`, which the plan's specs lack");
+  refused("{WIDTH: 64, THREADS: 32}", "{WIDTH: 64, THREADS: 64}", "does not match kernel and constants");
+  refused("{name: ring_v, role: state, dtype: BF16, shape: [65, 20, 2, 16], offset: 83200",
+          "{name: ring_v, role: state, dtype: BF16, shape: [65, 20, 2, 16], offset: 256",
+          "buffers `ring_k` and `ring_v` overlap in the arena");
+  refused("role: state, dtype: BF16, shape: [65, 64]", "role: state, dtype: BF16, shape: [65, 65]",
+          "buffer `slot_g` has bytes = 8320, its shape and dtype make 8450");
+  refused("dtype: F32, shape: [8]", "dtype: F64, shape: [8]", "dtype `F64` is not one of");
+  refused("rows: fixed", "rows: some", "`some` is not one of fixed, chunk_rows, chunk_slots");
+  refused("f32: 0.25", "f32: .inf", "expected a finite float");
+  refused("device_bytes: ", "device_bytes: 1", "device_bytes = 1");
+  refused("fp8: auto", "fp8: sometimes", "`sometimes` is not one of auto, off, require");
+  refused("head_type: two_stage", "head_type: dense", "cand_k = 16 is set but head_type is dense");
+  // The path and the line name the place.
+  const std::string bad = replace_once(text, "buffer: slot_g, byte_offset: 0", "buffer: slot_g, byte_offset: -4");
+  const int line = 1 + static_cast<int>(std::count(bad.begin(), bad.begin() + bad.find("byte_offset: -4"), '\n'));
+  const std::string where = fmt::format("buckets[0].nodes[0].args[0].byte_offset: -4 is outside 0..");
+  const std::string at_line = fmt::format("(line {})", line);
+  CHECK_THROWS_WITH_AS(load_plan_yaml(bad), doctest::Contains(where.c_str()), Error);
+  CHECK_THROWS_WITH_AS(load_plan_yaml(bad), doctest::Contains(at_line.c_str()), Error);
+  CHECK_THROWS_WITH_AS(load_plan_yaml(text.substr(0, text.size() / 2)), doctest::Contains("plan YAML"), Error);
+  CHECK_THROWS_WITH_AS(load_plan_yaml(""), doctest::Contains("plan YAML"), Error);
+  CHECK_THROWS_WITH_AS(load_plan_yaml("[1, 2"), doctest::Contains("not valid YAML"), Error);
+}
+
+TEST_CASE("yaml reader: aliases that expand exponentially stop at the visit budget") {
+  // 8^12 leaves described in a few hundred bytes.
+  std::string bomb = "a0: &a0 [x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i <= 12; ++i) {
+    bomb += fmt::format("a{}: &a{} [", i, i);
+    for (int j = 0; j < 8; ++j) bomb += fmt::format("{}*a{}", j ? ", " : "", i - 1);
+    bomb += "]\n";
+  }
+  yaml::Context ctx{"test YAML"};
+  std::function<void(const yaml::Field&)> walk = [&](const yaml::Field& f) {
+    if (f.node.IsSequence()) {
+      for (const auto& x : f.seq(100)) walk(x);
+    } else if (f.node.IsMap()) {
+      yaml::Map m(f);
+      for (int i = 0; i <= 12; ++i) walk(m.at(fmt::format("a{}", i)));
+    }
+  };
+  CHECK_THROWS_WITH_AS(walk(yaml::parse(ctx, bomb)), doctest::Contains("visits more nodes"), Error);
+}
+
+TEST_CASE("plan YAML: random corruption of a plan is refused with tfe::Error or loads a valid plan") {
+  const std::string text = dump_plan_yaml(make_plan(preset_header("tiny"), golden_options()));
+  const uint64_t seed = std::random_device{}();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  const std::string alphabet = "0123456789-:,[]{}&*!|>'\"\n #abcxyz_.";
+  int refused = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    std::string s = text;
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits; ++e) {
+      const size_t at = rng() % s.size();
+      switch (rng() % 3) {
+        case 0: s[at] = alphabet[rng() % alphabet.size()]; break;
+        case 1: s.erase(at, 1 + rng() % 8); break;
+        default: s.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
+      }
+    }
+    try {
+      const Plan p = load_plan_yaml(s);
+      CHECK_NOTHROW(validate(p));  // a harmless edit (e.g. a choice's text) loads a consistent plan
+    } catch (const Error&) {
+      ++refused;
+    }
+  }
+  CHECK(refused > 0);
+}
+
+TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
+  const auto dir = test::temp_dir();
+  const std::string head = (dir / "dump_tiny.tfe").string();
+  const std::string out = (dir / "dump_tiny.yaml").string();
+  const HeadHeader h = preset_header("tiny-two-stage");
+  {
+    std::mt19937_64 rng(std::random_device{}());
+    const auto bytes = test::random_head_bytes(h, rng());
+    std::ofstream(head, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                                static_cast<std::streamsize>(bytes.size()));
+  }
+  const std::string cmd = fmt::format("{} dump {} --buckets 2,8 --max-steps 3 --max-slots 9 --extend-rows 32 -o {}",
+                                      TFE_PLAN_EXE, head, out);
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  PlanOptions o;
+  o.buckets = {2, 8};
+  o.max_steps = 3;
+  o.max_slots = 9;
+  o.extend_rows = 32;
+  const Plan p = load_plan_yaml(read_text(out));
+  CHECK(p == make_plan(h, o, HeadFile::open(head).header_sha256()));
+  CHECK(p.head_sha256.size() == 64);
+  const std::string bad = fmt::format("{} dump --preset tiny --buckets 1,2,2 -o {} 2> {}", TFE_PLAN_EXE, out,
+                                      (dir / "dump_err.txt").string());
+  CHECK(std::system(bad.c_str()) != 0);
+  CHECK(read_text(dir / "dump_err.txt").find("buckets[2] = 2 follows 2") != std::string::npos);
 }
