@@ -1,0 +1,128 @@
+// Calls the runtime refuses, with a clear message, leaving its state as it was: the slot table, and the
+// next draft's outputs bit for bit.
+#include <unistd.h>
+
+#include <filesystem>
+#include <numeric>
+
+#include "compiler/artifact.h"
+#include "tests/gpu/fixture.h"
+#include "tests/gpu/gpu_test.h"
+
+namespace tfe::test {
+namespace {
+
+struct Snapshot {
+  std::vector<int32_t> last_pos, last_token;
+  DraftResult draft;
+};
+
+Snapshot snapshot(Runtime& rt, const std::vector<int>& slots) {
+  Snapshot s;
+  for (int x : slots) {
+    s.last_pos.push_back(rt.slots().last_pos(x));
+    s.last_token.push_back(rt.slots().last_token(x));
+  }
+  s.draft = rt.draft(slots, 3);
+  return s;
+}
+
+void check_unchanged(Runtime& rt, const std::vector<int>& slots, const Snapshot& before) {
+  const Snapshot now = snapshot(rt, slots);
+  CHECK(now.last_pos == before.last_pos);
+  CHECK(now.last_token == before.last_token);
+  CHECK(now.draft.tokens == before.draft.tokens);
+  CHECK(std::memcmp(now.draft.confidences.data(), before.draft.confidences.data(),
+                    before.draft.confidences.size() * sizeof(float)) == 0);
+}
+
+TFE_GPU_TEST_CASE("refusals: bad extends and drafts are refused by name and change nothing") {
+  auto head = random_head_image("tiny", 51, false);
+  const HeadHeader& h = head->file.header();
+  const PlanOptions po = test_plan_options(Fp8Mode::off);
+  Runtime rt = Runtime::open(head->file, test_open_options(po));
+  std::mt19937_64 rng(13);
+  const std::vector<Rows> prefix = {random_rows(rng, h, 0, 0, 10), random_rows(rng, h, 1, 0, 4)};
+  rt.extend(requests(prefix));
+  const std::vector<int> slots = {0, 1};
+  const Snapshot before = snapshot(rt, slots);
+  const int R = rt.ring_rows();
+
+  auto refused = [&](std::vector<Rows> rows, const char* message) {
+    CAPTURE(message);
+    CHECK_THROWS_WITH_AS(rt.extend(requests(rows)), doctest::Contains(message), Error);
+    check_unchanged(rt, slots, before);
+  };
+  refused({random_rows(rng, h, 2, 0, R + 1)}, "exceeds the ring");
+  refused({random_rows(rng, h, 0, 12, 2)}, "does not continue the slot");    // a gap
+  refused({random_rows(rng, h, 0, 9, 2)}, "does not continue the slot");     // a step back
+  refused({random_rows(rng, h, po.max_slots, 0, 2)}, "is outside 0..");      // the scratch slot is not a slot
+  refused({random_rows(rng, h, -1, 0, 2)}, "is outside 0..");
+  {
+    Rows bad = random_rows(rng, h, 1, 4, 3);
+    bad.tokens[1] = static_cast<int32_t>(h.vocab);
+    refused({bad}, "is outside [0,");
+  }
+  {
+    Rows short_taps = random_rows(rng, h, 1, 4, 3);
+    short_taps.taps.pop_back();
+    refused({short_taps}, "tap values for 3 rows");
+  }
+  // A valid request beside a refused one: neither is applied.
+  refused({random_rows(rng, h, 1, 4, 2), random_rows(rng, h, 0, 13, 1)}, "does not continue the slot");
+  refused({random_rows(rng, h, 1, 4, 2), random_rows(rng, h, 1, 6, 1)}, "one request per slot");
+
+  auto draft_refused = [&](std::vector<int> s, int steps, const char* message) {
+    CAPTURE(message);
+    CHECK_THROWS_WITH_AS(rt.draft(s, steps), doctest::Contains(message), Error);
+    check_unchanged(rt, slots, before);
+  };
+  draft_refused({0}, 0, "steps = 0 is outside");
+  draft_refused({0}, po.max_steps + 1, "is outside 1..");
+  draft_refused({0, 0}, 1, "appears twice");
+  draft_refused({0, 3}, 1, "is empty");
+  draft_refused({}, 1, "no slots given");
+  std::vector<int> many(static_cast<size_t>(po.buckets.back() + 1));
+  std::iota(many.begin(), many.end(), 0);
+  draft_refused(many, 1, "exceed the largest streams bucket");
+  CHECK_THROWS_WITH_AS(rt.reset(po.max_slots), doctest::Contains("is outside 0.."), Error);
+  check_unchanged(rt, slots, before);
+}
+
+TFE_GPU_TEST_CASE("refusals: an artifact compiled for another head is refused, or recompiled when asked") {
+  auto mine = random_head_image("tiny", 61, false);
+  auto other = random_head_image("tiny-two-stage", 62, false);
+  const PlanOptions po = test_plan_options(Fp8Mode::off);
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("tfe-gpu-artifact-{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  PlanOptions for_other = po;
+  int major = 0, minor = 0;
+  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess);
+  for_other.arch = fmt::format("sm_{}{}", major, minor);
+  compile_plan(make_plan(other->file.header(), for_other, other->file.header_sha256()), dir.string());
+
+  OpenOptions o = test_open_options(po);
+  o.artifact_dir = dir.string();
+  CHECK_THROWS_WITH_AS(Runtime::open(mine->file, o), doctest::Contains("compiled for the head"), Error);
+  // The artifact's own head opens from it.
+  Runtime from_artifact = Runtime::open(other->file, o);
+  CHECK(from_artifact.plan().head_sha256 == other->file.header_sha256());
+  o.recompile_mismatched_artifact = true;
+  Runtime recompiled = Runtime::open(mine->file, o);
+  CHECK(recompiled.plan().head_sha256 == mine->file.header_sha256());
+  std::filesystem::remove_all(dir);
+}
+
+TFE_GPU_TEST_CASE("refusals: an out-of-range device and the legacy stream are refused at open") {
+  auto head = random_head_image("tiny", 71, false);
+  OpenOptions o = test_open_options(test_plan_options());
+  o.device = 1 << 20;
+  CHECK_THROWS_WITH_AS(Runtime::open(head->file, o), doctest::Contains("is outside 0.."), Error);
+  o.device = 0;
+  o.stream = cudaStreamLegacy;
+  CHECK_THROWS_WITH_AS(Runtime::open(head->file, o), doctest::Contains("legacy default stream"), Error);
+}
+
+}  // namespace
+}  // namespace tfe::test
