@@ -1,0 +1,241 @@
+// Each kernel of a draft step against runtime/reference_ops.h, on the GPU's own inputs: one pass of
+// one step leaves every intermediate in the arena (g, x, qkv, q, ring K/V, o, h1, post, m, h2, n and
+// the vocabulary head's outputs), and each is recomputed on the CPU from the GPU's values before it, so
+// a difference is the kernel's alone. Every preset's specializations run (the big presets with random
+// weights made in memory), for each bucket's row count.
+//
+// Tolerances: bf16 outputs: more than one bf16 ulp apart on at most 0.1% of the elements (and at least
+// one element allowed), normalized error < 1e-2; fp32 logits and scores: normalized error < 1e-4; ids
+// equal where the reference's top two (or the k-th and k+1-th score) differ by more than 1e-3 (relative).
+#include <algorithm>
+#include <set>
+#include <thread>
+
+#include "runtime/reference_ops.h"
+#include "tests/gpu/fixture.h"
+#include "tests/gpu/gpu_test.h"
+
+namespace tfe::test {
+namespace {
+
+void check_bf16(const char* what, std::span<const bf16_bits> got, std::span<const bf16_bits> want) {
+  CAPTURE(what);
+  REQUIRE(got.size() == want.size());
+  const Bf16Diff d = compare_bf16(got, want);
+  CAPTURE(d.first_bad);
+  CHECK(d.beyond_one_ulp <= std::max<size_t>(1, d.n / 1000));
+  CHECK(d.normalized_error < 1e-2);
+}
+
+double f32_error(std::span<const float> got, std::span<const float> want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+template <typename T>
+std::span<const T> row(const std::vector<T>& v, int64_t r, int64_t width) {
+  return std::span<const T>(v).subspan(static_cast<size_t>(r * width), static_cast<size_t>(width));
+}
+
+struct Step {
+  const HeadFile& file;
+  const Plan& plan;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+  bool matrix_fp8(std::string_view linear) const {
+    std::string m(linear);
+    if (m == "wq" || m == "wk" || m == "wv") m = "wqkv";
+    if (m == "w_gate" || m == "w_up") m = "w_gate_up";
+    return plan.weights.at(m).dtype == DType::F8_E4M3;
+  }
+  ref::Linear linear(const std::string& name) const {
+    const auto shape = linear_shape(file.header(), name);
+    if (matrix_fp8(name))
+      return ref::Linear::fp8(name, file.tensor(name + ".fp8").as<uint8_t>(), file.tensor(name + ".scale").as<float>(),
+                              shape[0], shape[1]);
+    return ref::Linear::bf16(name, file.tensor(name).as<bf16_bits>(), shape[0], shape[1]);
+  }
+  std::span<const bf16_bits> norm(const std::string& name) const { return file.tensor(name).as<bf16_bits>(); }
+  std::vector<bf16_bits> lin(const std::string& name, const std::vector<bf16_bits>& x, int64_t rows) const {
+    const auto l = linear(name);
+    std::vector<bf16_bits> y(static_cast<size_t>(rows * l.out));
+    ref::linear(l, x, y, threads);
+    return y;
+  }
+};
+
+void check_step(Runtime& rt, const HeadFile& file, int rows) {
+  const Plan& plan = rt.plan();
+  const HeadHeader& h = plan.header;
+  const Step st{file, plan};
+  const int64_t H = h.hidden, hd = h.head_dim, qw = h.heads * hd, kvw = h.kv_heads * hd, F = h.ffn, R = rt.ring_rows();
+  auto buf = [&](const char* n) { return as_vector<bf16_bits>(rt.read_buffer(n)); };
+  const auto slot = as_vector<int32_t>(rt.read_buffer("slot"));
+  const auto pos = as_vector<int32_t>(rt.read_buffer("pos"));
+  const auto tok = as_vector<int32_t>(rt.read_buffer("tok"));
+  const auto g = buf("g"), x = buf("x"), qkv = buf("qkv"), q = buf("q"), o = buf("o"), h1 = buf("h1");
+  const auto post = buf("post"), m = buf("m"), h2 = buf("h2"), n = buf("n");
+  const auto ring_k = buf("ring_k"), ring_v = buf("ring_v"), slot_g = buf("slot_g");
+  const auto inv_freq = ref::rope_inv_freq(h);
+  const auto embed = file.tensor("embed").as<bf16_bits>();
+
+  for (int64_t r = 0; r < rows; ++r) {
+    CAPTURE(r);
+    // copy_rows (gather): exact.
+    CHECK(std::equal(g.begin() + r * H, g.begin() + (r + 1) * H, slot_g.begin() + slot[r] * H));
+    // prepare_x
+    std::vector<bf16_bits> xr(static_cast<size_t>(2 * H));
+    ref::rmsnorm(embed.subspan(static_cast<size_t>(tok[r] * H), static_cast<size_t>(H)), st.norm("input_norm"), h.rms_eps,
+                 std::span<bf16_bits>(xr).first(static_cast<size_t>(H)));
+    ref::rmsnorm(row(g, r, H), st.norm("hidden_norm"), h.rms_eps, std::span<bf16_bits>(xr).last(static_cast<size_t>(H)));
+    check_bf16("prepare_x", row(x, r, 2 * H), xr);
+  }
+  // wqkv gemv on the GPU's x.
+  const std::vector<bf16_bits> xs(x.begin(), x.begin() + rows * 2 * H);
+  const auto qr = st.lin("wq", xs, rows), kr = st.lin("wk", xs, rows), vr = st.lin("wv", xs, rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    CAPTURE(r);
+    const auto got = row(qkv, r, qw + 2 * kvw);
+    check_bf16("wqkv: q", got.first(static_cast<size_t>(qw)), row(qr, r, qw));
+    check_bf16("wqkv: k", got.subspan(static_cast<size_t>(qw), static_cast<size_t>(kvw)), row(kr, r, kvw));
+    check_bf16("wqkv: v", got.last(static_cast<size_t>(kvw)), row(vr, r, kvw));
+    // qk_rope_kv on the GPU's qkv.
+    auto position = [&](std::span<const bf16_bits> in, int64_t heads, const char* norm) {
+      std::vector<bf16_bits> a(in.begin(), in.end()), b(a.size());
+      if (h.qk_norm) {
+        ref::rmsnorm(in, st.norm(norm), h.rms_eps, b);
+        a = b;
+      }
+      ref::rope(a, hd, pos[r], inv_freq, b);
+      (void)heads;
+      return b;
+    };
+    check_bf16("qk_rope_kv: q", row(q, r, qw), position(got.first(static_cast<size_t>(qw)), h.heads, "q_norm"));
+    const size_t at = static_cast<size_t>((slot[r] * R + pos[r] % R) * kvw);
+    const std::span<const bf16_bits> rk(ring_k.data() + at, static_cast<size_t>(kvw));
+    const std::span<const bf16_bits> rv(ring_v.data() + at, static_cast<size_t>(kvw));
+    check_bf16("qk_rope_kv: ring k", rk, position(got.subspan(static_cast<size_t>(qw), static_cast<size_t>(kvw)),
+                                                  h.kv_heads, "k_norm"));
+    CHECK(std::equal(rv.begin(), rv.end(), got.last(static_cast<size_t>(kvw)).begin()));  // v is stored as is
+    // ring_attention on the GPU's q and ring.
+    std::vector<bf16_bits> keys, values, orf(static_cast<size_t>(qw));
+    for (int64_t p = std::max<int64_t>(0, pos[r] - h.window); p <= pos[r]; ++p) {
+      const size_t a = static_cast<size_t>((slot[r] * R + p % R) * kvw);
+      keys.insert(keys.end(), ring_k.begin() + a, ring_k.begin() + a + kvw);
+      values.insert(values.end(), ring_v.begin() + a, ring_v.begin() + a + kvw);
+    }
+    ref::attention(row(q, r, qw), keys, values, h.heads, h.kv_heads, hd, orf);
+    check_bf16("ring_attention", row(o, r, qw), orf);
+  }
+  auto first_rows = [&](const std::vector<bf16_bits>& v, int64_t w) {
+    return std::vector<bf16_bits>(v.begin(), v.begin() + rows * w);
+  };
+  {
+    std::vector<bf16_bits> want(static_cast<size_t>(rows * H));
+    ref::linear_residual(st.linear("wo"), first_rows(o, qw), first_rows(g, H), want, st.threads);
+    check_bf16("wo (residual epilogue)", std::span<const bf16_bits>(h1).first(want.size()), want);
+    ref::rmsnorm(first_rows(h1, H), st.norm("post_norm"), h.rms_eps, want);
+    check_bf16("post_norm", std::span<const bf16_bits>(post).first(want.size()), want);
+    const auto gate = st.lin("w_gate", first_rows(post, H), rows), up = st.lin("w_up", first_rows(post, H), rows);
+    std::vector<bf16_bits> mw(gate.size());
+    ref::swiglu(gate, up, mw);
+    check_bf16("w_gate_up (SwiGLU epilogue)", std::span<const bf16_bits>(m).first(mw.size()), mw);
+    ref::linear_residual(st.linear("w_down"), first_rows(m, F), first_rows(h1, H), want, st.threads);
+    check_bf16("w_down (residual epilogue)", std::span<const bf16_bits>(h2).first(want.size()), want);
+    ref::rmsnorm(first_rows(h2, H), st.norm("final_norm"), h.rms_eps, want);
+    check_bf16("final_norm", std::span<const bf16_bits>(n).first(want.size()), want);
+  }
+  const auto out_token = as_vector<int32_t>(rt.read_buffer("out_token"));
+  const auto out_conf = as_vector<float>(rt.read_buffer("out_conf"));
+  const auto d2t = file.tensor("d2t").as<int32_t>();
+  const int64_t Vd = h.draft_vocab, ms = plan.options.max_steps;
+  const auto nr = first_rows(n, H);
+  if (h.head_type == HeadType::dense) {
+    const auto logits = as_vector<float>(rt.read_buffer("logits"));
+    std::vector<float> want(static_cast<size_t>(rows * Vd));
+    ref::linear_f32(st.linear("lm_head"), nr, want, st.threads);
+    CHECK(f32_error(std::span<const float>(logits).first(want.size()), want) < 1e-4);
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto l = row(logits, r, Vd);
+      const ref::Top1 t = ref::top1(l);
+      CAPTURE(r);
+      if (top_two_gap(l) > 1e-3f * std::fabs(l[static_cast<size_t>(t.id)]))
+        CHECK(out_token[r * ms] == static_cast<int32_t>(t.id) + d2t[static_cast<size_t>(t.id)]);
+      CHECK(std::fabs(out_conf[r * ms] - t.confidence) <= 1e-5f * t.confidence + 1e-7f);
+    }
+  } else {
+    const auto u = buf("u");
+    const auto scores = as_vector<float>(rt.read_buffer("scores"));
+    const auto cand = as_vector<int32_t>(rt.read_buffer("cand"));
+    const auto ur = st.lin("lr_a", nr, rows);
+    check_bf16("lr_a", std::span<const bf16_bits>(u).first(ur.size()), ur);
+    std::vector<float> sw(static_cast<size_t>(rows * Vd));
+    ref::linear_f32(st.linear("lr_b"), first_rows(u, h.lowrank), sw, st.threads);
+    CHECK(f32_error(std::span<const float>(scores).first(sw.size()), sw) < 1e-4);
+    const auto th = st.linear("target_head");
+    for (int64_t r = 0; r < rows; ++r) {
+      CAPTURE(r);
+      const auto s = row(scores, r, Vd);
+      const auto want = ref::topk(s, h.cand_k + 1 <= Vd ? h.cand_k + 1 : h.cand_k);
+      const auto got = row(cand, r, h.cand_k);
+      if (static_cast<int64_t>(want.size()) > h.cand_k &&
+          s[static_cast<size_t>(want[h.cand_k - 1])] - s[static_cast<size_t>(want[h.cand_k])] >
+              1e-3f * std::fabs(s[static_cast<size_t>(want[h.cand_k - 1])]))
+        CHECK(std::set<int32_t>(got.begin(), got.end()) ==
+              std::set<int32_t>(want.begin(), want.begin() + h.cand_k));
+      // rescore on the GPU's candidates.
+      std::vector<float> exact;
+      std::vector<int32_t> target;
+      const auto nf = ref::widen(row(n, r, H));
+      for (int32_t c : got) {
+        target.push_back(c + d2t[static_cast<size_t>(c)]);
+        exact.push_back(th.acc(target.back(), nf.data()));
+      }
+      const ref::Rescored rs = ref::rescore(exact, target);
+      if (top_two_gap(exact) > 1e-3f * std::fabs(exact[static_cast<size_t>(rs.index)]))
+        CHECK(out_token[r * ms] == rs.target_id);
+      CHECK(std::fabs(out_conf[r * ms] - rs.confidence) <= 1e-5f * rs.confidence + 1e-7f);
+    }
+  }
+}
+
+void kernels_vs_reference(const std::string& preset, bool fp8, std::vector<int> buckets, int max_steps) {
+  auto head = random_head_image(preset, 81, fp8);
+  const HeadHeader& h = head->file.header();
+  PlanOptions po = test_plan_options(fp8 ? Fp8Mode::require : Fp8Mode::off);
+  po.buckets = buckets;
+  po.max_slots = buckets.back();
+  po.max_steps = max_steps;
+  Runtime rt = Runtime::open(head->file, test_open_options(po));
+  std::mt19937_64 rng(17);
+  std::vector<Rows> rows;
+  for (int s = 0; s < buckets.back(); ++s) rows.push_back(random_rows(rng, h, s, 0, 1 + (s * 3) % 20));
+  rt.extend(requests(rows));
+  for (int b : buckets) {
+    CAPTURE(b);
+    std::vector<int> slots(static_cast<size_t>(b));
+    std::iota(slots.begin(), slots.end(), 0);
+    (void)rt.draft(slots, 1);  // step 1 leaves its intermediates in the arena
+    check_step(rt, head->file, b);
+  }
+}
+
+TFE_GPU_TEST_CASE("kernels: tiny, bf16 and FP8, every bucket") {
+  for (bool fp8 : {false, true}) kernels_vs_reference("tiny", fp8, {1, 2, 4, 8, 16}, 8);
+}
+TFE_GPU_TEST_CASE("kernels: tiny-two-stage, bf16 and FP8, every bucket") {
+  for (bool fp8 : {false, true}) kernels_vs_reference("tiny-two-stage", fp8, {1, 2, 4, 8, 16}, 8);
+}
+TFE_GPU_TEST_CASE("kernels: llama3-8b-eagle3 shapes (random weights in memory), bf16 and FP8") {
+  for (bool fp8 : {false, true}) kernels_vs_reference("llama3-8b-eagle3", fp8, {1, 16}, 8);
+}
+TFE_GPU_TEST_CASE("kernels: tfe-two-stage shapes (random weights in memory), bf16 and FP8") {
+  for (bool fp8 : {false, true}) kernels_vs_reference("tfe-two-stage", fp8, {1, 16}, 8);
+}
+
+}  // namespace
+}  // namespace tfe::test
