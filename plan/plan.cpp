@@ -148,8 +148,8 @@ void check_arena(const Arena& a, std::string_view which, bool weights) {
       fail("plan: buffers `{}` and `{}` overlap in the {}", by_offset[i - 1]->name, by_offset[i]->name, which);
 }
 
-void check_node(const Plan& p, const Node& n, const std::map<std::string, const Buffer*>& buffers,
-                const std::set<std::string>& uris) {
+void check_node(const Node& n, const std::map<std::string, const Buffer*>& buffers,
+                const std::map<std::string, const KernelSpec*>& specs) {
   auto buffer = [&](const std::string& name, std::string_view what) -> const Buffer& {
     const auto it = buffers.find(name);
     if (it == buffers.end()) fail("plan: node {}: {} names buffer `{}`, which no arena holds", n.name, what, name);
@@ -173,8 +173,9 @@ void check_node(const Plan& p, const Node& n, const std::map<std::string, const 
     if (y.role == BufferRole::weight) fail("plan: gemm node {} writes weight `{}`", n.name, y.name);
     return;
   }
-  if (!uris.count(n.spec)) fail("plan: node {} names spec `{}`, which the plan's specs lack", n.name, n.spec);
-  const KernelSpec& spec = p.spec(n.spec);
+  const auto found = specs.find(n.spec);
+  if (found == specs.end()) fail("plan: node {} names spec `{}`, which the plan's specs lack", n.name, n.spec);
+  const KernelSpec& spec = *found->second;
   const KernelDef& def = kernel_def(spec.kernel);
   if (n.args.size() != def.params.size())
     fail("plan: node {} has {} args, kernel {} takes {}", n.name, n.args.size(), spec.kernel, def.params.size());
@@ -231,14 +232,14 @@ void validate(const Plan& p) {
   bool any_fp8 = false;
   for (const auto& b : p.weights.buffers) any_fp8 = any_fp8 || b.dtype == DType::F8_E4M3;
   if (p.fp8 != any_fp8) fail("plan: fp8 = {} but the weights {} FP8 forms", p.fp8, any_fp8 ? "hold" : "hold no");
-  std::set<std::string> uris;
+  std::map<std::string, const KernelSpec*> uris;
   for (size_t i = 0; i < p.specs.size(); ++i) {
     const KernelSpec& s = p.specs[i];
     make_spec(s.kernel, s.constants);  // throws for an unknown kernel or wrong constants
     const std::string uri = s.uri();
     if (i > 0 && !(p.specs[i - 1].uri() < uri))
       fail("plan: specs must be sorted by uri and unique; `{}` follows `{}`", uri, p.specs[i - 1].uri());
-    uris.insert(uri);
+    uris.emplace(uri, &s);
   }
   if (p.buckets.size() != p.options.buckets.size())
     fail("plan: {} buckets, but options list {}", p.buckets.size(), p.options.buckets.size());
@@ -258,7 +259,7 @@ void validate(const Plan& p) {
       last = n.step;
       if (n.kind != Node::Kind::kernel || n.rows != Node::Rows::fixed)
         fail("plan: bucket {} node {} must be a kernel on fixed rows", b.streams, n.name);
-      check_node(p, n, buffers, uris);
+      check_node(n, buffers, uris);
       used.insert(n.spec);
     }
     if (b.nodes.empty() || b.nodes.back().step != p.options.max_steps)
@@ -267,11 +268,11 @@ void validate(const Plan& p) {
   for (const auto& n : p.extend) {
     if (n.step != 0) fail("plan: extend node {} has step {}; extend nodes have step 0", n.name, n.step);
     if (n.rows == Node::Rows::fixed) fail("plan: extend node {} must run on rows set at launch", n.name);
-    check_node(p, n, buffers, uris);
+    check_node(n, buffers, uris);
     if (n.kind == Node::Kind::kernel) used.insert(n.spec);
     any_gemm = any_gemm || n.kind == Node::Kind::gemm;
   }
-  for (const auto& u : uris)
+  for (const auto& [u, spec] : uris)
     if (!used.count(u)) fail("plan: spec `{}` is named by no node", u);
   if (p.cublaslt_workspace < 0 || p.cublaslt_workspace > (int64_t{1} << 32) || (any_gemm && p.cublaslt_workspace == 0))
     fail("plan: cublaslt_workspace = {} is outside {}..{}", p.cublaslt_workspace, any_gemm ? 1 : 0, int64_t{1} << 32);
