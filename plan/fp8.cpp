@@ -1,6 +1,7 @@
 #include "plan/fp8.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <exception>
 #include <mutex>
@@ -38,6 +39,24 @@ void parallel_chunks(int64_t n, int threads, const std::function<void(int64_t, i
   if (first) std::rethrow_exception(first);
 }
 
+uint8_t float_to_fp8_e4m3_fast(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return 0x7f;         // NaN
+  if (u >= 0x43e00000u) return sign | 0x7e;  // >= 448 (and inf): saturate
+  if (u >= 0x3c800000u) {                    // >= 2^-6: a normal e4m3 value
+    // Round the 23-bit mantissa to 3 bits, nearest even; a carry moves into the exponent as it should.
+    u += 0x7ffffu + ((u >> 20) & 1u);
+    // fp32 exponent bias 127, e4m3 bias 7: rebias the 8-bit exponent field into 4 bits.
+    return sign | static_cast<uint8_t>((u >> 20) - (120u << 3));
+  }
+  // Subnormal: multiples of 2^-9. Adding 2^23 leaves an ulp of 1, so the add rounds to an integer, nearest
+  // even; a result of 8 is the code of 2^-6, the smallest normal, which is exactly right.
+  const float steps = std::bit_cast<float>(u) * 512.0f;
+  return sign | static_cast<uint8_t>((steps + 8388608.0f) - 8388608.0f);
+}
+
 float fp8_row_scale(std::span<const bf16_bits> row) {
   float amax = 0.0f;
   for (bf16_bits b : row) amax = std::max(amax, std::fabs(bf16_to_float(b)));
@@ -59,7 +78,7 @@ Fp8Linear quantize_fp8(std::span<const bf16_bits> w, int64_t rows, int64_t cols,
       const float s = fp8_row_scale(row);
       out.scale[j] = s;
       uint8_t* q = out.q.data() + j * cols;
-      for (int64_t k = 0; k < cols; ++k) q[k] = float_to_fp8_e4m3(bf16_to_float(row[k]) / s);
+      for (int64_t k = 0; k < cols; ++k) q[k] = float_to_fp8_e4m3_fast(bf16_to_float(row[k]) / s);
     }
   });
   return out;
@@ -113,19 +132,31 @@ HeadWriter assemble_head(const HeadHeader& h, std::vector<HeadTensor> tensors, i
     forms.emplace_back(l, quantize_fp8(w, shape[0], shape[1], threads));
   }
 
-  HeadWriter writer(h);
+  // The reader maps tensors in place, so each must start at a multiple of its element size: wider
+  // elements go first (F32 scales, I32 d2t, BF16, then F8), each group in expected_tensors order.
+  struct Pending {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    std::vector<std::byte> bytes;
+  };
+  std::vector<Pending> out;
   for (const auto& spec : expected) {
     if (is_fp8_form(spec)) continue;
     auto it = find(spec.name);
     if (it == tensors.end()) fail("assemble_head: tensor `{}` is missing", spec.name);
-    writer.add(it->name, it->dtype, std::move(it->shape), std::move(it->bytes));
+    out.push_back({it->name, it->dtype, std::move(it->shape), std::move(it->bytes)});
   }
   for (auto& [l, f] : forms) {
     const auto shape = linear_shape(h, l);
-    writer.add(l + ".fp8", DType::F8_E4M3, shape, to_bytes(f.q));
-    writer.add(l + ".scale", DType::F32, {shape[0]}, to_bytes(f.scale));
+    out.push_back({l + ".fp8", DType::F8_E4M3, shape, to_bytes(f.q)});
+    out.push_back({l + ".scale", DType::F32, {shape[0]}, to_bytes(f.scale)});
     f = {};
   }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Pending& a, const Pending& b) { return dtype_size(a.dtype) > dtype_size(b.dtype); });
+  HeadWriter writer(h);
+  for (auto& p : out) writer.add(p.name, p.dtype, std::move(p.shape), std::move(p.bytes));
   return writer;
 }
 

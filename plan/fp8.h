@@ -26,6 +26,10 @@ struct Fp8Linear {
   std::vector<float> scale;
 };
 
+// float_to_fp8_e4m3 (plan/numeric.h) computed on the fp32 bits: the same byte for every input (the tests
+// sweep every rounding case of every binade), several times faster. quantize_fp8 runs it per weight.
+uint8_t float_to_fp8_e4m3_fast(float f);
+
 // scale_j = amax_k |w_jk| / 448 in fp32; 1 where the row is all zero (so that q is all zero, not NaN).
 float fp8_row_scale(std::span<const bf16_bits> row);
 // q_jk = e4m3(w_jk / scale_j): the division in fp32, then round to nearest even, saturating at +-448.
@@ -46,8 +50,9 @@ struct HeadTensor {
   std::vector<std::byte> bytes;
 };
 
-// Moves `tensors` (the bf16 and int32 forms, any order) into a writer in expected_tensors(h) order and
-// adds `<l>.fp8` / `<l>.scale` for every linear h.fp8 lists, quantized from its bf16 tensor. Throws
+// Moves `tensors` (the bf16 and int32 forms, any order) into a writer and adds `<l>.fp8` / `<l>.scale`
+// for every linear h.fp8 lists, quantized from its bf16 tensor. File order: wider elements first (each
+// tensor then starts at a multiple of its element size), expected_tensors(h) order within a width. Throws
 // naming the tensor when one the header expects is missing or one it does not expect is given.
 HeadWriter assemble_head(const HeadHeader& h, std::vector<HeadTensor> tensors, int threads = 0);
 
