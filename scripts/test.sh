@@ -6,3 +6,4 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh build
 cmake --build build -j "$(nproc)"
 ctest --test-dir build --output-on-failure -j "$(nproc)"
+scripts/fuzz.sh 30
