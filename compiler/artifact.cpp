@@ -1,0 +1,245 @@
+#include "compiler/artifact.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <span>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "plan/error.h"
+#include "plan/head_file.h"
+#include "plan/plan_yaml.h"
+
+namespace tfe {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kPlanFile = "plan.yaml";
+constexpr const char* kKernelsDir = "kernels";
+
+std::string sha256_of(std::string_view bytes) {
+  return sha256_hex(std::as_bytes(std::span(bytes.data(), bytes.size())));
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) fail("artifact: cannot read {}", p.string());
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) fail("artifact: reading {} failed", p.string());
+  return std::move(ss).str();
+}
+
+// Temporary file + rename, so an interrupted write leaves the old file or none, never a part.
+void write_file(const fs::path& p, std::string_view bytes) {
+  const fs::path tmp = p.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) fail("artifact: cannot create {}", tmp.string());
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!f.flush()) fail("artifact: writing {} ({} bytes) failed", tmp.string(), bytes.size());
+  }
+  std::error_code ec;
+  fs::rename(tmp, p, ec);
+  if (ec) fail("artifact: cannot move {} into place: {}", p.string(), ec.message());
+}
+
+fs::path cubin_path(const fs::path& dir, std::string_view uri) {
+  return dir / kKernelsDir / fmt::format("{}.cubin", uri);
+}
+
+// A file the manifest names: relative and inside the artifact, whatever the manifest says.
+fs::path member(const fs::path& dir, const fs::path& manifest, const std::string& file) {
+  const fs::path rel = fs::path(file).lexically_normal();
+  if (file.empty() || rel.is_absolute() || *rel.begin() == "..")
+    fail("artifact: {} names file `{}`, which is not inside the artifact", manifest.string(), file);
+  return dir / rel;
+}
+
+// Compiles `units` on a pool of threads; results in `units` order. Stops handing out work after the
+// first error and rethrows it once every worker has returned.
+std::vector<CachedKernel> compile_all(const std::vector<CompileUnit>& units, const KernelCache& cache,
+                                      const CompileOptions& options, const ProgressFn& progress) {
+  std::vector<CachedKernel> out(units.size());
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex mu;  // guards `error`, `done` and the progress callback
+  size_t done = 0;
+  auto work = [&] {
+    while (!failed) {
+      const size_t i = next++;
+      if (i >= units.size()) return;
+      try {
+        out[i] = cache.get(units[i], options);
+        const std::lock_guard lock(mu);
+        ++done;
+        if (progress) progress({done, units.size(), units[i].uri, out[i].hit, out[i].ms});
+      } catch (...) {
+        const std::lock_guard lock(mu);
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  const size_t n = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, std::max<size_t>(units.size(), 1));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < n; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+  return out;
+}
+
+}  // namespace
+
+const ArtifactKernel& Artifact::kernel(std::string_view uri) const {
+  for (const auto& k : kernels)
+    if (k.uri == uri) return k;
+  fail("artifact: no kernel `{}` (the plan names {} specializations)", uri, kernels.size());
+}
+
+std::string format_progress(const CompileProgress& p) {
+  return fmt::format("[{}/{}] {}... ({}, {:.0f} ms)", p.done, p.total, p.uri, p.hit ? "hit" : "miss", p.ms);
+}
+
+CompileSummary compile_plan(const Plan& plan, const std::string& out_dir, const ProgressFn& progress,
+                            const KernelCache& cache, const CompileOptions& base_options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CompileOptions options = base_options;
+  options.arch = plan.options.arch;
+  nvrtc_options(options);  // refuses a bad arch before any work
+
+  std::vector<CompileUnit> units;
+  for (const auto& s : plan.specs) units.push_back(make_compile_unit(s));
+  const std::vector<CachedKernel> compiled = compile_all(units, cache, options, progress);
+
+  const fs::path dir = out_dir;
+  std::error_code ec;
+  fs::create_directories(dir / kKernelsDir, ec);
+  if (ec) fail("artifact: cannot create {}: {}", (dir / kKernelsDir).string(), ec.message());
+  // Without a manifest the directory does not load, so a reader never pairs the new plan with old CUBINs.
+  fs::remove(dir / kManifest, ec);
+  if (ec) fail("artifact: cannot remove the old {}: {}", (dir / kManifest).string(), ec.message());
+
+  const std::string plan_yaml = dump_plan_yaml(plan);
+  write_file(dir / kPlanFile, plan_yaml);
+
+  CompileSummary summary;
+  summary.specs = plan.specs.size();
+  summary.out_dir = out_dir;
+  nlohmann::json kernels = nlohmann::json::array();
+  std::set<std::string> written;
+  for (size_t i = 0; i < plan.specs.size(); ++i) {
+    const CachedKernel& c = compiled[i];
+    (c.hit ? summary.hits : summary.misses) += 1;
+    const fs::path p = cubin_path(dir, c.kernel.uri);
+    write_file(p, c.kernel.cubin);
+    written.insert(p.filename().string());
+    kernels.push_back({{"uri", c.kernel.uri},
+                       {"kernel", plan.specs[i].kernel},
+                       {"lowered_name", c.kernel.lowered_name},
+                       {"file", fs::relative(p, dir).string()},
+                       {"sha256", sha256_of(c.kernel.cubin)},
+                       {"bytes", c.kernel.cubin.size()}});
+  }
+  for (const auto& e : fs::directory_iterator(dir / kKernelsDir))
+    if (e.path().extension() == ".cubin" && !written.count(e.path().filename().string())) fs::remove(e.path());
+
+  const nlohmann::json manifest = {
+      {"artifact_schema", kArtifactSchemaVersion},
+      {"plan_schema", plan.schema_version},
+      {"arch", options.arch},
+      {"nvrtc_version", nvrtc_version().str()},
+      {"cuda_toolkit", cuda_toolkit_version()},
+      {"head_sha256", plan.head_sha256},
+      {"plan", {{"file", kPlanFile}, {"sha256", sha256_of(plan_yaml)}, {"bytes", plan_yaml.size()}}},
+      {"kernels", kernels},
+  };
+  write_file(dir / kManifest, manifest.dump(2) + "\n");
+  summary.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return summary;
+}
+
+CompileSummary compile_plan(const Plan& plan, const std::string& out_dir, const ProgressFn& progress) {
+  return compile_plan(plan, out_dir, progress, KernelCache::from_environment());
+}
+
+Artifact load_artifact(const std::string& dir_str) {
+  const fs::path dir = dir_str;
+  const fs::path manifest_path = dir / kManifest;
+  if (!fs::exists(manifest_path))
+    fail("artifact {}: no {} (not an artifact, or its compile did not finish)", dir.string(), kManifest);
+  const auto m = nlohmann::json::parse(read_file(manifest_path), nullptr, /*allow_exceptions=*/false);
+  if (!m.is_object()) fail("artifact: {} is not a JSON object", manifest_path.string());
+
+  Artifact a;
+  try {
+    const int schema = m.at("artifact_schema").get<int>();
+    if (schema != kArtifactSchemaVersion)
+      fail("artifact: {} has artifact_schema {}, this build reads {}; recompile with `tfe-plan compile`",
+           manifest_path.string(), schema, kArtifactSchemaVersion);
+    a.arch = m.at("arch").get<std::string>();
+    a.nvrtc_version = m.at("nvrtc_version").get<std::string>();
+
+    const auto& pm = m.at("plan");
+    const fs::path plan_path = member(dir, manifest_path, pm.at("file").get<std::string>());
+    const std::string plan_yaml = read_file(plan_path);
+    const std::string plan_sha = sha256_of(plan_yaml);
+    if (plan_sha != pm.at("sha256").get<std::string>())
+      fail("artifact: {} has sha256 {}, the manifest records {}", plan_path.string(), plan_sha,
+           pm.at("sha256").get<std::string>());
+    a.plan = load_plan_yaml(plan_yaml);
+    const std::string head_sha = m.at("head_sha256").get<std::string>();
+    if (a.plan.head_sha256 != head_sha)
+      fail("artifact: {} is for head {}, the manifest records head {}", plan_path.string(), a.plan.head_sha256,
+           head_sha);
+    if (a.plan.options.arch != a.arch)
+      fail("artifact: {} plans for {}, the manifest's CUBINs are for {}", plan_path.string(), a.plan.options.arch,
+           a.arch);
+
+    const auto& ks = m.at("kernels");
+    if (!ks.is_array()) fail("artifact: {}: `kernels` is not an array", manifest_path.string());
+    if (ks.size() != a.plan.specs.size())
+      fail("artifact: {} lists {} kernels, the plan names {} specializations", manifest_path.string(), ks.size(),
+           a.plan.specs.size());
+    for (size_t i = 0; i < ks.size(); ++i) {
+      const auto& k = ks[i];
+      ArtifactKernel ak;
+      ak.uri = k.at("uri").get<std::string>();
+      ak.kernel = k.at("kernel").get<std::string>();
+      ak.lowered_name = k.at("lowered_name").get<std::string>();
+      ak.sha256 = k.at("sha256").get<std::string>();
+      const auto& spec = a.plan.specs[i];
+      if (ak.uri != spec.uri() || ak.kernel != spec.kernel)
+        fail("artifact: {} kernel {} is `{}`, the plan's specialization {} is `{}`", manifest_path.string(), i, ak.uri,
+             i, spec.uri());
+      const fs::path p = member(dir, manifest_path, k.at("file").get<std::string>());
+      ak.cubin = read_file(p);
+      const uint64_t bytes = k.at("bytes").get<uint64_t>();
+      if (ak.cubin.size() != bytes)
+        fail("artifact: {} has {} bytes, the manifest records {}", p.string(), ak.cubin.size(), bytes);
+      if (const std::string sha = sha256_of(ak.cubin); sha != ak.sha256)
+        fail("artifact: {} has sha256 {}, the manifest records {}", p.string(), sha, ak.sha256);
+      if (!cubin_defines_symbol(ak.cubin, ak.lowered_name))
+        fail("artifact: {} does not define {} (the lowered name of {})", p.string(), ak.lowered_name, ak.uri);
+      a.kernels.push_back(std::move(ak));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail("artifact: {}: {}", manifest_path.string(), e.what());
+  }
+  return a;
+}
+
+}  // namespace tfe

@@ -1,0 +1,41 @@
+#include "plan/cli/plan_options.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "plan/error.h"
+#include "plan/head_file.h"
+#include "plan/presets.h"
+
+namespace tfe::cli {
+
+void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
+  const PlanOptions d;
+  auto* head = cmd->add_option("head", args->head_path, "head file (.tfe)")->check(CLI::ExistingFile);
+  auto* preset = cmd->add_option("--preset", args->preset,
+                                 fmt::format("plan a built-in head shape instead of a file: {}",
+                                             fmt::join(preset_names(), ", ")));
+  head->excludes(preset);
+  preset->excludes(head);
+  cmd->add_option("--buckets", args->options.buckets,
+                  fmt::format("streams buckets, ascending, each 1..16 (default {})", fmt::join(d.buckets, ",")))
+      ->delimiter(',');
+  cmd->add_option("--max-steps", args->options.max_steps, "draft steps a pass runs at most (1..16)")->capture_default_str();
+  cmd->add_option("--fp8", args->fp8, "FP8 forms: auto (where the head has them), off, require")
+      ->check(CLI::IsMember({"auto", "off", "require"}))
+      ->capture_default_str();
+  cmd->add_option("--arch", args->options.arch, "target architecture, sm_<digits>")->capture_default_str();
+  cmd->add_option("--max-slots", args->options.max_slots, "sequences held at once (1..4096)")->capture_default_str();
+  cmd->add_option("--extend-rows", args->options.extend_rows, "rows of one extend chunk (16..8192)")->capture_default_str();
+}
+
+Plan plan_from_args(const PlanArgs& args) {
+  PlanOptions options = args.options;
+  options.fp8 = fp8_mode_from_name(args.fp8);
+  if (!args.preset.empty()) return make_plan(preset_header(args.preset), options);
+  if (args.head_path.empty()) fail("no head given: pass a .tfe file or --preset NAME ({})", fmt::join(preset_names(), ", "));
+  const HeadFile head = HeadFile::open(args.head_path);
+  return make_plan(head.header(), options, head.header_sha256());
+}
+
+}  // namespace tfe::cli

@@ -1,0 +1,28 @@
+// The options every planning subcommand takes (`dump`, `compile`): the head, as a .tfe file or a preset,
+// and the PlanOptions fields, with one spelling and one set of defaults.
+#pragma once
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "plan/plan.h"
+
+namespace tfe::cli {
+
+struct PlanArgs {
+  std::string head_path;  // positional; exclusive with `preset`
+  std::string preset;
+  std::string fp8 = std::string(fp8_mode_name(PlanOptions{}.fp8));
+  PlanOptions options;
+};
+
+// Adds `HEAD.tfe`, `--preset`, `--buckets`, `--max-steps`, `--fp8`, `--arch`, `--max-slots` and
+// `--extend-rows` to `cmd`, bound to `*args` (which must outlive parsing).
+void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args);
+
+// Reads the head (the file's header and its sha256, or the preset's header) and plans it under the
+// options. Throws tfe::Error naming the option or the file.
+Plan plan_from_args(const PlanArgs& args);
+
+}  // namespace tfe::cli

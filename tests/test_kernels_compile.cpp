@@ -1,0 +1,156 @@
+// The real kernels (kernels/*.cuh) against the planner and the registry: every specialization any preset
+// plans, with FP8 forms and without, compiles for sm_90 into an artifact that loads back and defines its
+// lowered name; and every kernel's Params struct is the registry's slots, in order, 8 bytes each.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "compiler/artifact.h"
+#include "compiler/cache.h"
+#include "compiler/nvrtc.h"
+#include "plan/error.h"
+#include "plan/plan.h"
+#include "plan/presets.h"
+
+namespace fs = std::filesystem;
+using namespace tfe;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "tfe-kernels-test-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) FAIL("mkdtemp failed");
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// Every preset's plan under default options, once as the preset is (bf16 linears) and once with an FP8
+// form for every linear it uses.
+std::vector<std::pair<std::string, Plan>> preset_plans() {
+  std::vector<std::pair<std::string, Plan>> plans;
+  for (const auto& name : preset_names()) {
+    HeadHeader h = preset_header(name);
+    h.fp8.clear();
+    plans.emplace_back(name + " bf16", make_plan(h, PlanOptions{}));
+    h.fp8 = linears_in_use(h);
+    plans.emplace_back(name + " fp8", make_plan(h, PlanOptions{}));
+  }
+  return plans;
+}
+
+// A source that instantiates the declaration of each kernel (with a planned spec's constants; no body is
+// compiled) and checks its parameter struct against the registry: 8 bytes per slot, and each field by name
+// in the registry's order. A mismatch fails to compile with a log naming the kernel and the slot.
+std::string params_probe_source(const std::vector<std::pair<KernelDef, KernelSpec>>& kernels) {
+  std::string s;
+  std::set<std::string> included;
+  for (const auto& [def, spec] : kernels)
+    if (included.insert(def.source).second) s += fmt::format("#include \"{}\"\n", def.source);
+  s += R"(
+namespace tfe_probe {
+template <typename F> struct param_of;
+template <typename P> struct param_of<void (*)(P)> { using type = P; };
+)";
+  for (const auto& [def, spec] : kernels) {
+    const std::string cfg = "Cfg_" + def.name, params = "Params_" + def.name;
+    std::string config = config_struct_source(spec.constants);
+    config.replace(config.find("TfeConfig"), std::string_view("TfeConfig").size(), cfg);
+    s += config;
+    s += fmt::format("using {} = param_of<decltype(&{}<{}>)>::type;\n", params, def.function, cfg);
+    s += fmt::format("static_assert(sizeof({}) == 8 * {}, \"{}: the Params struct is not {} slots of 8 bytes\");\n", params,
+                     def.params.size(), def.name, def.params.size());
+    // A structured binding takes the fields in declaration order (and refuses a struct with another
+    // number of fields); binding i must be the field the registry names for slot i. (NVRTC has no
+    // constant offsetof; with the size above, order and count fix every offset.)
+    std::vector<std::string> bindings;
+    for (size_t i = 0; i < def.params.size(); ++i) bindings.push_back(fmt::format("s{}", i));
+    for (size_t i = 0; i < def.params.size(); ++i) {
+      const std::string fn = fmt::format("slot_{}_{}", def.name, i);
+      s += fmt::format(
+          "constexpr bool {}() {{ {} p{{}}; auto& [{}] = p; return (const void*)&s{} == (const void*)&p.{}; }}\n", fn,
+          params, fmt::join(bindings, ", "), i, def.params[i].name);
+      s += fmt::format("static_assert({}(), \"{}: field {} of the Params struct is not `{}`\");\n", fn, def.name, i,
+                       def.params[i].name);
+    }
+  }
+  s += "}  // namespace tfe_probe\n";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("kernels: every planned specialization of every preset compiles for sm_90 and loads back") {
+  TempDir tmp;
+  // One cache for every plan: a specialization two plans share is compiled once and then hits.
+  const KernelCache cache(tmp.path / "cache", /*jit=*/true);
+  const auto plans = preset_plans();
+  std::set<std::string> unique;
+  for (const auto& [name, plan] : plans)
+    for (const auto& s : plan.specs) unique.insert(s.uri());
+
+  const CacheCounters c0 = cache_counters();
+  size_t total = 0, fp8_specs = 0;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const auto& [name, plan] = plans[i];
+    INFO(name);
+    REQUIRE(plan.options.arch == "sm_90");
+    const std::string out = (tmp.path / fmt::format("artifact-{}", i)).string();
+    const CompileSummary s = compile_plan(plan, out, {}, cache);
+    CHECK(s.specs == plan.specs.size());
+    CHECK(s.hits + s.misses == s.specs);
+    total += s.specs;
+
+    const Artifact a = load_artifact(out);
+    REQUIRE(a.kernels.size() == plan.specs.size());
+    CHECK(a.plan == plan);
+    for (size_t k = 0; k < a.kernels.size(); ++k) {
+      const ArtifactKernel& ak = a.kernels[k];
+      CHECK(ak.uri == plan.specs[k].uri());
+      CHECK(cubin_defines_symbol(ak.cubin, ak.lowered_name));
+      if (plan.specs[k].kernel == "gemv" && plan.specs[k].constant("WEIGHT") == kc::kWeightFP8) ++fp8_specs;
+    }
+  }
+  // Each distinct specialization compiled exactly once; every repeat was a hit.
+  CHECK(cache_counters().misses - c0.misses == unique.size());
+  CHECK(cache_counters().hits - c0.hits == total - unique.size());
+  CHECK(fp8_specs > 0);  // the fp8 variants did plan FP8 GEMVs
+}
+
+TEST_CASE("kernels: every Params struct is the registry's 8-byte slots in order") {
+  std::map<std::string, KernelSpec> spec_of_kernel;
+  for (const auto& [name, plan] : preset_plans())
+    for (const auto& s : plan.specs) spec_of_kernel.emplace(s.kernel, s);
+  std::vector<std::pair<KernelDef, KernelSpec>> kernels;
+  for (const auto& def : kernel_defs()) {
+    INFO("registry kernel ", def.name, " is planned by no preset, so its instantiation is never compiled");
+    REQUIRE(spec_of_kernel.count(def.name) == 1);
+    kernels.emplace_back(def, spec_of_kernel.at(def.name));
+  }
+  CHECK_NOTHROW(check_compiles("params_probe", params_probe_source(kernels), CompileOptions{}));
+
+  // The probe does catch a mismatch: a registry entry with a slot too many, or two slots swapped.
+  auto [def, spec] = kernels.front();
+  REQUIRE(def.params.size() >= 2);
+  KernelDef extra = def;
+  extra.params.push_back({"extra", ParamKind::i64});
+  const std::string size_msg = fmt::format("{}: the Params struct is not {} slots", def.name, extra.params.size());
+  CHECK_THROWS_WITH_AS(check_compiles("params_probe_extra", params_probe_source({{extra, spec}}), CompileOptions{}),
+                       doctest::Contains(size_msg.c_str()), Error);
+  KernelDef swapped = def;
+  std::swap(swapped.params[0], swapped.params[1]);
+  const std::string order_msg = fmt::format("{}: field 0 of the Params struct is not `{}`", def.name, def.params[1].name);
+  CHECK_THROWS_WITH_AS(check_compiles("params_probe_swapped", params_probe_source({{swapped, spec}}), CompileOptions{}),
+                       doctest::Contains(order_msg.c_str()), Error);
+}
