@@ -82,7 +82,10 @@ std::string safetensors_header(const std::map<std::string, std::string>& metadat
   uint64_t offset = 0;
   std::set<std::string_view> names;
   for (const auto& e : entries) {
-    if (e.name.empty() || e.name == kMetadataKey) fail("safetensors writer: tensor name `{}` is reserved", e.name);
+    if (e.name.empty() || e.name == kMetadataKey)
+      fail("safetensors writer: tensor name `{}` is not allowed (empty or reserved)", e.name);
+    if (e.shape.size() > kMaxRank)
+      fail("safetensors writer: tensor `{}` has rank {}; readers accept at most {}", e.name, e.shape.size(), kMaxRank);
     if (!names.insert(e.name).second) fail("safetensors writer: tensor `{}` is given twice", e.name);
     const int64_t bytes = checked_bytes(e.shape, e.dtype, e.name);
     if (static_cast<uint64_t>(bytes) != e.bytes.size())

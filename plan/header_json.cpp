@@ -26,15 +26,19 @@ constexpr std::string_view kFinalLayer = "final";
 std::string describe(const json& v) { return v.is_structured() ? std::string(v.type_name()) : v.dump(); }
 
 // The shortest decimal that reads back as the same float: 1e-06 rather than 9.999999974752427e-07.
-double readable(float f) { return std::stod(fmt::format("{}", f)); }
+// JSON has no inf or NaN (nlohmann would write null), so they are refused here rather than written.
+double readable(std::string_view field, float f) {
+  if (!std::isfinite(f)) fail("head header: field `{}` = {} cannot be stored (not finite)", field, f);
+  return std::stod(fmt::format("{}", f));
+}
 
 ordered_json rope_to_json(const Rope& r) {
   ordered_json j;
-  j["theta"] = readable(r.theta);
+  j["theta"] = readable("rope.theta", r.theta);
   j["llama3"] = r.llama3;
-  j["factor"] = readable(r.factor);
-  j["low_freq_factor"] = readable(r.low_freq_factor);
-  j["high_freq_factor"] = readable(r.high_freq_factor);
+  j["factor"] = readable("rope.factor", r.factor);
+  j["low_freq_factor"] = readable("rope.low_freq_factor", r.low_freq_factor);
+  j["high_freq_factor"] = readable("rope.high_freq_factor", r.high_freq_factor);
   j["original_max_positions"] = r.original_max_positions;
   return j;
 }
@@ -64,7 +68,7 @@ ordered_json header_to_json(const HeadHeader& h) {
   j["draft_vocab"] = h.draft_vocab;
   j["window"] = h.window;
   j["rope"] = rope_to_json(h.rope);
-  j["rms_eps"] = readable(h.rms_eps);
+  j["rms_eps"] = readable("rms_eps", h.rms_eps);
   j["qk_norm"] = h.qk_norm;
   j["head_type"] = head_type_name(h.head_type);
   j["cand_k"] = h.cand_k;
@@ -145,7 +149,11 @@ class FieldReader {
   std::set<std::string> read_;
 };
 
+// Integers are read within the range of their C++ field only; validate() then applies the format's limits,
+// so that each limit is stated (and worded) in one place.
+constexpr int64_t kIntMin = std::numeric_limits<int>::min();
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 Rope rope_from_json(const json& j) {
@@ -156,7 +164,7 @@ Rope rope_from_json(const json& j) {
   r.factor = f.number("factor");
   r.low_freq_factor = f.number("low_freq_factor");
   r.high_freq_factor = f.number("high_freq_factor");
-  r.original_max_positions = static_cast<int>(f.integer("original_max_positions", 0, kIntMax));
+  r.original_max_positions = static_cast<int>(f.integer("original_max_positions", kIntMin, kIntMax));
   f.finish();
   return r;
 }
@@ -179,21 +187,22 @@ HeadHeader header_from_json(const json& j, int format_version) {
         fail("head header: field `{}.layer` = {} must be an integer >= 0 or \"final\"", where, describe(layer));
       tap.layer = -1;
     } else {
+      // -1 is how a Tap says `final`; the file spells it out, so a negative number is never a tap.
       tap.layer = static_cast<int>(FieldReader::integer_value(layer, where + ".layer", 0, kIntMax));
     }
     tap.norm = t.boolean("norm");
     t.finish();
     h.taps.push_back(tap);
   }
-  h.target_hidden = f.integer("target_hidden", 0, kInt64Max);
-  h.hidden = f.integer("hidden", 0, kInt64Max);
-  h.heads = f.integer("heads", 0, kInt64Max);
-  h.kv_heads = f.integer("kv_heads", 0, kInt64Max);
-  h.head_dim = f.integer("head_dim", 0, kInt64Max);
-  h.ffn = f.integer("ffn", 0, kInt64Max);
-  h.vocab = f.integer("vocab", 0, kInt64Max);
-  h.draft_vocab = f.integer("draft_vocab", 0, kInt64Max);
-  h.window = static_cast<int>(f.integer("window", 0, kIntMax));
+  h.target_hidden = f.integer("target_hidden", kInt64Min, kInt64Max);
+  h.hidden = f.integer("hidden", kInt64Min, kInt64Max);
+  h.heads = f.integer("heads", kInt64Min, kInt64Max);
+  h.kv_heads = f.integer("kv_heads", kInt64Min, kInt64Max);
+  h.head_dim = f.integer("head_dim", kInt64Min, kInt64Max);
+  h.ffn = f.integer("ffn", kInt64Min, kInt64Max);
+  h.vocab = f.integer("vocab", kInt64Min, kInt64Max);
+  h.draft_vocab = f.integer("draft_vocab", kInt64Min, kInt64Max);
+  h.window = static_cast<int>(f.integer("window", kIntMin, kIntMax));
   h.rope = rope_from_json(f.object("rope"));
   h.rms_eps = f.number("rms_eps");
   h.qk_norm = f.boolean("qk_norm");
@@ -205,8 +214,8 @@ HeadHeader header_from_json(const json& j, int format_version) {
   } else {
     fail("head header: field `head_type` = \"{}\" must be \"dense\" or \"two_stage\"", type);
   }
-  h.cand_k = static_cast<int>(f.integer("cand_k", 0, kIntMax));
-  h.lowrank = f.integer("lowrank", 0, kInt64Max);
+  h.cand_k = static_cast<int>(f.integer("cand_k", kIntMin, kIntMax));
+  h.lowrank = f.integer("lowrank", kInt64Min, kInt64Max);
   const json& fp8 = f.array("fp8");
   for (size_t i = 0; i < fp8.size(); ++i) {
     if (!fp8[i].is_string())

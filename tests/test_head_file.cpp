@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <random>
 #include <set>
@@ -204,6 +205,10 @@ TEST_CASE("head file: header <-> metadata round trip of every field") {
   CHECK(j.at("taps").back() == json{{"layer", "final"}, {"norm", true}});
   CHECK(j.at("head_type") == "two_stage");
   CHECK(j.at("rms_eps").get<double>() == 3.25e-6);  // written as the shortest decimal
+
+  h.rope.llama3 = false;
+  h.rope.factor = std::numeric_limits<float>::infinity();  // unused without llama3, so validate() allows it
+  CHECK_THROWS_WITH_AS(header_to_metadata(h), doctest::Contains("field `rope.factor` = inf cannot be stored"), Error);
 }
 
 TEST_CASE("head file: header_from_metadata names the missing, mistyped or unknown field") {
@@ -223,7 +228,8 @@ TEST_CASE("head file: header_from_metadata names the missing, mistyped or unknow
   refuses(with([](json& j) { j["window"] = 15.5; }), "field `window` must be an integer (got 15.5)");
   refuses(with([](json& j) { j["window"] = "15"; }), "field `window` must be an integer");
   refuses(with([](json& j) { j["window"] = uint64_t(1) << 40; }), "field `window` = 1099511627776 is outside");
-  refuses(with([](json& j) { j["hidden"] = -64; }), "field `hidden` = -64 is outside");
+  refuses(with([](json& j) { j["hidden"] = -64; }), "hidden = -64 is outside 1..16777216");
+  refuses(with([](json& j) { j["hidden"] = uint64_t(1) << 63; }), "field `hidden` = 9223372036854775808 is outside");
   refuses(with([](json& j) { j["qk_norm"] = 1; }), "field `qk_norm` must be a boolean");
   refuses(with([](json& j) { j["rms_eps"] = 1e300; }), "field `rms_eps` = 1e+300 does not fit a 32-bit float");
   refuses(with([](json& j) { j["rope"].erase("theta"); }), "field `rope.theta` missing");
@@ -495,4 +501,37 @@ TEST_CASE("tfe-plan inspect: header, tensors, parameters, step bytes; refuses a 
   const auto [rc2, out2] = run_command(fmt::format("{} inspect {} --verify", TFE_PLAN_EXE, bad));
   CHECK(rc2 == 1);
   CHECK(out2.find("inspect-bad.tfe: tensor `embed`: sha256") != std::string::npos);
+}
+
+TEST_CASE("safetensors writer: plain files round trip; bad entries refused before writing") {
+  std::mt19937 rng(std::random_device{}());
+  std::vector<float> a(12);
+  for (auto& x : a) x = std::uniform_real_distribution<float>(-3, 3)(rng);
+  std::vector<int64_t> b = {int64_t(rng()), -int64_t(rng()), 7};
+  const Bytes a_bytes = tfe::test::to_bytes(a), b_bytes = tfe::test::to_bytes(b);
+  const std::vector<SafetensorsEntry> entries = {{"b", DType::I64, {3}, b_bytes},
+                                                 {"a", DType::F32, {3, 2, 2}, a_bytes},
+                                                 {"empty", DType::BF16, {0}, {}}};
+  const auto path = (tfe::test::temp_dir() / "plain.safetensors").string();
+  write_safetensors(path, {{"k", "v"}}, entries);
+  const auto f = SafetensorsFile::open(path);
+  CHECK(f.metadata().at("k") == "v");
+  CHECK((f.header_bytes().size() + 8) % 8 == 0);  // the data section starts 8-aligned
+  REQUIRE(f.tensors().size() == 3);
+  CHECK(f.tensors()[0].name == "b");  // in the order given
+  CHECK(std::memcmp(f.find("a")->data, a.data(), a_bytes.size()) == 0);
+  CHECK(f.find("a")->shape == std::vector<int64_t>{3, 2, 2});
+  CHECK(f.find("b")->as<int64_t>()[1] == b[1]);
+  CHECK(serialize_safetensors({{"k", "v"}}, entries).size() == std::filesystem::file_size(path));
+
+  auto refuses = [](const std::vector<SafetensorsEntry>& e, const char* message) {
+    CAPTURE(message);
+    CHECK_THROWS_WITH_AS(serialize_safetensors({}, e), doctest::Contains(message), Error);
+  };
+  refuses({{"a", DType::F32, {3, 2}, a_bytes}}, "tensor `a` has 48 bytes; F32 3x2 needs 24");
+  refuses({{"a", DType::F32, {-12}, a_bytes}}, "dimension -12 is negative");
+  refuses({{"a", DType::F32, {12}, a_bytes}, {"a", DType::F32, {12}, a_bytes}}, "tensor `a` is given twice");
+  refuses({{"__metadata__", DType::F32, {12}, a_bytes}}, "not allowed (empty or reserved)");
+  refuses({{"a", DType::F32, {1, 1, 1, 1, 1, 1, 1, 1, 12}, a_bytes}}, "has rank 9; readers accept at most 8");
+  refuses({{"a", DType::F32, {int64_t(1) << 62, 4}, a_bytes}}, "element count overflows int64");
 }
