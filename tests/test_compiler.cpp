@@ -3,17 +3,22 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <map>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <string>
 #include <thread>
 
+#include "compiler/artifact.h"
 #include "compiler/cache.h"
 #include "compiler/nvrtc.h"
 #include "plan/error.h"
+#include "plan/presets.h"
 
 namespace fs = std::filesystem;
 using namespace tfe;
@@ -362,4 +367,208 @@ TEST_CASE("compiler: the NVRTC version is the toolkit's") {
   CHECK(v.major >= 12);
   CHECK(v.str() == fmt::format("{}.{}", v.major, v.minor));
   CHECK(cuda_toolkit_version().rfind(std::to_string(v.major) + ".", 0) == 0);
+}
+
+// ---- the deploy artifact --------------------------------------------------------------------------------
+// A real plan (the tiny preset, one bucket) compiled against stub kernels: one empty template per registry
+// kernel with a Params struct of the registry's slots, so these tests hold whatever kernels/*.cuh are and
+// take a second.
+
+namespace {
+
+std::vector<EmbeddedSource> stub_kernel_sources() {
+  std::map<std::string, std::string> by_file;
+  for (const auto& def : kernel_defs()) {
+    const std::string fn = def.function.substr(def.function.rfind("::") + 2);
+    std::vector<std::string> slots;
+    for (const auto& p : def.params) slots.push_back(fmt::format("long long {};", p.name));
+    by_file[def.source] += fmt::format(
+        "namespace tfe::kernels {{\nstruct {0}_params {{ {1} }};\ntemplate <typename Cfg>\n"
+        "__global__ void {0}(const {0}_params p) {{}}\n}}\n",
+        fn, fmt::join(slots, " "));
+  }
+  std::vector<EmbeddedSource> out;
+  for (auto& [name, text] : by_file) out.push_back({name, "#pragma once\n" + text});
+  return out;
+}
+
+Plan tiny_plan() {
+  PlanOptions o;
+  o.buckets = {1};
+  o.max_steps = 2;
+  return make_plan(preset_header("tiny"), o, std::string(64, 'a'));
+}
+
+CompileOptions stub_options() {
+  CompileOptions o;
+  o.headers = stub_kernel_sources();
+  return o;
+}
+
+// Copies a compiled artifact so that each check tampers with its own.
+fs::path copy_of(const fs::path& from, const fs::path& to) {
+  fs::copy(from, to, fs::copy_options::recursive);
+  return to;
+}
+
+void expect_refused(const fs::path& dir, const std::string& needle) {
+  INFO("artifact ", dir.string(), ", expected an error containing: ", needle);
+  try {
+    load_artifact(dir.string());
+    FAIL("load_artifact accepted a damaged artifact");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find(needle) != std::string::npos);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("artifact: compile_plan writes plan, CUBINs and manifest; load_artifact reads them back verified") {
+  TempDir tmp;
+  const KernelCache cache(tmp.path / "cache", true);
+  const Plan plan = tiny_plan();
+  REQUIRE(plan.specs.size() >= 3);
+  const fs::path out = tmp.path / "artifact";
+
+  std::vector<CompileProgress> seen;
+  const CompileSummary s =
+      compile_plan(plan, out.string(), [&](const CompileProgress& p) { seen.push_back(p); }, cache, stub_options());
+  CHECK(s.specs == plan.specs.size());
+  CHECK(s.misses == plan.specs.size());
+  CHECK(s.hits == 0);
+  CHECK(s.out_dir == out.string());
+  REQUIRE(seen.size() == plan.specs.size());
+  for (size_t i = 0; i < seen.size(); ++i) {
+    CHECK(seen[i].done == i + 1);
+    CHECK(seen[i].total == plan.specs.size());
+    CHECK_FALSE(seen[i].hit);
+  }
+  CHECK(format_progress({12, 87, "gemv__rows_16", false, 143.4}) == "[12/87] gemv__rows_16... (miss, 143 ms)");
+  CHECK(format_progress({3, 4, "x", true, 0.2}) == "[3/4] x... (hit, 0 ms)");
+
+  const Artifact a = load_artifact(out.string());
+  CHECK(a.plan == plan);
+  CHECK(a.arch == "sm_90");
+  CHECK(a.nvrtc_version == nvrtc_version().str());
+  REQUIRE(a.kernels.size() == plan.specs.size());
+  for (size_t i = 0; i < a.kernels.size(); ++i) {
+    CHECK(a.kernels[i].uri == plan.specs[i].uri());
+    CHECK(a.kernels[i].kernel == plan.specs[i].kernel);
+    CHECK(has_elf_magic(a.kernels[i].cubin));
+    CHECK(cubin_defines_symbol(a.kernels[i].cubin, a.kernels[i].lowered_name));
+    CHECK(fs::exists(out / "kernels" / (plan.specs[i].uri() + ".cubin")));
+  }
+  CHECK(&a.kernel(plan.specs.back().uri()) == &a.kernels.back());
+  CHECK_THROWS_WITH_AS(a.kernel("no_such_kernel"), doctest::Contains("no_such_kernel"), Error);
+
+  // A second compile is all hits and writes the same artifact.
+  const std::string manifest = read_file(out / "manifest.json");
+  const CompileSummary again = compile_plan(plan, out.string(), {}, cache, stub_options());
+  CHECK(again.hits == plan.specs.size());
+  CHECK(again.misses == 0);
+  CHECK(read_file(out / "manifest.json") == manifest);
+
+  // A plan with fewer specializations written over it leaves no stale CUBIN behind.
+  PlanOptions fewer = plan.options;
+  fewer.max_steps = 1;
+  Plan small = make_plan(plan.header, fewer, plan.head_sha256);
+  small.specs.resize(1);  // not a loadable plan, but enough to exercise the clean-up
+  small.buckets.clear();
+  small.extend.clear();
+  compile_plan(small, out.string(), {}, cache, stub_options());
+  size_t cubins = 0;
+  for (const auto& e : fs::directory_iterator(out / "kernels")) cubins += e.path().extension() == ".cubin";
+  CHECK(cubins == 1);
+}
+
+TEST_CASE("artifact: load_artifact refuses a damaged or foreign artifact, naming the file") {
+  TempDir tmp;
+  const KernelCache cache(tmp.path / "cache", true);
+  const Plan plan = tiny_plan();
+  const fs::path good = tmp.path / "good";
+  compile_plan(plan, good.string(), {}, cache, stub_options());
+  REQUIRE_NOTHROW(load_artifact(good.string()));
+  const std::string uri = plan.specs[1].uri();
+  int n = 0;
+  auto fresh = [&] { return copy_of(good, tmp.path / fmt::format("copy{}", n++)); };
+  auto rewrite_manifest = [](const fs::path& dir, const std::string& from, const std::string& to) {
+    std::string m = read_file(dir / "manifest.json");
+    const auto at = m.find(from);
+    REQUIRE(at != std::string::npos);
+    m.replace(at, from.size(), to);
+    std::ofstream(dir / "manifest.json", std::ios::trunc) << m;
+  };
+
+  SUBCASE("a CUBIN with a flipped byte") {
+    const fs::path d = fresh();
+    const fs::path cubin = d / "kernels" / (uri + ".cubin");
+    std::string b = read_file(cubin);
+    b[b.size() / 2] ^= 0x01;
+    std::ofstream(cubin, std::ios::binary | std::ios::trunc) << b;
+    expect_refused(d, cubin.string());
+    expect_refused(d, "sha256");
+  }
+  SUBCASE("a truncated CUBIN") {
+    const fs::path d = fresh();
+    const fs::path cubin = d / "kernels" / (uri + ".cubin");
+    fs::resize_file(cubin, fs::file_size(cubin) - 1);
+    expect_refused(d, cubin.string());
+  }
+  SUBCASE("a missing CUBIN") {
+    const fs::path d = fresh();
+    fs::remove(d / "kernels" / (uri + ".cubin"));
+    expect_refused(d, uri + ".cubin");
+  }
+  SUBCASE("an edited plan.yaml") {
+    const fs::path d = fresh();
+    std::ofstream(d / "plan.yaml", std::ios::app) << "# edited\n";
+    expect_refused(d, (d / "plan.yaml").string());
+  }
+  SUBCASE("no manifest (an interrupted compile)") {
+    const fs::path d = fresh();
+    fs::remove(d / "manifest.json");
+    expect_refused(d, "manifest.json");
+  }
+  SUBCASE("a manifest that is not JSON") {
+    const fs::path d = fresh();
+    std::ofstream(d / "manifest.json", std::ios::trunc) << "{\"artifact_schema\": ";
+    expect_refused(d, "manifest.json");
+  }
+  SUBCASE("another artifact schema") {
+    const fs::path d = fresh();
+    rewrite_manifest(d, fmt::format("\"artifact_schema\": {}", kArtifactSchemaVersion), "\"artifact_schema\": 99");
+    expect_refused(d, "artifact_schema 99");
+  }
+  SUBCASE("another head") {
+    const fs::path d = fresh();
+    rewrite_manifest(d, std::string(64, 'a'), std::string(64, 'b'));
+    expect_refused(d, std::string(64, 'b'));
+  }
+  SUBCASE("a lowered name the CUBIN does not define") {
+    const fs::path d = fresh();
+    const std::string lowered = load_artifact(good.string()).kernel(uri).lowered_name;
+    rewrite_manifest(d, lowered, lowered + "_");
+    expect_refused(d, "does not define");
+  }
+  SUBCASE("a file outside the artifact") {
+    const fs::path d = fresh();
+    rewrite_manifest(d, "\"file\": \"plan.yaml\"", "\"file\": \"../good/plan.yaml\"");
+    expect_refused(d, "not inside the artifact");
+  }
+  SUBCASE("a kernel entry missing") {
+    const fs::path d = fresh();
+    auto m = nlohmann::json::parse(read_file(d / "manifest.json"));
+    m["kernels"].erase(m["kernels"].begin());
+    std::ofstream(d / "manifest.json", std::ios::trunc) << m.dump();
+    expect_refused(d, "specializations");
+  }
+}
+
+TEST_CASE("artifact: compile_plan under TFE_JIT=off with a cold cache names the first missing kernel") {
+  TempDir tmp;
+  const KernelCache cache(tmp.path / "cache", /*jit=*/false);
+  const Plan plan = tiny_plan();
+  CHECK_THROWS_WITH_AS(compile_plan(plan, (tmp.path / "out").string(), {}, cache, stub_options()),
+                       doctest::Contains("TFE_JIT=off"), Error);
+  CHECK_FALSE(fs::exists(tmp.path / "out" / "manifest.json"));
 }
