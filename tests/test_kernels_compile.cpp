@@ -3,6 +3,7 @@
 // lowered name; and every kernel's Params struct is the registry's slots, in order, 8 bytes each.
 #include <doctest/doctest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -15,6 +16,7 @@
 #include "compiler/cache.h"
 #include "compiler/nvrtc.h"
 #include "plan/error.h"
+#include "plan/head_file.h"
 #include "plan/plan.h"
 #include "plan/presets.h"
 
@@ -89,6 +91,17 @@ template <typename P> struct param_of<void (*)(P)> { using type = P; };
   return s;
 }
 
+// Runs a shell command; returns its exit status and what it printed (stdout and stderr).
+std::pair<int, std::string> run_command(const std::string& cmd) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
 }  // namespace
 
 TEST_CASE("kernels: every planned specialization of every preset compiles for sm_90 and loads back") {
@@ -153,4 +166,42 @@ TEST_CASE("kernels: every Params struct is the registry's 8-byte slots in order"
   const std::string order_msg = fmt::format("{}: field 0 of the Params struct is not `{}`", def.name, def.params[1].name);
   CHECK_THROWS_WITH_AS(check_compiles("params_probe_swapped", params_probe_source({{swapped, spec}}), CompileOptions{}),
                        doctest::Contains(order_msg.c_str()), Error);
+}
+
+TEST_CASE("tfe-plan compile: a head file to an artifact; the second run is all hits") {
+  TempDir tmp;
+  const std::string head = (tmp.path / "head.tfe").string(), out = (tmp.path / "out").string();
+  const std::string env = fmt::format("TFE_CACHE_DIR={} TFE_JIT=on", (tmp.path / "cache").string());
+  REQUIRE(run_command(fmt::format("{} random --preset tiny --seed 7 -o {}", TFE_PLAN_EXE, head)).first == 0);
+  const std::string compile =
+      fmt::format("{} {} compile {} --buckets 1,2 --max-steps 2 -o {}", env, TFE_PLAN_EXE, head, out);
+
+  const auto [rc1, log1] = run_command(compile);
+  INFO(log1);
+  REQUIRE(rc1 == 0);
+  const Artifact a = load_artifact(out);
+  CHECK(a.plan.head_sha256 == HeadFile::open(head).header_sha256());
+  CHECK(a.plan.options.buckets == std::vector<int>{1, 2});
+  CHECK(a.plan.options.max_steps == 2);
+  CHECK(log1.find(fmt::format("specs:   {}", a.kernels.size())) != std::string::npos);
+  CHECK(log1.find(fmt::format("misses:  {}", a.kernels.size())) != std::string::npos);
+  CHECK(log1.find(fmt::format("[{0}/{0}] ", a.kernels.size())) != std::string::npos);
+
+  const auto [rc2, log2] = run_command(compile);
+  INFO(log2);
+  CHECK(rc2 == 0);
+  CHECK(log2.find(fmt::format("hits:    {}", a.kernels.size())) != std::string::npos);
+  CHECK(log2.find("misses:  0") != std::string::npos);
+
+  // A cold cache under TFE_JIT=off refuses, naming the switch; a preset plans without a file.
+  const auto [rc3, log3] = run_command(fmt::format("TFE_CACHE_DIR={} TFE_JIT=off {} compile --preset tiny --buckets 1 -o {}",
+                                                   (tmp.path / "cold").string(), TFE_PLAN_EXE, out + "-cold"));
+  CHECK(rc3 != 0);
+  CHECK(log3.find("TFE_JIT=off") != std::string::npos);
+  const auto [rc4, log4] = run_command(fmt::format("{} {} compile -o {}", env, TFE_PLAN_EXE, out + "-none"));
+  CHECK(rc4 != 0);
+  CHECK(log4.find("--preset") != std::string::npos);
+  const auto [rc5, log5] = run_command(fmt::format("{} {} compile {} --preset tiny -o {}", env, TFE_PLAN_EXE, head, out));
+  CHECK(rc5 != 0);
+  CHECK(log5.find("excludes") != std::string::npos);
 }
