@@ -1,5 +1,7 @@
 #include "compiler/artifact.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -43,7 +45,8 @@ std::string read_file(const fs::path& p) {
 
 // Temporary file + rename, so an interrupted write leaves the old file or none, never a part.
 void write_file(const fs::path& p, std::string_view bytes) {
-  const fs::path tmp = p.string() + ".tmp";
+  // Per process, so two compiles into one directory do not write through each other's temporary.
+  const fs::path tmp = fmt::format("{}.tmp.{}", p.string(), ::getpid());
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) fail("artifact: cannot create {}", tmp.string());

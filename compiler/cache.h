@@ -6,7 +6,8 @@
 // and text, each field length-prefixed so no two input sets hash the same bytes.
 //
 // Writes go to a temporary file in the same directory and are renamed into place, under an advisory lock
-// per key (flock) so that two writers, threads or processes, do not compile the same unit twice. An entry
+// per key (flock on <key>.lock, an empty file left in place: removing it would race with a waiter) so that
+// two writers, threads or processes, do not compile the same unit twice. An entry
 // that does not read back whole (truncated CUBIN, bad JSON, sha256 mismatch) is a miss and is rewritten.
 #pragma once
 #include <cstdint>
