@@ -43,7 +43,7 @@ uint8_t float_to_fp8_e4m3_fast(float f) {
   uint32_t u = std::bit_cast<uint32_t>(f);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80);
   u &= 0x7fffffffu;
-  if (u > 0x7f800000u) return 0x7f;         // NaN
+  if (u > 0x7f800000u) return 0x7f;          // NaN
   if (u >= 0x43e00000u) return sign | 0x7e;  // >= 448 (and inf): saturate
   if (u >= 0x3c800000u) {                    // >= 2^-6: a normal e4m3 value
     // Round the 23-bit mantissa to 3 bits, nearest even; a carry moves into the exponent as it should.
@@ -114,9 +114,8 @@ HeadWriter assemble_head(const HeadHeader& h, std::vector<HeadTensor> tensors, i
   std::set<std::string_view> seen;
   for (const auto& t : tensors) {
     if (!seen.insert(t.name).second) fail("assemble_head: tensor `{}` is given twice", t.name);
-    const bool known = std::any_of(expected.begin(), expected.end(), [&](const TensorSpec& s) {
-      return s.name == t.name && !is_fp8_form(s);
-    });
+    const bool known = std::any_of(expected.begin(), expected.end(),
+                                   [&](const TensorSpec& s) { return s.name == t.name && !is_fp8_form(s); });
     if (!known) fail("assemble_head: tensor `{}` is not a bf16 or int32 tensor of this head", t.name);
   }
 

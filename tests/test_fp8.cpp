@@ -46,8 +46,8 @@ TEST_CASE("fp8: a row whose amax is 448 keeps its e4m3 values exactly") {
 }
 
 TEST_CASE("fp8: an all-zero row has scale 1 and zero codes; other rows keep their own scale") {
-  const std::vector<float> rows = {0.0f, 0.0f, -0.0f, 0.0f,  //
-                                   3.0f, -1.0f, 0.5f, 0.25f};
+  const std::vector<float> rows = {0.0f, 0.0f,  -0.0f, 0.0f,  //
+                                   3.0f, -1.0f, 0.5f,  0.25f};
   const auto f = quantize_fp8(to_bf16(rows), 2, 4);
   CHECK(f.scale[0] == 1.0f);
   for (int k = 0; k < 4; ++k) CHECK(fp8_e4m3_to_float(f.q[k]) == 0.0f);
@@ -147,9 +147,10 @@ TEST_CASE("fp8: parallel_chunks covers the range once and rethrows a chunk's err
     for (int64_t i = b; i < e; ++i) ++hits[i];
   });
   CHECK(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
-  CHECK_THROWS_WITH_AS(parallel_chunks(10, 3, [](int64_t b, int64_t) {
-                         if (b > 0) fail("chunk at {}", b);
-                       }),
+  CHECK_THROWS_WITH_AS(parallel_chunks(10, 3,
+                                       [](int64_t b, int64_t) {
+                                         if (b > 0) fail("chunk at {}", b);
+                                       }),
                        doctest::Contains("chunk at"), Error);
 }
 

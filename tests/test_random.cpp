@@ -214,8 +214,8 @@ TEST_CASE("tfe-plan random: --preset and --config write the head random_head mak
   const auto dir = scratch_dir("random");
   const auto seed = fresh_seed() % 1000000;
   const auto out = dir / "tiny.tfe";
-  REQUIRE(std::system(fmt::format("{} random --preset tiny-two-stage --seed {} --fp8 -o {} >/dev/null", TFE_PLAN_EXE, seed,
-                                  out.string())
+  REQUIRE(std::system(fmt::format("{} random --preset tiny-two-stage --seed {} --fp8 -o {} >/dev/null", TFE_PLAN_EXE,
+                                  seed, out.string())
                           .c_str()) == 0);
   const auto f = HeadFile::open(out.string(), {.verify_sha256 = true});
   const auto expect = random_head(preset_header("tiny-two-stage"), seed, true).serialize();
@@ -233,8 +233,8 @@ TEST_CASE("tfe-plan random: --preset and --config write the head random_head mak
     cfg << YAML::Dump(header_to_yaml(h));
   }
   const auto out2 = dir / "cfg.tfe";
-  REQUIRE(std::system(fmt::format("{} random --config {} --seed {} -o {} >/dev/null", TFE_PLAN_EXE, (dir / "head.yaml").string(),
-                                  seed, out2.string())
+  REQUIRE(std::system(fmt::format("{} random --config {} --seed {} -o {} >/dev/null", TFE_PLAN_EXE,
+                                  (dir / "head.yaml").string(), seed, out2.string())
                           .c_str()) == 0);
   CHECK(HeadFile::open(out2.string()).header() == h);
 
@@ -244,8 +244,9 @@ TEST_CASE("tfe-plan random: --preset and --config write the head random_head mak
                                 (dir / "head.yaml").string(), (dir / "x.tfe").string(), log)
                         .c_str()) != 0);
   CHECK(std::system(fmt::format("{} random -o {} 2>{}", TFE_PLAN_EXE, (dir / "x.tfe").string(), log).c_str()) != 0);
-  CHECK(std::system(fmt::format("{} random --preset nope -o {} 2>{}", TFE_PLAN_EXE, (dir / "x.tfe").string(), log)
-                        .c_str()) != 0);
+  CHECK(std::system(
+            fmt::format("{} random --preset nope -o {} 2>{}", TFE_PLAN_EXE, (dir / "x.tfe").string(), log).c_str()) !=
+        0);
   std::ifstream err(log);
   const std::string msg((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
   CHECK(msg.find("tiny-two-stage") != std::string::npos);

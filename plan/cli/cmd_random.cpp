@@ -49,11 +49,12 @@ void run(const RandomArgs& a) {
 void add_random(CLI::App& app) {
   auto args = std::make_shared<RandomArgs>();
   auto* cmd = app.add_subcommand("random", "write a head of random weights (deterministic by seed)");
-  auto* preset = cmd->add_option("--preset", args->preset, "built-in header: " + [] {
-    std::string s;
-    for (const auto& n : preset_names()) s += (s.empty() ? "" : ", ") + n;
-    return s;
-  }());
+  auto* preset = cmd->add_option(
+      "--preset", args->preset, "built-in header: " + [] {
+        std::string s;
+        for (const auto& n : preset_names()) s += (s.empty() ? "" : ", ") + n;
+        return s;
+      }());
   auto* config = cmd->add_option("--config", args->config, "header as YAML (the header section of a dumped plan)")
                      ->check(CLI::ExistingFile);
   preset->excludes(config);
