@@ -1,6 +1,7 @@
 #include "plan/convert.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -19,16 +20,14 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 float f16_to_float(uint16_t h) {
-  const uint32_t sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-  float mag;
-  if (exp == 0x1f) {
-    mag = man ? std::nanf("") : INFINITY;
-  } else if (exp == 0) {
-    mag = std::ldexp(static_cast<float>(man), -24);  // subnormal: man / 2^10 * 2^-14
-  } else {
-    mag = std::ldexp(static_cast<float>(man | 0x400), static_cast<int>(exp) - 25);
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in fp32
+    const float mag = static_cast<float>(man) * 0x1p-24f;
+    return std::bit_cast<float>(sign | std::bit_cast<uint32_t>(mag));
   }
-  return sign ? -mag : mag;
+  // Normal: rebias the exponent (15 -> 127) and widen the mantissa; inf and NaN keep an all-ones exponent.
+  const uint32_t e32 = exp == 0x1f ? 0xffu : exp + (127 - 15);
+  return std::bit_cast<float>(sign | e32 << 23 | man << 13);
 }
 
 namespace {

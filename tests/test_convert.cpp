@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -288,6 +289,22 @@ TEST_CASE("convert: f16_to_float on hand values") {
   CHECK(std::isinf(f16_to_float(0x7c00)));
   CHECK(std::isnan(f16_to_float(0x7e00)));
   CHECK(std::signbit(f16_to_float(0x8000)));
+}
+
+TEST_CASE("convert: f16_to_float matches the binary16 definition on all 65536 codes") {
+  int bad = 0;
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    const float mag = exp == 0x1f ? (man ? NAN : INFINITY)
+                      : exp == 0  ? std::ldexp(static_cast<float>(man), -24)
+                                  : std::ldexp(static_cast<float>(man + 1024), static_cast<int>(exp) - 25);
+    const float want = (h & 0x8000) ? -mag : mag;
+    const float got = f16_to_float(static_cast<uint16_t>(h));
+    const bool same =
+        std::isnan(want) ? std::isnan(got) : (std::bit_cast<uint32_t>(got) == std::bit_cast<uint32_t>(want));
+    bad += !same;
+  }
+  CHECK(bad == 0);
 }
 
 TEST_CASE("convert: a single-file BF16 checkpoint round-trips bit for bit; the header follows config.json") {
