@@ -423,7 +423,7 @@ void expect_refused(const fs::path& dir, const std::string& needle) {
 
 }  // namespace
 
-TEST_CASE("artifact: compile_plan writes plan, CUBINs and manifest; load_artifact reads them back verified") {
+TEST_CASE("artifact: compile_plan writes plan, CUBINs and manifest that load_artifact reads back verified") {
   TempDir tmp;
   const KernelCache cache(tmp.path / "cache", true);
   const Plan plan = tiny_plan();
@@ -482,11 +482,15 @@ TEST_CASE("artifact: compile_plan writes plan, CUBINs and manifest; load_artifac
 }
 
 TEST_CASE("artifact: load_artifact refuses a damaged or foreign artifact, naming the file") {
+  // Compiled once for every subcase (doctest reruns this body per subcase); each subcase damages a copy.
+  static const TempDir shared;
+  static const Plan plan = tiny_plan();
+  static const fs::path good = [] {
+    const fs::path dir = shared.path / "good";
+    compile_plan(plan, dir.string(), {}, KernelCache(shared.path / "cache", true), stub_options());
+    return dir;
+  }();
   TempDir tmp;
-  const KernelCache cache(tmp.path / "cache", true);
-  const Plan plan = tiny_plan();
-  const fs::path good = tmp.path / "good";
-  compile_plan(plan, good.string(), {}, cache, stub_options());
   REQUIRE_NOTHROW(load_artifact(good.string()));
   const std::string uri = plan.specs[1].uri();
   int n = 0;

@@ -168,7 +168,7 @@ TEST_CASE("kernels: every Params struct is the registry's 8-byte slots in order"
                        doctest::Contains(order_msg.c_str()), Error);
 }
 
-TEST_CASE("tfe-plan compile: a head file to an artifact; the second run is all hits") {
+TEST_CASE("tfe-plan compile: a head file to an artifact and a second run of all hits") {
   TempDir tmp;
   const std::string head = (tmp.path / "head.tfe").string(), out = (tmp.path / "out").string();
   const std::string env = fmt::format("TFE_CACHE_DIR={} TFE_JIT=on", (tmp.path / "cache").string());
