@@ -561,3 +561,18 @@ TEST_CASE("convert: vLLM's top-level tap key is read as is; disagreeing tap keys
   CHECK(error_of(options(s.dir / "beyond", s.dir / "target"))
             .find("tap layer 7, beyond the target's num_hidden_layers = 6") != std::string::npos);
 }
+
+TEST_CASE("convert: a head over the whole vocabulary may omit d2t (identity), as the engines allow") {
+  Scratch s;
+  auto c = random_ckpt(DType::BF16, true);
+  c.config.erase("draft_vocab_size");
+  c.tensors.erase("d2t");
+  c.tensors["lm_head.weight"] = random_float(DType::BF16, {V, H});
+  write_ckpt(s.dir / "full-vocab", c);
+  const auto bytes = convert_eagle3(options(s.dir / "full-vocab")).serialize();
+  const auto f = HeadFile::from_bytes(bytes);
+  CHECK(f.header().draft_vocab == V);
+  const auto d2t = f.tensor("d2t").as<int32_t>();
+  CHECK(std::all_of(d2t.begin(), d2t.end(), [](int32_t x) { return x == 0; }));
+  check_tensor(f, "lm_head", c.tensors.at("lm_head.weight"));
+}
