@@ -42,6 +42,8 @@ class SafetensorsFile {
   static SafetensorsFile open(const std::string& path);
   // Validates an in-memory image (used by the fuzzer); the bytes must outlive the object.
   static SafetensorsFile from_bytes(std::span<const std::byte> bytes, std::string label = "<memory>");
+  // A temporary buffer would be freed while the views into it live on.
+  static SafetensorsFile from_bytes(std::vector<std::byte>&& bytes, std::string label = "<memory>") = delete;
 
   SafetensorsFile(SafetensorsFile&&) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&&) noexcept;
@@ -78,6 +80,8 @@ class HeadFile {
   // (An overload, not a default argument: GCC and Clang refuse `Options opt = {}` inside the class that
   // nests Options, whose member initializers are not yet usable there.)
   static HeadFile from_bytes(std::span<const std::byte> bytes) { return from_bytes(bytes, Options{}); }
+  static HeadFile from_bytes(std::vector<std::byte>&& bytes, Options opt) = delete;  // would dangle
+  static HeadFile from_bytes(std::vector<std::byte>&& bytes) = delete;
 
   const HeadHeader& header() const { return header_; }
   const SafetensorsFile& file() const { return file_; }

@@ -136,7 +136,8 @@ TEST_CASE("head file: HeadWriter::write is atomic and equals serialize()") {
 
 TEST_CASE("head file: HeadWriter refuses what the header does not expect") {
   const auto h = preset_header("tiny");
-  const auto head = HeadFile::from_bytes(random_head_bytes(h, 11));
+  const Bytes image = random_head_bytes(h, 11);
+  const auto head = HeadFile::from_bytes(image);
   const TensorView& wq = head.tensor("wq");
   const std::span<const std::byte> wq_bytes(wq.data, size_t(wq.bytes));
   HeadWriter w(h);
@@ -168,7 +169,8 @@ TEST_CASE("head file: HeadWriter refuses what the header does not expect") {
 TEST_CASE("head file: HeadWriter refuses an order that would misalign a tensor") {
   auto h = preset_header("tiny");
   h.target_hidden = 95;  // tap_norm.1 is then 190 bytes: whatever follows it sits 2 bytes off 4-alignment
-  const auto head = HeadFile::from_bytes(random_head_bytes(h, 3));
+  const Bytes image = random_head_bytes(h, 3);
+  const auto head = HeadFile::from_bytes(image);
   HeadWriter w(h);
   for (const char* name : {"tap_norm.1", "d2t"}) {
     const auto& t = head.tensor(name);
@@ -421,7 +423,8 @@ TEST_CASE("head file: d2t, sha256 records and --verify") {
   refuses_head(rebuild(good, [](auto& md, auto&) { md.erase("tfe.sha256"); }), "metadata key `tfe.sha256` missing");
   refuses_head(rebuild(good, [](auto& md, auto&) { md["tfe.extra"] = "1"; }), "unknown metadata key `tfe.extra`");
   refuses_head(rebuild(good, [](auto& md, auto&) { md.erase("tfe.header"); }), "key `tfe.header` missing");
-  CHECK_NOTHROW(HeadFile::from_bytes(rebuild(good, [](auto& md, auto&) { md["format"] = "pt"; })));
+  const Bytes foreign_key = rebuild(good, [](auto& md, auto&) { md["format"] = "pt"; });
+  CHECK_NOTHROW(HeadFile::from_bytes(foreign_key));
 }
 
 TEST_CASE("head file: errors from a file name it") {
@@ -477,7 +480,7 @@ std::pair<int, std::string> run_command(const std::string& cmd) {
 
 }  // namespace
 
-TEST_CASE("tfe-plan inspect: header, tensors, parameters, step bytes; refuses a bad file") {
+TEST_CASE("tfe-plan inspect: header, tensors, parameters, step bytes, and a refused file") {
   const auto h = fp8_tiny();
   const Bytes image = random_head_bytes(h, 16);
   const auto path = write_temp_file(image, "inspect.tfe");
@@ -503,7 +506,7 @@ TEST_CASE("tfe-plan inspect: header, tensors, parameters, step bytes; refuses a 
   CHECK(out2.find("inspect-bad.tfe: tensor `embed`: sha256") != std::string::npos);
 }
 
-TEST_CASE("safetensors writer: plain files round trip; bad entries refused before writing") {
+TEST_CASE("safetensors writer: plain files round trip, bad entries refused before writing") {
   std::mt19937 rng(std::random_device{}());
   std::vector<float> a(12);
   for (auto& x : a) x = std::uniform_real_distribution<float>(-3, 3)(rng);
