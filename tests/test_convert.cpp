@@ -307,7 +307,7 @@ TEST_CASE("convert: f16_to_float matches the binary16 definition on all 65536 co
   CHECK(bad == 0);
 }
 
-TEST_CASE("convert: a single-file BF16 checkpoint round-trips bit for bit; the header follows config.json") {
+TEST_CASE("convert: a single-file BF16 checkpoint round-trips bit for bit, with the header from config.json") {
   Scratch s;
   // A head over a wider target (target_hidden_size 80), holding its own embedding.
   const int64_t Ht = 80;
@@ -339,7 +339,7 @@ TEST_CASE("convert: a single-file BF16 checkpoint round-trips bit for bit; the h
   check_d2t(f, ck.tensors.at("d2t"));
 }
 
-TEST_CASE("convert: sharded F16 with an index, embedding from the target; RNE-equal to the source") {
+TEST_CASE("convert: sharded F16 with an index and the embedding from the target, RNE-equal to the source") {
   Scratch s;
   auto ck = random_ckpt(DType::F16, /*with_embed=*/false, DType::I32);
   ck.tensors["t2d"] = Src{DType::BOOL, {V}, std::vector<std::byte>(V, std::byte{1})};  // skipped, as the engines do
@@ -359,7 +359,7 @@ TEST_CASE("convert: sharded F16 with an index, embedding from the target; RNE-eq
   check_d2t(f, ck.tensors.at("d2t"));
 }
 
-TEST_CASE("convert: F32 sources round to nearest even; --fp8 adds the forms of every linear in use") {
+TEST_CASE("convert: F32 sources round to nearest even, and --fp8 adds the forms of every linear in use") {
   Scratch s;
   auto ck = random_ckpt(DType::F32, true);
   write_ckpt(s.dir / "head", ck);
@@ -516,7 +516,7 @@ TEST_CASE("convert: window, names, d2t range, values and file formats are checke
   CHECK(error_of(options(s.dir / "absent")).find("is not a directory") != std::string::npos);
 }
 
-TEST_CASE("tfe-plan convert writes a head that opens and verifies; a bad checkpoint exits non-zero") {
+TEST_CASE("tfe-plan convert writes a head that opens and verifies, and a bad checkpoint exits non-zero") {
   Scratch s;
   write_ckpt(s.dir / "head", random_ckpt(DType::BF16, false), 2);
   write_target(s.dir / "target", DType::BF16);
@@ -533,7 +533,7 @@ TEST_CASE("tfe-plan convert writes a head that opens and verifies; a bad checkpo
   CHECK(!fs::exists(s.dir / "x.tfe"));
 }
 
-TEST_CASE("convert: vLLM's top-level tap key is read as is; disagreeing tap keys are refused") {
+TEST_CASE("convert: vLLM's top-level tap key is read as is, and disagreeing tap keys are refused") {
   Scratch s;
   fs::create_directories(s.dir / "target");
   write_json(s.dir / "target" / "config.json", target_config());

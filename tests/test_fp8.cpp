@@ -45,7 +45,7 @@ TEST_CASE("fp8: a row whose amax is 448 keeps its e4m3 values exactly") {
   CHECK(f.q[1] == 0xfe);
 }
 
-TEST_CASE("fp8: an all-zero row has scale 1 and zero codes; other rows keep their own scale") {
+TEST_CASE("fp8: an all-zero row has scale 1 and zero codes, and other rows keep their own scale") {
   const std::vector<float> rows = {0.0f, 0.0f,  -0.0f, 0.0f,  //
                                    3.0f, -1.0f, 0.5f,  0.25f};
   const auto f = quantize_fp8(to_bf16(rows), 2, 4);

@@ -42,7 +42,7 @@ fs::path scratch_dir(const std::string& tag) {
 
 }  // namespace
 
-TEST_CASE("random: same seed gives the same bytes for any thread count; another seed differs") {
+TEST_CASE("random: same seed gives the same bytes for any thread count, and another seed differs") {
   const uint64_t seed = fresh_seed();
   for (const char* preset : {"tiny", "tiny-two-stage"}) {
     CAPTURE(preset);
@@ -57,7 +57,7 @@ TEST_CASE("random: same seed gives the same bytes for any thread count; another 
   }
 }
 
-TEST_CASE("random: every tensor is finite and varied; the file opens and validates; d2t is distinct and sorted") {
+TEST_CASE("random: every tensor is finite and varied, the file opens and validates, and d2t is distinct and sorted") {
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   for (const char* preset : {"tiny", "tiny-two-stage"}) {
@@ -210,7 +210,7 @@ TEST_CASE("assemble_head refuses a missing, unknown or repeated tensor by name")
   CHECK_THROWS_WITH_AS(assemble_head(h, t), doctest::Contains("`lr_a` is not a bf16 or int32 tensor"), Error);
 }
 
-TEST_CASE("tfe-plan random: --preset and --config write the head random_head makes; bad input is refused") {
+TEST_CASE("tfe-plan random: --preset and --config write the head random_head makes, and bad input is refused") {
   const auto dir = scratch_dir("random");
   const auto seed = fresh_seed() % 1000000;
   const auto out = dir / "tiny.tfe";

@@ -116,7 +116,7 @@ TEST_CASE("reference ops: rmsnorm matches float64") {
                        doctest::Contains("not whole rows of 96"), Error);
 }
 
-TEST_CASE("reference ops: linear, residual and logits forms match float64; FP8 applies the row scale") {
+TEST_CASE("reference ops: linear, residual and logits forms match float64, and FP8 applies the row scale") {
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
@@ -283,7 +283,7 @@ TEST_CASE("reference ops: grouped-query attention matches float64") {
   check_near_bf16(o, want);
 }
 
-TEST_CASE("reference ops: top-1 confidence is the softmax at the argmax; ties go to the lower id") {
+TEST_CASE("reference ops: top-1 confidence is the softmax at the argmax, and ties go to the lower id") {
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
@@ -562,7 +562,7 @@ TEST_CASE("reference: the trace ties each step to the one before and to the ring
   }
 }
 
-TEST_CASE("reference: a key older than the window changes nothing; one inside it does") {
+TEST_CASE("reference: a key older than the window changes nothing, and one inside it does") {
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
@@ -623,7 +623,7 @@ TEST_CASE("reference: draft rows overwritten by the next extend leave no trace")
   }
 }
 
-TEST_CASE("reference: a refused extend changes no slot; reset starts a slot over") {
+TEST_CASE("reference: a refused extend changes no slot, and reset starts a slot over") {
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
@@ -661,7 +661,7 @@ TEST_CASE("reference: a refused extend changes no slot; reset starts a slot over
   CHECK(same(ref.draft(slots, 2), fresh.draft(slots, 2)));
 }
 
-TEST_CASE("reference: FP8 modes choose the forms; require names the missing linear") {
+TEST_CASE("reference: FP8 modes choose the forms, and require names the missing linear") {
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);

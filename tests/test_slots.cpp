@@ -51,7 +51,7 @@ TEST_CASE("slots: ring rows are window + 1 + max_steps") {
   CHECK(ring_row(25, 24) == 1);
 }
 
-TEST_CASE("slots: extend continues a slot, records its last position and token; reset empties it") {
+TEST_CASE("slots: extend continues a slot and records its last position and token, and reset empties it") {
   std::mt19937 rng(std::random_device{}());
   SlotTable t(limits());
   CHECK(t.empty(1));
