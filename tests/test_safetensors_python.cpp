@@ -1,6 +1,6 @@
 // Interop with the reference implementation: the `safetensors` Python package reads a head tfe wrote, and
-// tfe reads a file the package wrote. Without python3 or the package the tests say "skipped" and check
-// nothing (they are not evidence of interop then).
+// tfe reads a file the package wrote. Without python3 or the package the tests skip (test::skip: ctest
+// reports them "Skipped") and check nothing.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
@@ -44,7 +44,7 @@ std::string python_missing() {
 
 TEST_CASE("safetensors (Python) reads every tensor of a head tfe wrote") {
   if (const auto why = python_missing(); !why.empty()) {
-    MESSAGE("skipped: " << why);
+    test::skip(why);
     return;
   }
   for (const char* preset : {"tiny", "tiny-two-stage"}) {
@@ -73,7 +73,7 @@ TEST_CASE("safetensors (Python) reads every tensor of a head tfe wrote") {
 
 TEST_CASE("SafetensorsFile reads a file the safetensors (Python) package wrote") {
   if (const auto why = python_missing(); !why.empty()) {
-    MESSAGE("skipped: " << why);
+    test::skip(why);
     return;
   }
   const auto path = (test::temp_dir() / "from_python.safetensors").string();

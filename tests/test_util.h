@@ -21,6 +21,11 @@
 
 namespace tfe::test {
 
+// Marks the running test case skipped (an optional tool is missing) and prints why; the caller returns
+// right after and checks nothing. A run whose cases all skipped exits 77, which ctest reports as
+// "Skipped" rather than "Passed" (tests/main.cpp).
+void skip(const std::string& why);
+
 // The bytes of `n` values of type T.
 template <typename T>
 std::vector<std::byte> to_bytes(const std::vector<T>& v) {
