@@ -43,10 +43,12 @@ std::vector<KernelDef> make_defs() {
        {{"qkv", P::ptr}, {"q_norm", P::ptr}, {"k_norm", P::ptr}, {"inv_freq", P::ptr}, {"slot", P::ptr},
         {"pos", P::ptr}, {"pos_offset", P::i64}, {"q_out", P::ptr}, {"ring_k", P::ptr}, {"ring_v", P::ptr},
         {"rows", P::i64}, {"eps", P::f32}}},
-      // One query row per slot against keys max(0, p - WINDOW) .. p of the slot's ring; GQA.
+      // One query row per slot against keys max(first_pos, p - WINDOW) .. p of the slot's ring; GQA.
+      // first_pos[r] is the slot's first real position: a slot attached mid-sequence has no keys before it.
       {"ring_attention", "ring_attention.cuh", "tfe::kernels::ring_attention",
        {"HEADS", "KV_HEADS", "HEAD_DIM", "WINDOW", "RING"},
        {{"q", P::ptr}, {"ring_k", P::ptr}, {"ring_v", P::ptr}, {"slot", P::ptr}, {"pos", P::ptr},
+        {"first_pos", P::ptr},
         {"pos_offset", P::i64}, {"o", P::ptr}, {"rows", P::i64}, {"scale", P::f32}}},
       // Vocabulary top-1, first half: per (row, chunk of CHUNK logits) the max, its lowest index, and
       // sum exp(l - max).

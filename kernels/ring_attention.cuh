@@ -1,7 +1,7 @@
 // Sliding-window GQA attention of one query row per slot against the slot's K/V ring.
 //
 // Mapping (compiler/launch_shapes.cpp mirrors AttnShape): one CTA of 256 threads per (kv head, row) runs
-// the G = HEADS / KV_HEADS query heads that read this kv head, over keys t = max(0, p - WINDOW) .. p
+// the G = HEADS / KV_HEADS query heads that read this kv head, over keys t = max(first_pos[r], p - WINDOW) .. p
 // (p = pos[r] + pos_offset; key t at ring row t % RING of slot[r]). Dynamic shared memory holds the
 // group's queries (fp32), its scores / probabilities, and the partial outputs of the key groups.
 //   scores: a thread per key, 16-byte loads along its K row, queries broadcast from shared memory;
@@ -21,12 +21,13 @@ struct RingAttentionParams {
   const bf16* ring_v;
   const int* slot;   // [rows]
   const int* pos;    // [rows]
+  const int* first_pos;  // [rows]: the slot's first real position (no keys exist before it)
   long long pos_offset;
   bf16* o;           // [rows, HEADS, HEAD_DIM]
   long long rows;
   F32Slot scale;     // usually 1 / sqrt(HEAD_DIM)
 };
-static_assert(sizeof(RingAttentionParams) == 8 * 9, "one 8-byte slot per registry parameter");
+static_assert(sizeof(RingAttentionParams) == 8 * 10, "one 8-byte slot per registry parameter");
 
 __host__ __device__ constexpr long long largest_divisor_upto(long long n, long long cap) {
   long long best = 1;
@@ -63,7 +64,8 @@ __global__ void __launch_bounds__(256) ring_attention(const RingAttentionParams 
   const long long kvh = blockIdx.x, r = blockIdx.y;
   if (r >= p.rows) return;
   const long long position = p.pos[r] + p.pos_offset;
-  const long long first = position > Cfg::WINDOW ? position - Cfg::WINDOW : 0;
+  const long long window_start = position - Cfg::WINDOW;
+  const long long first = window_start > p.first_pos[r] ? window_start : p.first_pos[r];
   const int keys = static_cast<int>(position - first + 1);
   const long long slot_base = static_cast<long long>(p.slot[r]) * Cfg::RING;
   const float scale = p.scale.v;

@@ -255,7 +255,7 @@ class Planner {
     add(a, "slot_g", BufferRole::state, DType::BF16, {slots, H});
     // The tables region: the draft's tables first, so that a pass uploads a short prefix of it.
     p_.tables_offset = align_up(a.bytes, kAlign);
-    for (auto t : {"slot", "pos", "tok"}) add(a, t, BufferRole::table, DType::I32, {B});
+    for (auto t : {"slot", "pos", "first_pos", "tok"}) add(a, t, BufferRole::table, DType::I32, {B});
     for (auto t : {"row_slot", "row_pos", "row_tok"}) add(a, t, BufferRole::table, DType::I32, {E});
     for (auto t : {"last_row", "last_slot"}) add(a, t, BufferRole::table, DType::I32, {int64_t{o.max_slots}});
     add(a, "taps", BufferRole::table, DType::BF16, {E, static_cast<int64_t>(hh.taps.size()) * hh.target_hidden});
@@ -390,8 +390,8 @@ class Planner {
                                                           {"RING", p_.ring_rows}}),
                              fixed, B,
                              {buf("q", "q"), buf("ring_k", "ring_k"), buf("ring_v", "ring_v"), buf("slot", "slot"),
-                              buf("pos", "pos"), i64("pos_offset", s - 1), buf("o", "o"), i64("rows", B),
-                              f32("scale", scale)}));
+                              buf("pos", "pos"), buf("first_pos", "first_pos"), i64("pos_offset", s - 1),
+                              buf("o", "o"), i64("rows", B), f32("scale", scale)}));
       nodes.push_back(gemv(pre + "wo", s, wo, B, kc::kEpilogueResidual, "o", "h1", buf("residual", g), fixed, B));
       nodes.push_back(kernel(pre + "post_norm", s, rmsnorm_spec(H), fixed, B,
                              {buf("x", "h1"), i64("x_stride", H), buf("w", "post_norm"), buf("y", "post"),

@@ -9,6 +9,20 @@
 
 namespace tfe {
 
+void check_extend_requests(const SlotTable& slots, std::span<const ExtendRequest> requests, int64_t row_width) {
+  for (size_t i = 0; i < requests.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (requests[j].slot == requests[i].slot)
+        fail("extend: slot {} appears in requests[{}] and requests[{}] (one request per slot and call)",
+             requests[i].slot, j, i);
+  for (const auto& r : requests) {
+    slots.check_extend(r.slot, r.first_pos, r.n_rows, r.tokens);
+    if (static_cast<int64_t>(r.taps.size()) != r.n_rows * row_width)
+      fail("extend of slot {}: {} tap values for {} rows of {} values (= {})", r.slot, r.taps.size(), r.n_rows,
+           row_width, r.n_rows * row_width);
+  }
+}
+
 namespace {
 
 // Largest max_steps the planner accepts (plan.h, PlanOptions::max_steps).
@@ -126,19 +140,9 @@ void Reference::extend(std::span<const ExtendRequest> requests, ExtendTrace* tra
   const HeadHeader& h = header_;
   const int64_t T = static_cast<int64_t>(h.taps.size()), Ht = h.target_hidden, H = h.hidden;
   const int64_t kv_width = h.kv_heads * h.head_dim;
+  check_extend_requests(slots_, requests, T * Ht);
   int64_t rows = 0;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const auto& r = requests[i];
-    slots_.check_extend(r.slot, r.first_pos, r.n_rows, r.tokens);
-    if (static_cast<int64_t>(r.taps.size()) != r.n_rows * T * Ht)
-      fail("extend of slot {}: {} tap values for {} rows of {} taps x {} (= {})", r.slot, r.taps.size(), r.n_rows,
-           T, Ht, r.n_rows * T * Ht);
-    for (size_t j = 0; j < i; ++j)
-      if (requests[j].slot == r.slot)
-        fail("extend: slot {} appears in requests[{}] and requests[{}] (one request per slot and call)", r.slot, j,
-             i);
-    rows += r.n_rows;
-  }
+  for (const auto& r : requests) rows += r.n_rows;
 
   // All rows of all requests go through each linear together: the weights are read once.
   std::vector<bf16_bits> taps(static_cast<size_t>(rows * T * Ht));

@@ -31,6 +31,11 @@ struct ExtendRequest {
   std::span<const int32_t> tokens;  // [n_rows]: the target token that follows each row
 };
 
+// Checks a whole extend call before anything changes: one request per slot, then each request against the
+// slot table (SlotTable::check_extend) and its taps against `row_width` = T * Ht values a row. Shared by
+// the CPU reference and the GPU runtime so that both refuse the same calls with the same messages.
+void check_extend_requests(const SlotTable& slots, std::span<const ExtendRequest> requests, int64_t row_width);
+
 // What extend computed for each row, in request order (rows of all requests concatenated).
 struct ExtendTrace {
   int64_t rows = 0;

@@ -107,7 +107,7 @@ struct Runtime::Impl {
   std::string broken;  // the first failure after which device state is unknown
   DeviceDraftOutputs last_outputs;
   // Tables the runtime fills, found once.
-  const Buffer *t_slot = nullptr, *t_pos = nullptr, *t_tok = nullptr;
+  const Buffer *t_slot = nullptr, *t_pos = nullptr, *t_first_pos = nullptr, *t_tok = nullptr;
   const Buffer *t_row_slot = nullptr, *t_row_pos = nullptr, *t_row_tok = nullptr;
   const Buffer *t_last_row = nullptr, *t_last_slot = nullptr, *t_taps = nullptr;
   const Buffer *b_out_token = nullptr, *b_out_conf = nullptr, *b_ring_k = nullptr, *b_ring_v = nullptr;
@@ -464,6 +464,7 @@ Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) {
   const Plan& p = r.plan;
   r.t_slot = table(p, "slot");
   r.t_pos = table(p, "pos");
+  r.t_first_pos = table(p, "first_pos");
   r.t_tok = table(p, "tok");
   r.t_row_slot = table(p, "row_slot");
   r.t_row_pos = table(p, "row_pos");
@@ -477,8 +478,10 @@ Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) {
   r.b_ring_v = table(p, "ring_v", BufferRole::state);
   // A draft uploads [slot .. tok] and an extend chunk [row_slot .. taps]: each one copy.
   if (!(r.t_slot->offset < r.t_tok->offset && r.t_row_slot->offset < r.t_taps->offset &&
-        r.t_last_slot->offset < r.t_taps->offset && r.t_pos->offset < r.t_tok->offset))
-    fail("plan: the tables region is not laid out as [slot pos tok][row_slot row_pos row_tok last_row last_slot taps]");
+        r.t_last_slot->offset < r.t_taps->offset && r.t_pos->offset < r.t_tok->offset &&
+        r.t_first_pos->offset < r.t_tok->offset))
+    fail("plan: the tables region is not laid out as [slot pos first_pos tok][row_slot row_pos row_tok last_row "
+         "last_slot taps]");
 
   r.open_device(o);
   r.upload_weights(file);
@@ -526,16 +529,7 @@ void Runtime::extend(std::span<const ExtendRequest> requests) {
   const HeadHeader& h = r.plan.header;
   const int64_t row_width = static_cast<int64_t>(h.taps.size()) * h.target_hidden;
   // Every request is checked before anything changes (the CPU reference's checks and messages).
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const ExtendRequest& q = requests[i];
-    r.slots.check_extend(q.slot, q.first_pos, q.n_rows, q.tokens);
-    if (static_cast<int64_t>(q.taps.size()) != q.n_rows * row_width)
-      fail("extend of slot {}: {} tap values for {} rows of {} taps x {} (= {})", q.slot, q.taps.size(), q.n_rows,
-           h.taps.size(), h.target_hidden, q.n_rows * row_width);
-    for (size_t j = 0; j < i; ++j)
-      if (requests[j].slot == q.slot)
-        fail("extend: slot {} appears in requests[{}] and requests[{}] (one request per slot and call)", q.slot, j, i);
-  }
+  check_extend_requests(r.slots, requests, row_width);
   if (requests.empty()) return;
 
   DeviceScope scope(r.device);
@@ -598,15 +592,18 @@ DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
     auto* slot = r.staged_table<int32_t>(st, r.t_slot);
     auto* pos = r.staged_table<int32_t>(st, r.t_pos);
     auto* tok = r.staged_table<int32_t>(st, r.t_tok);
+    auto* first_pos = r.staged_table<int32_t>(st, r.t_first_pos);
     for (int i = 0; i < streams; ++i) {
       if (i < n) {
         slot[i] = slot_ids[static_cast<size_t>(i)];
         pos[i] = r.slots.last_pos(slot[i]);
+        first_pos[i] = r.slots.first_pos(slot[i]);
         tok[i] = r.slots.last_token(slot[i]);
       } else {
         // Padding: the scratch slot at position 0; its ring and g are zeros (valid) and its rows are dropped.
         slot[i] = r.scratch_slot();
         pos[i] = 0;
+        first_pos[i] = 0;
         tok[i] = 0;
       }
     }

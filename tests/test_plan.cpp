@@ -290,7 +290,7 @@ TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role
       {"w", {R::weight}}, {"scale", {R::weight}}, {"embed", {R::weight}}, {"input_norm", {R::weight}},
       {"hidden_norm", {R::weight}}, {"q_norm", {R::weight}}, {"k_norm", {R::weight}}, {"inv_freq", {R::weight}},
       {"d2t", {R::weight}}, {"target_head", {R::weight}},
-      {"slot", {R::table}}, {"pos", {R::table}}, {"src_index", {R::table}}, {"dst_index", {R::table}},
+      {"slot", {R::table}}, {"pos", {R::table}}, {"first_pos", {R::table}}, {"src_index", {R::table}}, {"dst_index", {R::table}},
       {"tokens", {R::table, R::activation}},
       {"ring_k", {R::state}}, {"ring_v", {R::state}},
       {"out_token", {R::output}}, {"out_conf", {R::output}},

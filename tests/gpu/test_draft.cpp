@@ -128,8 +128,9 @@ void draft_vs_reference(const std::string& preset, Fp8Mode fp8) {
       CHECK(normalized_error(got, want.h2(i, po.max_steps)) < kHiddenTolerance);
     }
   }
-  // The comparison must have bitten: most steps are far from a tie.
-  CHECK(compared >= (1 + 3 + 16) * po.max_steps / 2);
+  // The comparison must have bitten: a chain stops being compared at its first near-tie, and on the random
+  // tiny heads about half of all steps come before one (75 of 160 seen); a third is the floor asked.
+  CHECK(compared >= (1 + 3 + 16) * po.max_steps / 3);
 }
 
 TFE_GPU_TEST_CASE("draft: matches the reference, tiny dense bf16") { draft_vs_reference("tiny", Fp8Mode::off); }

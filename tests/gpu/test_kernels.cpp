@@ -76,6 +76,7 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
   auto buf = [&](const char* n) { return as_vector<bf16_bits>(rt.read_buffer(n)); };
   const auto slot = as_vector<int32_t>(rt.read_buffer("slot"));
   const auto pos = as_vector<int32_t>(rt.read_buffer("pos"));
+  const auto first_pos = as_vector<int32_t>(rt.read_buffer("first_pos"));
   const auto tok = as_vector<int32_t>(rt.read_buffer("tok"));
   const auto g = buf("g"), x = buf("x"), qkv = buf("qkv"), q = buf("q"), o = buf("o"), h1 = buf("h1");
   const auto post = buf("post"), m = buf("m"), h2 = buf("h2"), n = buf("n");
@@ -123,7 +124,7 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
     CHECK(std::equal(rv.begin(), rv.end(), got.last(static_cast<size_t>(kvw)).begin()));  // v is stored as is
     // ring_attention on the GPU's q and ring.
     std::vector<bf16_bits> keys, values, orf(static_cast<size_t>(qw));
-    for (int64_t p = std::max<int64_t>(0, pos[r] - h.window); p <= pos[r]; ++p) {
+    for (int64_t p = std::max<int64_t>(first_pos[r], pos[r] - h.window); p <= pos[r]; ++p) {
       const size_t a = static_cast<size_t>((slot[r] * R + p % R) * kvw);
       keys.insert(keys.end(), ring_k.begin() + a, ring_k.begin() + a + kvw);
       values.insert(values.end(), ring_v.begin() + a, ring_v.begin() + a + kvw);
