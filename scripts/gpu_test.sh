@@ -69,7 +69,9 @@ for tool in memcheck racecheck initcheck synccheck; do
   log="$out/sanitizer_$tool.log"
   compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 50 "$tests" "${reduced[@]}" >"$log" 2>&1
   rc=$?
-  if [ "$rc" -eq 0 ] && grep -q "ERROR SUMMARY: 0 errors" "$log"; then
+  # memcheck, initcheck and synccheck end with "ERROR SUMMARY: 0 errors"; racecheck with
+  # "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)".
+  if [ "$rc" -eq 0 ] && grep -qE "(ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed \(0 errors)" "$log"; then
     record "sanitizer $tool" 1 0
   else
     grep -E "ERROR SUMMARY|Error|error" "$log" | head -10
