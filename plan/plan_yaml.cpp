@@ -20,7 +20,6 @@ constexpr size_t kMaxNodes = 1 << 16;
 constexpr size_t kMaxArgs = 64;
 constexpr size_t kMaxRank = 8;
 constexpr size_t kMaxFrom = 64;
-constexpr int64_t kI64Min = std::numeric_limits<int64_t>::min();
 constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
 
 std::string_view arg_kind_name(Arg::Kind k) {

@@ -29,8 +29,10 @@ fi
 
 # Python packages used by the interoperability tests (reading a .tfe with the safetensors package).
 if command -v python3 >/dev/null; then
+  # A system Python may refuse pip (PEP 668, "externally managed"): then install for this user only.
   python3 -c 'import safetensors, numpy' 2>/dev/null || \
     python3 -m pip install -q safetensors numpy >/dev/null 2>&1 || \
+    python3 -m pip install -q --user --break-system-packages safetensors numpy >/dev/null 2>&1 || \
     echo "setup: python safetensors/numpy unavailable; the interoperability test will report a skip" >&2
 fi
 

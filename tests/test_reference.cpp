@@ -74,10 +74,6 @@ ExtendRequest request(int slot, int64_t first, const Rows& r, int64_t begin, int
           std::span<const int32_t>(r.tokens).subspan(static_cast<size_t>(begin), static_cast<size_t>(n))};
 }
 
-void extend_all(Reference& ref, int slot, const Rows& r, const HeadHeader& h) {
-  const std::vector<ExtendRequest> one = {request(slot, 0, r, 0, static_cast<int64_t>(r.tokens.size()), h)};
-  ref.extend(one);
-}
 
 bool same(const DraftResult& a, const DraftResult& b) {
   return a.tokens == b.tokens && a.hidden == b.hidden &&

@@ -1,0 +1,34 @@
+// Seeds for fuzz_plan_yaml: dumped plans of the tiny presets (dense and two-stage, a single bucket and
+// one step so each seed stays small enough for the fuzzer to mutate quickly), with and without FP8.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "plan/plan.h"
+#include "plan/plan_yaml.h"
+#include "plan/presets.h"
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+    return 2;
+  }
+  const std::filesystem::path dir = argv[1];
+  std::filesystem::create_directories(dir);
+  for (const char* preset : {"tiny", "tiny-two-stage"}) {
+    for (bool fp8 : {false, true}) {
+      tfe::HeadHeader h = tfe::preset_header(preset);
+      if (fp8)
+        for (const auto& l : tfe::linears_in_use(h)) h.fp8.push_back(l);
+      tfe::PlanOptions o;
+      o.buckets = {1};
+      o.max_steps = 1;
+      o.max_slots = 2;
+      o.extend_rows = 16;
+      const std::string yaml = tfe::dump_plan_yaml(tfe::make_plan(h, o));
+      std::ofstream(dir / (std::string(preset) + (fp8 ? "-fp8" : "") + ".yaml"), std::ios::trunc) << yaml;
+    }
+  }
+  return 0;
+}
