@@ -90,22 +90,31 @@ class SafetensorsReader:
                 if loader == "safetensors":
                     raise
                 self._why_manual = str(e)
+        self._map = None
         if self.how is None:
-            with open(path, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(n))
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # the map outlives the descriptor
-            self._base = 8 + n
-            self.metadata = header.pop("__metadata__", {}) or {}
-            self._entries = header
-            self.names = set(header)
+            self._open_map()
+            self.metadata = self._metadata
+            self.names = set(self._entries)
             self.how = "json header + torch.frombuffer"
+
+    def _open_map(self):
+        with open(self.path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # the map outlives the descriptor
+        self._base = 8 + n
+        self._metadata = header.pop("__metadata__", {}) or {}
+        self._entries = header
 
     def get(self, name):
         if name not in self.names:
             raise KeyError(f"{self.path}: no tensor `{name}`")
         if self.how == "safetensors package":
-            return self._st.get_tensor(name)
+            try:
+                return self._st.get_tensor(name)
+            except Exception:  # e.g. a package too old for F8_E4M3: read this tensor by the layout
+                if self._map is None:
+                    self._open_map()
         e = self._entries[name]
         begin, end = e["data_offsets"]
         dtype = torch_dtypes()[e["dtype"]]
@@ -341,7 +350,9 @@ def draft_pass(head, slots, table, steps, trace=False):
             cand = torch.topk(scores, head.cand_k, dim=-1).indices  # [B, K]
             cand_targets = cand + head.d2t[cand]
             th = head.linears["target_head"]
-            rows = (th.w[cand_targets] if th.q is None else th.q[cand_targets]).float()  # [B, K, H]
+            # (FP8 rows are gathered through a uint8 view: not every PyTorch indexes float8 tensors.)
+            rows = (th.w[cand_targets] if th.q is None else
+                    th.q.view(torch.uint8)[cand_targets].view(torch.float8_e4m3fn)).float()  # [B, K, H]
             exact = (rows * n.float()[:, None, :]).sum(-1)
             if th.q is not None:
                 exact = exact * th.scale[cand_targets]
