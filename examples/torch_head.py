@@ -390,14 +390,15 @@ class DraftCall:
         self.conf_host = torch.empty(B, steps, dtype=torch.float32, pin_memory=cuda)
         self.graph = None
         if graph:
+            # Warm-up on the stream that then captures (cuBLAS handles and workspaces, allocator blocks).
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up before capture (cuBLAS handles, allocator)
+            with torch.cuda.stream(side):
                 for _ in range(2):
                     draft_pass(head, slots, self.table, steps)
             torch.cuda.current_stream().wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool):
+            with torch.cuda.graph(self.graph, pool=pool, stream=side):
                 self.out = draft_pass(head, slots, self.table, steps)
             torch.cuda.synchronize()
 
