@@ -465,14 +465,20 @@ def run(args, out, errors):
 
     drafts = SafetensorsReader(args.drafts, args.loader) if args.drafts else None
     in_use = linears_in_use(header)
-    if drafts is not None and "tfe.fp8_linears" in drafts.metadata and args.fp8 is None:
-        listed = drafts.metadata["tfe.fp8_linears"]
-        fp8_linears = [l for l in listed.split(",") if l]  # exactly the linears tfe ran in FP8
+    tfe_fp8 = None  # the linears tfe ran in FP8 for the drafts
+    if drafts is not None and "tfe.fp8_linears" in drafts.metadata:
+        tfe_fp8 = [l for l in drafts.metadata["tfe.fp8_linears"].split(",") if l]
+    if args.fp8 is None and tfe_fp8 is not None:
+        fp8_linears = tfe_fp8
         out["fp8_mode"] = drafts.metadata.get("tfe.fp8", "?") + " (from the drafts file)"
     else:
-        mode = args.fp8 or "auto"
-        fp8_linears = [l for l in in_use if mode != "off" and l in header["fp8"]]
-        out["fp8_mode"] = mode
+        fp8_mode = args.fp8 or "auto"
+        fp8_linears = [l for l in in_use if fp8_mode != "off" and l in header["fp8"]]
+        out["fp8_mode"] = fp8_mode
+        if tfe_fp8 is not None and sorted(tfe_fp8) != sorted(fp8_linears):
+            errors["fp8"] = (f"--fp8 {fp8_mode} runs {fp8_linears or 'no linear'} in FP8, but tfe ran "
+                             f"{tfe_fp8 or 'none'} for the drafts: the agreement compares different heads")
+            print(f"torch_head: warning: {errors['fp8']}", file=sys.stderr)
     out["fp8_linears"] = fp8_linears
     out["dtype"] = "fp8" if fp8_linears else "bf16"
 
