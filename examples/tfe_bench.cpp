@@ -47,6 +47,7 @@
 #include "plan/numeric.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_handles.h"
+#include "runtime/reference.h"
 #include "runtime/runtime.h"
 
 namespace {
@@ -229,15 +230,16 @@ Prefix make_prefix(const tfe::HeadHeader& h, int slots, int64_t rows, uint64_t s
 }
 
 // Extends every slot of the prefix, all slots side by side in each call, in ring-sized pieces (a longer
-// extend is refused).
-void extend_prefix(tfe::Runtime& rt, const Prefix& p) {
-  for (int64_t first = 0; first < p.rows; first += rt.ring_rows()) {
-    const int64_t n = std::min<int64_t>(rt.ring_rows(), p.rows - first);
+// extend is refused). `Engine`: tfe::Runtime, or tfe::Reference (--reference), which share the call.
+template <typename Engine>
+void extend_prefix(Engine& engine, const Prefix& p) {
+  for (int64_t first = 0; first < p.rows; first += engine.ring_rows()) {
+    const int64_t n = std::min<int64_t>(engine.ring_rows(), p.rows - first);
     std::vector<tfe::ExtendRequest> requests;
     for (int s = 0; s < p.slots; ++s) requests.push_back({s, first, n, p.slot_taps(s, first, n), p.slot_tokens(s, first, n)});
-    rt.extend(requests);
+    engine.extend(requests);
   }
-  rt.synchronize();
+  if constexpr (requires { engine.synchronize(); }) engine.synchronize();
 }
 
 std::vector<int> first_slots(int n) {
@@ -286,6 +288,62 @@ std::vector<std::string> fp8_linears(const tfe::Plan& plan) {
 template <typename T>
 std::span<const std::byte> bytes_of(const std::vector<T>& v) {
   return std::as_bytes(std::span<const T>(v));
+}
+
+// The prefix inputs and the drafts of slots 0..B-1, in the layout of `tfe-plan reference` vectors (taps,
+// tokens, positions, slots, draft_tokens, confidences), which examples/torch_head.py replays.
+void write_drafts(const std::string& path, const Prefix& prefix, const tfe::DraftResult& d,
+                  std::map<std::string, std::string> metadata) {
+  const int64_t B = prefix.slots, N = prefix.rows, S = d.steps;
+  if (d.streams != B) tfe::fail("drafts of {} slots for a prefix of {} slots", d.streams, B);
+  std::vector<int32_t> positions(static_cast<size_t>(B * N)), slot_ids(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    slot_ids[static_cast<size_t>(b)] = static_cast<int32_t>(b);
+    for (int64_t i = 0; i < N; ++i) positions[static_cast<size_t>(b * N + i)] = static_cast<int32_t>(i);
+  }
+  const std::vector<tfe::SafetensorsEntry> entries = {
+      {"taps", tfe::DType::BF16, {B, N, prefix.row_width}, bytes_of(prefix.taps)},
+      {"tokens", tfe::DType::I32, {B, N}, bytes_of(prefix.tokens)},
+      {"positions", tfe::DType::I32, {B, N}, bytes_of(positions)},
+      {"slots", tfe::DType::I32, {B}, bytes_of(slot_ids)},
+      {"draft_tokens", tfe::DType::I32, {B, S}, bytes_of(d.tokens)},
+      {"confidences", tfe::DType::F32, {B, S}, bytes_of(d.confidences)},
+  };
+  metadata["tfe.streams"] = std::to_string(B);
+  metadata["tfe.rows"] = std::to_string(N);
+  metadata["tfe.steps"] = std::to_string(S);
+  tfe::write_safetensors(path, metadata, entries);
+}
+
+// --reference: the same prefix and drafts through the CPU reference (no GPU): a drafts file to check a
+// PyTorch port against, made by the same code as the GPU run's.
+int run_reference(const Options& o, const std::vector<int>& streams) {
+  if (o.drafts_out.empty()) tfe::fail("--reference writes --drafts-out and nothing else: give --drafts-out");
+  const tfe::HeadFile file = tfe::HeadFile::open(o.head);
+  const tfe::HeadHeader& h = file.header();
+  tfe::ReferenceOptions ro;
+  ro.max_slots = streams.back();
+  ro.max_steps = 8;
+  ro.fp8 = tfe::fp8_mode_from_name(o.fp8);
+  tfe::Reference ref(file, ro);
+  const Prefix prefix = make_prefix(h, streams.back(), h.window + 1, o.seed);
+  const auto t0 = Clock::now();
+  extend_prefix(ref, prefix);
+  const tfe::DraftResult d = ref.draft(first_slots(streams.back()), ro.max_steps);
+  std::vector<std::string> fp8;
+  for (const auto& l : tfe::linears_in_use(h))
+    if (ref.uses_fp8(l)) fp8.push_back(l);
+  write_drafts(o.drafts_out, prefix, d,
+               {{"tfe.source", "tfe-bench --reference: CPU reference"},
+                {"tfe.head_sha256", file.header_sha256()},
+                {"tfe.seed", std::to_string(o.seed)},
+                {"tfe.fp8", std::string(tfe::fp8_mode_name(ro.fp8))},
+                {"tfe.fp8_linears", fmt::format("{}", fmt::join(fp8, ","))},
+                {"tfe.ring_rows", std::to_string(ref.ring_rows())}});
+  fmt::print("{}: {} slots x {} rows, {} steps through the CPU reference in {:.0f} ms; slot 0 drafts {}\n", o.drafts_out,
+             prefix.slots, prefix.rows, d.steps, ms_since(t0),
+             fmt::join(std::span<const int32_t>(d.tokens).first(static_cast<size_t>(d.steps)), " "));
+  return 0;
 }
 
 struct DraftRow {
@@ -476,30 +534,13 @@ int run(const Options& o) {
       }
       checks["drafts_same_in_every_bucket"] = invariant;
       if (o.drafts_out.empty()) return;
-      const int64_t B = max_streams, N = prefix.rows;
-      std::vector<int32_t> positions(static_cast<size_t>(B * N)), slot_ids(slots.begin(), slots.end());
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t i = 0; i < N; ++i) positions[static_cast<size_t>(b * N + i)] = static_cast<int32_t>(i);
-      const std::vector<tfe::SafetensorsEntry> entries = {
-          {"taps", tfe::DType::BF16, {B, N, prefix.row_width}, bytes_of(prefix.taps)},
-          {"tokens", tfe::DType::I32, {B, N}, bytes_of(prefix.tokens)},
-          {"positions", tfe::DType::I32, {B, N}, bytes_of(positions)},
-          {"slots", tfe::DType::I32, {B}, bytes_of(slot_ids)},
-          {"draft_tokens", tfe::DType::I32, {B, S}, bytes_of(d.tokens)},
-          {"confidences", tfe::DType::F32, {B, S}, bytes_of(d.confidences)},
-      };
-      const std::map<std::string, std::string> metadata = {
-          {"tfe.source", "tfe-bench: GPU runtime, graph replay"},
-          {"tfe.head_sha256", plan.head_sha256},
-          {"tfe.seed", std::to_string(o.seed)},
-          {"tfe.streams", std::to_string(B)},
-          {"tfe.rows", std::to_string(N)},
-          {"tfe.steps", std::to_string(S)},
-          {"tfe.fp8", std::string(tfe::fp8_mode_name(plan.options.fp8))},
-          {"tfe.fp8_linears", fmt::format("{}", fmt::join(fp8_in_use, ","))},
-          {"tfe.ring_rows", std::to_string(rt->ring_rows())},
-      };
-      tfe::write_safetensors(o.drafts_out, metadata, entries);
+      write_drafts(o.drafts_out, prefix, d,
+                   {{"tfe.source", rt->graphs_enabled() ? "tfe-bench: GPU runtime, graph replay" : "tfe-bench: GPU runtime, eager"},
+                    {"tfe.head_sha256", plan.head_sha256},
+                    {"tfe.seed", std::to_string(o.seed)},
+                    {"tfe.fp8", std::string(tfe::fp8_mode_name(plan.options.fp8))},
+                    {"tfe.fp8_linears", fmt::format("{}", fmt::join(fp8_in_use, ","))},
+                    {"tfe.ring_rows", std::to_string(rt->ring_rows())}});
       out["drafts_out"] = o.drafts_out;
     });
   }
@@ -658,8 +699,19 @@ int main(int argc, char** argv) {
   app.add_option("--csv", o.csv_out, "write the draft rows as CSV");
   app.add_option("--drafts-out", o.drafts_out,
                  "write the prefix inputs and tfe's drafts (safetensors, tfe-plan reference layout)");
+  bool reference = false;
+  app.add_flag("--reference", reference,
+               "no GPU: only --drafts-out, through the CPU reference (the largest --streams slots, 8 steps)");
   CLI11_PARSE(app, argc, argv);
 
+  if (reference) {
+    try {
+      return run_reference(o, parse_list("--streams", o.streams, 1, 16));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tfe-bench: %s\n", e.what());
+      return 1;
+    }
+  }
   if (tfe::cuda::device_count() == 0) {
     std::fprintf(stderr, "tfe-bench: no CUDA device found; the benchmark needs a GPU\n");
     return 2;
