@@ -411,7 +411,8 @@ int run(const Options& o) {
     return 1;
   }
 
-  const tfe::Plan& plan = rt->plan();
+  // Copies: the first runtime is destroyed before the second opens, and the report still needs them.
+  const tfe::Plan plan = rt->plan();
   const tfe::HeadHeader& h = plan.header;
   const std::vector<std::string> fp8_in_use = fp8_linears(plan);
   out["preset"] = h.name;
