@@ -22,9 +22,6 @@ budget=${BENCH_BUDGET_S:-420}
 presets=${BENCH_PRESETS:-"llama3-8b-eagle3 tfe-two-stage"}
 iters=${BENCH_ITERS:-50}
 mkdir -p "$out" "$work"
-log="$out/bench.log"
-: >"$log"
-exec > >(tee -a "$log") 2>&1
 start=$SECONDS
 failures=()
 
@@ -40,6 +37,7 @@ limit() {
 }
 failed() { failures+=("$1"); echo "!! $1"; }
 
+main() {
 phase "device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.memory --format=csv,noheader || failed "nvidia-smi"
 
@@ -51,7 +49,7 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix
   tail -30 "$out/build.log"
   failed "build"
   phase "done: build failed"
-  exit 1
+  return 1
 fi
 export TFE_CACHE_DIR="$PWD/$build/kernel-cache"
 plan="$build/tfe-plan"
@@ -151,3 +149,8 @@ for f in "$work"/tfe-*.csv; do [ -f "$f" ] && cat "$f"; done | awk 'NR == 1 || !
 phase "done: ${#failures[@]} failures"
 for f in "${failures[@]}"; do echo "  $f"; done
 [ ${#failures[@]} -eq 0 ]
+}
+
+# Everything printed also goes to bench.log (the pipe ends only when main has, so the log is whole).
+main 2>&1 | tee "$out/bench.log"
+exit "${PIPESTATUS[0]}"
