@@ -447,6 +447,8 @@ def run(args, out, errors):
             return None
 
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:  # set_device wants an index
+        device = torch.device("cuda", torch.cuda.current_device())
     if device.type == "cuda":
         torch.cuda.set_device(device)
         out["device"] = torch.cuda.get_device_name(device)
