@@ -23,6 +23,9 @@
 //
 // Each part fails on its own: its error is printed and recorded in the JSON, and the parts that do not
 // depend on it still run. Exit status 1 when any part failed.
+//
+// --reference (no GPU): only the drafts file, from the same prefix through the CPU reference, to check a
+// port (torch_head.py) on a machine without a device.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
