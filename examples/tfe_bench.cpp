@@ -190,7 +190,7 @@ class Draws {
  public:
   explicit Draws(uint64_t seed) : rng_(seed) {}
   void fill(std::span<tfe::bf16_bits> out) {
-    constexpr float kScale = 1.7320508f / 32768.0f;  // sum of 4 uniforms on [0, 65535]: variance 4 * 65536^2 / 12
+    constexpr float kScale = 1.7320508f / 65536.0f;  // sum of 4 uniforms on [0, 65535]: sd 65536 / sqrt(3)
     for (auto& x : out) {
       const uint64_t r = rng_();
       const float s = static_cast<float>((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48));
