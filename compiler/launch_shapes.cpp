@@ -29,6 +29,11 @@ int64_t attention_smem(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_
   return 4 * (group * head_dim + group * keys + key_groups * group * head_dim);
 }
 
+// topk_partial / topk_join (kernels/topk.cuh, kTopkThreads) and rescore_logits (kernels/rescore.cuh,
+// kRescoreWarps).
+constexpr int64_t kTopkThreads = 512;
+constexpr int64_t kRescoreWarps = 4;
+
 }  // namespace
 
 LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
@@ -70,13 +75,26 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
     s.grid[0] = rows;
     s.block = 32;
     s.rows_axis = 0;
-  } else if (k == "topk") {
+  } else if (k == "topk_partial") {
+    // A CTA per (chunk of CHUNK scores, row).
+    s.grid[0] = ceil_div(spec.constant("VOCAB"), spec.constant("CHUNK"));
+    s.grid[1] = rows;
+    s.block = kTopkThreads;
+    s.rows_axis = 1;
+  } else if (k == "topk_join") {
     s.grid[0] = rows;
-    s.block = 512;
+    s.block = kTopkThreads;
     s.rows_axis = 0;
-  } else if (k == "rescore") {
+  } else if (k == "rescore_logits") {
+    // A warp per candidate, kRescoreWarps candidates per CTA.
+    s.grid[0] = ceil_div(spec.constant("CAND_K"), kRescoreWarps);
+    s.grid[1] = rows;
+    s.block = 32 * kRescoreWarps;
+    s.rows_axis = 1;
+  } else if (k == "rescore_join") {
+    // One warp per row.
     s.grid[0] = rows;
-    s.block = 512;
+    s.block = 32;
     s.rows_axis = 0;
   } else {
     fail("launch_shape: no launch shape for kernel `{}`", k);

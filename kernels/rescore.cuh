@@ -1,98 +1,141 @@
 // two_stage: exact logits of the candidates against the target's output head, their argmax (ties: lower
-// target id) and the softmax over the CAND_K exact logits at it.
-//
-// Mapping: one CTA of 512 threads per row; n[r] is staged in shared memory (bf16), each warp takes candidates
-// w, w + 16, ... and streams the candidate's target_head row with 16-byte loads (a row of HIDDEN bf16,
-// or e4m3 times its row scale), lanes over k, then the fixed warp tree. Warp 0 joins: argmax over
-// (logit, target id), sum exp(l - max) in candidate order, conf = 1 / sum.
+// target id) and the softmax over the CAND_K exact logits at it, in two kernels so that the candidate rows
+// (CAND_K rows of HIDDEN weights per row: 512 KB at H 4096, cand_k 64, bf16) stream through many SMs.
+//   rescore_logits: grid (ceil(CAND_K / kRescoreWarps), rows), a warp per candidate (compiler/
+//     launch_shapes.cpp mirrors it). The warp streams the candidate's target_head row with 16-byte
+//     loads, up to 16 in flight per lane (a row of HIDDEN bf16, or e4m3 widened exactly and times its
+//     row scale), against n[r] read through L1 (the CTA's warps share it), lanes over k, then the fixed
+//     warp tree. Writes exact [rows, CAND_K] in candidate order.
+//   rescore_join: one warp per row: argmax over (logit, target id), sum exp(l - max) lane-strided then
+//     the warp tree, conf = 1 / sum. Writes the target id and conf of `step` and the next step's token.
 #pragma once
 #include "common.cuh"
 
 namespace tfe {
 namespace kernels {
 
-struct RescoreParams {
+struct RescoreLogitsParams {
   const void* target_head;  // [vocab, HIDDEN]: bf16, or e4m3 when WEIGHT is kWeightFP8
   const float* scale;       // FP8: [vocab] per row; unused for bf16
   const bf16* n;            // [rows, HIDDEN]: the final-normed hidden state
   const int* cand;          // [rows, CAND_K] draft ids
-  const int* d2t;           // [draft vocab]
-  int* out_token;           // [rows, MAX_STEPS]
-  float* out_conf;          // [rows, MAX_STEPS]
-  int* next_token;          // [rows]
-  long long step;           // 1-based
+  const int* d2t;           // [draft vocab]: target id = draft id + d2t[draft id]
+  float* exact;             // [rows, CAND_K]
   long long rows;
 };
-static_assert(sizeof(RescoreParams) == 8 * 10, "one 8-byte slot per registry parameter");
+static_assert(sizeof(RescoreLogitsParams) == 8 * 7, "one 8-byte slot per registry parameter");
+
+struct RescoreJoinParams {
+  const float* exact;  // [rows, CAND_K]
+  const int* cand;     // [rows, CAND_K] draft ids
+  const int* d2t;      // [draft vocab]
+  int* out_token;      // [rows, MAX_STEPS]
+  float* out_conf;     // [rows, MAX_STEPS]
+  int* next_token;     // [rows]
+  long long step;      // 1-based
+  long long rows;
+};
+static_assert(sizeof(RescoreJoinParams) == 8 * 8, "one 8-byte slot per registry parameter");
+
+constexpr int kRescoreWarps = 4;  // candidates per CTA of rescore_logits
+
+// A 16-byte weight chunk read once: no L1 allocation, so n keeps the L1.
+__device__ __forceinline__ uint4 rescore_stream(const unsigned char* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// sum over one 16-byte weight chunk (8 bf16, or 16 e4m3) times the matching elements of x, low k first.
+template <bool FP8>
+__device__ __forceinline__ float rescore_chunk_dot(const uint4 c, const uint4* x) {
+  const unsigned in[4] = {c.x, c.y, c.z, c.w};
+  constexpr int WORDS = FP8 ? 8 : 4;  // bf16x2 words of the chunk
+  unsigned w[WORDS];
+  if constexpr (FP8) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[2 * i] = fp8x2_to_bf16x2(static_cast<unsigned short>(in[i] & 0xffffu));
+      w[2 * i + 1] = fp8x2_to_bf16x2(static_cast<unsigned short>(in[i] >> 16));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = in[i];
+  }
+  float acc = 0.0f;
+#pragma unroll
+  for (int h = 0; h < WORDS / 4; ++h) {
+    const uint4 xv = __ldg(x + h);
+    const unsigned xw[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc += bf16_lo(w[4 * h + i]) * bf16_lo(xw[i]) + bf16_hi(w[4 * h + i]) * bf16_hi(xw[i]);
+  }
+  return acc;
+}
 
 template <typename Cfg>
-__global__ void __launch_bounds__(512) rescore(const RescoreParams p) {
+__global__ void __launch_bounds__(32 * kRescoreWarps) rescore_logits(const RescoreLogitsParams p) {
   constexpr long long H = Cfg::HIDDEN, KC = Cfg::CAND_K;
   constexpr bool FP8 = Cfg::WEIGHT == kWeightFP8;
-  constexpr int THREADS = 512, WARPS = THREADS / 32;
-  constexpr int E = FP8 ? 16 : 8;  // elements per 16-byte chunk
+  constexpr int E = FP8 ? 16 : 8;  // elements per 16-byte weight chunk
   constexpr long long ROW_BYTES = H * (FP8 ? 1 : 2);
-  constexpr bool VEC = ROW_BYTES % 16 == 0 && H % 8 == 0;
-  __shared__ __align__(16) bf16 xs[H];  // n[r], read in the 16-byte chunks that match the weights
-  __shared__ float logit[KC];
-  __shared__ int target[KC];
+  // 16-byte chunks need every weight row and every row of n 16-byte aligned (the buffers are 256-aligned).
+  constexpr bool VEC = H % E == 0;
+  static_assert(KC >= 1, "rescore: CAND_K must be at least 1");
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const long long r = blockIdx.x;
-  if (r >= p.rows) return;
-  for (long long k = tid; k < H; k += THREADS) xs[k] = p.n[r * H + k];
-  __syncthreads();
-
-  const unsigned char* head = static_cast<const unsigned char*>(p.target_head);
-  for (long long c = warp; c < KC; c += WARPS) {
-    const int draft = p.cand[r * KC + c];
-    const int t = draft + p.d2t[draft];
-    const unsigned char* row = head + static_cast<long long>(t) * ROW_BYTES;
-    float acc = 0.0f;
-    if constexpr (VEC) {
-#pragma unroll 4
-      for (long long k0 = lane * E; k0 < H; k0 += 32 * E) {
-        const uint4 u = *reinterpret_cast<const uint4*>(row + k0 * (FP8 ? 1 : 2));
-        const unsigned in[4] = {u.x, u.y, u.z, u.w};
-        unsigned w[E / 2];  // bf16x2 words, low k first
-        if constexpr (FP8) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long r = blockIdx.y, c = static_cast<long long>(blockIdx.x) * kRescoreWarps + warp;
+  if (r >= p.rows || c >= KC) return;  // whole warps; the kernel has no barrier
+  const int draft = p.cand[r * KC + c];
+  const int t = draft + p.d2t[draft];
+  const unsigned char* row = static_cast<const unsigned char*>(p.target_head) + static_cast<long long>(t) * ROW_BYTES;
+  const bf16* x = p.n + r * H;
+  float acc = 0.0f;
+  if constexpr (VEC) {
+    constexpr int CHUNKS = static_cast<int>(H / E);
+    constexpr int PER_LANE = (CHUNKS + 31) / 32;
+    constexpr int BATCH = PER_LANE < 16 ? PER_LANE : 16;  // loads in flight per lane
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    for (int b0 = 0; b0 < PER_LANE; b0 += BATCH) {
+      uint4 w[BATCH];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            w[2 * i] = fp8x2_to_bf16x2(static_cast<unsigned short>(in[i] & 0xffffu));
-            w[2 * i + 1] = fp8x2_to_bf16x2(static_cast<unsigned short>(in[i] >> 16));
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) w[i] = in[i];
-        }
-#pragma unroll
-        for (int h = 0; h < E / 8; ++h) {
-          const uint4 xv = reinterpret_cast<const uint4*>(xs + k0)[h];
-          const unsigned x[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            acc += bf16_lo(w[4 * h + i]) * bf16_lo(x[i]) + bf16_hi(w[4 * h + i]) * bf16_hi(x[i]);
-        }
+      for (int j = 0; j < BATCH; ++j) {
+        const int ch = (b0 + j) * 32 + lane;
+        w[j] = ch < CHUNKS ? rescore_stream(row + static_cast<long long>(ch) * 16) : make_uint4(0u, 0u, 0u, 0u);
       }
-    } else {
-      for (long long k = lane; k < H; k += 32) {
-        const float w = FP8 ? __half2float(__half(__nv_cvt_fp8_to_halfraw(row[k], __NV_E4M3)))
-                            : to_float(reinterpret_cast<const bf16*>(row)[k]);
-        acc += w * to_float(xs[k]);
+#pragma unroll
+      for (int j = 0; j < BATCH; ++j) {
+        const int ch = (b0 + j) * 32 + lane;
+        if (ch < CHUNKS) acc += rescore_chunk_dot<FP8>(w[j], xv + ch * (E / 8));
       }
     }
-    acc = warp_sum(acc);
-    if (lane == 0) {
-      logit[c] = FP8 ? acc * p.scale[t] : acc;
-      target[c] = t;
+  } else {
+    for (long long k = lane; k < H; k += 32) {
+      const float w = FP8 ? __half2float(__half(__nv_cvt_fp8_to_halfraw(row[k], __NV_E4M3)))
+                          : to_float(reinterpret_cast<const bf16*>(row)[k]);
+      acc += w * to_float(x[k]);
     }
   }
-  __syncthreads();
+  acc = warp_sum(acc);
+  if (lane == 0) p.exact[r * KC + c] = FP8 ? acc * p.scale[t] : acc;
+}
 
-  if (warp != 0) return;
+template <typename Cfg>
+__global__ void __launch_bounds__(32) rescore_join(const RescoreJoinParams p) {
+  constexpr long long KC = Cfg::CAND_K;
+  const int lane = threadIdx.x;
+  const long long r = blockIdx.x;
+  if (r >= p.rows) return;
+  const float* logit = p.exact + r * KC;
+  const int* cand = p.cand + r * KC;
   ArgMax best{neg_inf(), 0x7fffffff};
-  for (long long c = lane; c < KC; c += 32)
-    if (better(logit[c], target[c], best.v, best.i)) best = ArgMax{logit[c], target[c]};
+  for (long long c = lane; c < KC; c += 32) {
+    const int draft = cand[c];
+    const int t = draft + p.d2t[draft];
+    if (better(logit[c], t, best.v, best.i)) best = ArgMax{logit[c], t};
+  }
   best = warp_argmax(best);
   float sum = 0.0f;
   for (long long c = lane; c < KC; c += 32) sum += expf(logit[c] - best.v);

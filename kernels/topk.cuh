@@ -1,111 +1,223 @@
-// two_stage candidates: the CAND_K highest scores of a row, ties to the lower id, as draft ids.
+// two_stage candidates: the CAND_K highest scores of a row, ties to the lower id, as draft ids, in two
+// kernels so that a row's scores are read by many CTAs (TopkShape; compiler/launch_shapes.cpp mirrors it).
+//   topk_partial: grid (PARTS = ceil(VOCAB / CHUNK), rows), 512 threads. A CTA stages its chunk's keys in
+//     shared memory and writes the chunk's KP = min(CAND_K, CHUNK) best (all of a shorter last chunk)
+//     to part_score / part_id [rows, PARTS * KP] at part * KP, ascending by id.
+//   topk_join: grid (rows), 512 threads. The same selection over the row's JOIN_N partials, written to
+//     cand [rows, CAND_K] ascending by id.
+// The two levels select the global set: an element of the row's top CAND_K has fewer than CAND_K elements
+// of its own chunk ranked above it (each of them ranks above it in the row too), so its chunk keeps it.
+// Only the last part can be short, so the join's valid entries are the prefix [0, JOIN_N) of a row's
+// partials, and ascending position there is ascending id: ties resolved by position are ties to the
+// lower id, the same rule as within a chunk.
 //
-// Mapping: one CTA of 512 threads per row. Scores map to order-preserving 32-bit keys (-0 folded onto
-// +0 so that they tie, as floats compare). A radix select, 8 bits per pass from the top, finds the
-// threshold key T (the CAND_K-th largest) and how many keys equal to T are taken (`need`); the
-// histograms use integer shared-memory atomics, whose result does not depend on order. A final pass in
-// id order writes every key > T and the first `need` keys == T; an element's slot is the number of taken
-// elements with a lower id, so the output order (ascending id) is the same every run.
+// Selection (both kernels): scores map to order-preserving 32-bit keys (-0 folded onto +0 so that they
+// tie, as floats compare). A radix select, 8 bits per pass from the top, narrows to the bucket (prefix
+// under mask) that holds the k-th largest key and how many of its keys are taken (`need`); it stops
+// early once that bucket is taken whole. Histograms use integer shared-memory atomics, one per group of
+// equal digits in a warp (__match_any_sync: the top digits of a score row are few, and same-address
+// atomics would serialize); their result does not depend on order. A final pass in position order
+// takes every key above the bucket and the first `need` keys in it; an element's output slot is the
+// number of taken elements before it, so the output order is the same every run.
 #pragma once
 #include "common.cuh"
 
 namespace tfe {
 namespace kernels {
 
-struct TopkParams {
+struct TopkPartialParams {
   const float* scores;  // [rows, VOCAB]
-  int* cand;            // [rows, CAND_K]
+  float* part_score;    // [rows, PARTS * KP]
+  int* part_id;         // [rows, PARTS * KP] draft ids
   long long rows;
 };
-static_assert(sizeof(TopkParams) == 8 * 3, "one 8-byte slot per registry parameter");
+static_assert(sizeof(TopkPartialParams) == 8 * 4, "one 8-byte slot per registry parameter");
+
+struct TopkJoinParams {
+  const float* part_score;  // [rows, PARTS * KP]
+  const int* part_id;       // [rows, PARTS * KP]
+  int* cand;                // [rows, CAND_K] draft ids, ascending
+  long long rows;
+};
+static_assert(sizeof(TopkJoinParams) == 8 * 4, "one 8-byte slot per registry parameter");
+
+constexpr int kTopkThreads = 512, kTopkWarps = kTopkThreads / 32;
+// Largest chunk the partial stages (4 bytes a key of static shared memory), and largest join input it
+// stages; a larger join reads its keys from global memory (L2) on every pass.
+constexpr long long kTopkMaxChunk = 8192, kTopkJoinStaged = 8192;
+
+template <typename Cfg>
+struct TopkShape {
+  static constexpr long long VOCAB = Cfg::VOCAB, CHUNK = Cfg::CHUNK, CAND_K = Cfg::CAND_K;
+  static constexpr long long PARTS = ceil_div(VOCAB, CHUNK);
+  static constexpr long long KP = min_ll(CAND_K, CHUNK);              // slots per part
+  static constexpr long long LAST = VOCAB - (PARTS - 1) * CHUNK;      // length of the last chunk
+  static constexpr long long JOIN_N = (PARTS - 1) * KP + min_ll(KP, LAST);
+  static constexpr long long STRIDE = PARTS * KP;                     // a row of part_score / part_id
+  static_assert(CAND_K >= 1 && CAND_K <= VOCAB, "topk: CAND_K must be in 1..VOCAB");
+  static_assert(CHUNK >= 1 && CHUNK <= kTopkMaxChunk, "topk: CHUNK must be in 1..kTopkMaxChunk");
+  static_assert(JOIN_N >= CAND_K, "topk: the partials must hold at least CAND_K entries");
+};
 
 __device__ __forceinline__ unsigned order_key(float v) {
   const unsigned u = v == 0.0f ? 0u : __float_as_uint(v);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-template <typename Cfg>
-__global__ void __launch_bounds__(512) topk(const TopkParams p) {
-  constexpr long long V = Cfg::VOCAB, KC = Cfg::CAND_K;
-  constexpr int THREADS = 512, WARPS = THREADS / 32;
-  static_assert(KC >= 1 && KC <= V, "topk: CAND_K must be in 1..VOCAB");
-  __shared__ unsigned hist[256];
-  __shared__ unsigned warp_total[WARPS];
-  __shared__ unsigned found_digit, found_need;
-  __shared__ unsigned tile_gt[2][WARPS], tile_eq[2][WARPS];
+struct TopkSmem {
+  unsigned hist[256];
+  unsigned warp_total[kTopkWarps];
+  unsigned found_digit, found_need, found_count;
+  unsigned tile_gt[2][kTopkWarps], tile_eq[2][kTopkWarps];
+};
 
+// The bucket of the need-th largest of key_at(0 .. n-1) (1 <= need <= n): on return, the keys k with
+// (k & mask) > prefix are all taken and `need` of those with (k & mask) == prefix. Every thread of the
+// CTA (kTopkThreads, whole warps) calls it with the same n and need.
+template <typename KeyAt>
+__device__ __forceinline__ void radix_bucket(const KeyAt& key_at, int n, unsigned& prefix, unsigned& mask,
+                                             unsigned& need, TopkSmem& sm) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const long long r = blockIdx.x;
-  if (r >= p.rows) return;
-  const float* s = p.scores + r * V;
-
-  unsigned prefix = 0, mask = 0, need = static_cast<unsigned>(KC);
+  prefix = 0;
+  mask = 0;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    if (tid < 256) hist[tid] = 0;
+    if (tid < 256) sm.hist[tid] = 0;
     __syncthreads();
-    for (long long i = tid; i < V; i += THREADS) {
-      const unsigned k = order_key(s[i]);
-      if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1u);
+    // A trip count shared by the CTA keeps every lane in the match.
+    for (int base = 0; base < n; base += kTopkThreads) {
+      const int i = base + tid;
+      unsigned digit = 256u;  // not in the bucket
+      if (i < n) {
+        const unsigned k = key_at(i);
+        if ((k & mask) == prefix) digit = (k >> shift) & 255u;
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, digit);
+      if (digit < 256u && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[digit], static_cast<unsigned>(__popc(peers)));
     }
     __syncthreads();
-    // Counts from the highest digit down; the digit where the running count reaches `need` holds T.
+    // Counts from the highest digit down; the digit where the running count reaches `need` holds the
+    // need-th largest key.
     unsigned c = 0, incl = 0;
     if (tid < 256) {
-      c = hist[255 - tid];
+      c = sm.hist[255 - tid];
       incl = c;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
-        const unsigned n = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += n;
+        const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
       }
-      if (lane == 31) warp_total[warp] = incl;
+      if (lane == 31) sm.warp_total[warp] = incl;
     }
     __syncthreads();
     if (tid < 256) {
-      for (int w = 0; w < warp; ++w) incl += warp_total[w];
+      for (int w = 0; w < warp; ++w) incl += sm.warp_total[w];
       const unsigned excl = incl - c;
       if (excl < need && incl >= need) {
-        found_digit = 255u - static_cast<unsigned>(tid);
-        found_need = need - excl;
+        sm.found_digit = 255u - static_cast<unsigned>(tid);
+        sm.found_need = need - excl;
+        sm.found_count = c;
       }
     }
     __syncthreads();
-    prefix |= found_digit << shift;
+    // found_* are rewritten only after the next pass's second barrier, which every reader passes first.
+    prefix |= sm.found_digit << shift;
     mask |= 255u << shift;
-    need = found_need;
-    __syncthreads();
+    need = sm.found_need;
+    if (sm.found_count == need) break;  // the bucket is taken whole: lower digits change nothing
   }
+}
 
-  // Selection in id order, a tile of THREADS ids at a time; tile_* are double-buffered so one barrier
-  // per tile suffices.
+// Calls take(i, slot) for each taken element, slot = the number of taken elements before position i
+// (0 .. taken - 1). A tile of kTopkThreads positions at a time; tile_* are double-buffered so one
+// barrier per tile suffices.
+template <typename KeyAt, typename Take>
+__device__ __forceinline__ void take_in_order(const KeyAt& key_at, int n, unsigned prefix, unsigned mask,
+                                              unsigned need, TopkSmem& sm, const Take& take) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const unsigned below = (1u << lane) - 1u;
   unsigned gt_base = 0, eq_base = 0;
-  int* out = p.cand + r * KC;
-  for (long long base = 0, tile = 0; base < V; base += THREADS, ++tile) {
-    const long long i = base + tid;
-    const unsigned k = i < V ? order_key(s[i]) : 0u;
-    const bool gt = i < V && k > prefix, eq = i < V && k == prefix;
+  for (int base = 0, tile = 0; base < n; base += kTopkThreads, ++tile) {
+    const int i = base + tid;
+    const unsigned k = i < n ? key_at(i) & mask : 0u;
+    const bool gt = i < n && k > prefix, eq = i < n && k == prefix;
     const unsigned bg = __ballot_sync(0xffffffffu, gt), be = __ballot_sync(0xffffffffu, eq);
-    const int buf = static_cast<int>(tile & 1);
+    const int buf = tile & 1;
     if (lane == 0) {
-      tile_gt[buf][warp] = __popc(bg);
-      tile_eq[buf][warp] = __popc(be);
+      sm.tile_gt[buf][warp] = __popc(bg);
+      sm.tile_eq[buf][warp] = __popc(be);
     }
     __syncthreads();
     unsigned gt_before = gt_base + __popc(bg & below), eq_before = eq_base + __popc(be & below);
     unsigned gt_tile = 0, eq_tile = 0;
-    for (int w = 0; w < WARPS; ++w) {
+    for (int w = 0; w < kTopkWarps; ++w) {
       if (w < warp) {
-        gt_before += tile_gt[buf][w];
-        eq_before += tile_eq[buf][w];
+        gt_before += sm.tile_gt[buf][w];
+        eq_before += sm.tile_eq[buf][w];
       }
-      gt_tile += tile_gt[buf][w];
-      eq_tile += tile_eq[buf][w];
+      gt_tile += sm.tile_gt[buf][w];
+      eq_tile += sm.tile_eq[buf][w];
     }
-    if (gt || (eq && eq_before < need)) out[gt_before + min(eq_before, need)] = static_cast<int>(i);
+    if (gt || (eq && eq_before < need)) take(i, static_cast<int>(gt_before + min(eq_before, need)));
     gt_base += gt_tile;
     eq_base += eq_tile;
   }
+}
+
+template <typename Cfg>
+__global__ void __launch_bounds__(kTopkThreads) topk_partial(const TopkPartialParams p) {
+  using S = TopkShape<Cfg>;
+  constexpr int PER_THREAD = static_cast<int>(ceil_div(S::CHUNK, kTopkThreads));
+  __shared__ unsigned keys[S::CHUNK];
+  __shared__ TopkSmem sm;
+  const int tid = threadIdx.x;
+  const long long part = blockIdx.x, r = blockIdx.y;
+  if (r >= p.rows) return;
+  const long long begin = part * S::CHUNK;
+  const int len = static_cast<int>(min_ll(S::CHUNK, S::VOCAB - begin));
+  const float* s = p.scores + r * S::VOCAB + begin;
+#pragma unroll
+  for (int j = 0; j < PER_THREAD; ++j) {
+    const int i = j * kTopkThreads + tid;
+    if (i < len) keys[i] = order_key(s[i]);
+  }
+  __syncthreads();
+
+  const auto key_at = [&](int i) { return keys[i]; };
+  unsigned prefix, mask, need = static_cast<unsigned>(min_ll(S::KP, len));
+  radix_bucket(key_at, len, prefix, mask, need, sm);
+  float* out_score = p.part_score + r * S::STRIDE + part * S::KP;
+  int* out_id = p.part_id + r * S::STRIDE + part * S::KP;
+  take_in_order(key_at, len, prefix, mask, need, sm, [&](int i, int slot) {
+    out_score[slot] = s[i];
+    out_id[slot] = static_cast<int>(begin + i);
+  });
+}
+
+template <typename Cfg>
+__global__ void __launch_bounds__(kTopkThreads) topk_join(const TopkJoinParams p) {
+  using S = TopkShape<Cfg>;
+  constexpr int N = static_cast<int>(S::JOIN_N);
+  constexpr bool STAGED = S::JOIN_N <= kTopkJoinStaged;
+  __shared__ unsigned keys[STAGED ? N : 1];
+  __shared__ TopkSmem sm;
+  const int tid = threadIdx.x;
+  const long long r = blockIdx.x;
+  if (r >= p.rows) return;
+  const float* score = p.part_score + r * S::STRIDE;
+  const int* id = p.part_id + r * S::STRIDE;
+  if constexpr (STAGED) {
+    for (int i = tid; i < N; i += kTopkThreads) keys[i] = order_key(score[i]);
+    __syncthreads();
+  }
+
+  const auto key_at = [&](int i) -> unsigned {
+    if constexpr (STAGED) return keys[i];
+    else return order_key(score[i]);
+  };
+  unsigned prefix, mask, need = static_cast<unsigned>(S::CAND_K);
+  radix_bucket(key_at, N, prefix, mask, need, sm);
+  int* out = p.cand + r * S::CAND_K;
+  take_in_order(key_at, N, prefix, mask, need, sm, [&](int i, int slot) { out[slot] = id[i]; });
 }
 
 }  // namespace kernels

@@ -94,8 +94,10 @@ bool param_writes(std::string_view kernel, std::string_view param) {
       {"ring_attention", {"o"}},
       {"top1_partial", {"part_max", "part_idx", "part_sum"}},
       {"top1_join", {"out_token", "out_conf", "next_token"}},
-      {"topk", {"cand"}},
-      {"rescore", {"out_token", "out_conf", "next_token"}},
+      {"topk_partial", {"part_score", "part_id"}},
+      {"topk_join", {"cand"}},
+      {"rescore_logits", {"exact"}},
+      {"rescore_join", {"out_token", "out_conf", "next_token"}},
   };
   const auto it = writes.find(kernel);
   if (it == writes.end()) fail("param_writes: no kernel named `{}`", kernel);

@@ -55,11 +55,16 @@ for vocab, chunk in [(32000, 2048), (128256, 4096), (262144, 4096), (300, 128)]:
     add("top1_partial", "top1.cuh", VOCAB=vocab, CHUNK=chunk)
 for parts, steps in [(16, 8), (32, 8), (64, 16), (3, 1)]:
     add("top1_join", "top1.cuh", PARTS=parts, MAX_STEPS=steps)
-for vocab, k in [(32000, 64), (262144, 512), (300, 16)]:
-    add("topk", "topk.cuh", VOCAB=vocab, CAND_K=k)
+# topk: the planner's chunks (2048; 4096 above cand_k 256), a chunk smaller than CAND_K, one part, and a
+# join too large to stage in shared memory (262144 / 4096 x 512).
+for vocab, chunk, k in [(32000, 2048, 64), (32000, 4096, 512), (262144, 4096, 512), (300, 2048, 16),
+                        (1000, 100, 300), (5000, 2048, 1)]:
+    for kernel in ["topk_partial", "topk_join"]:
+        add(kernel, "topk.cuh", VOCAB=vocab, CHUNK=chunk, CAND_K=k)
 for hidden, k in [(4096, 64), (8192, 512), (64, 16), (100, 5)]:
     for weight in [0, 1]:
-        add("rescore", "rescore.cuh", HIDDEN=hidden, CAND_K=k, WEIGHT=weight, MAX_STEPS=8)
+        add("rescore_logits", "rescore.cuh", HIDDEN=hidden, CAND_K=k, WEIGHT=weight)
+    add("rescore_join", "rescore.cuh", CAND_K=k, MAX_STEPS=8)
 open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 EOF
 

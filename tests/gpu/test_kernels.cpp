@@ -5,8 +5,10 @@
 // weights made in memory), for each bucket's row count.
 //
 // Tolerances: bf16 outputs: more than one bf16 ulp apart on at most 0.1% of the elements (and at least
-// one element allowed), normalized error < 1e-2; fp32 logits and scores: normalized error < 1e-4; ids
-// equal where the reference's top two (or the k-th and k+1-th score) differ by more than 1e-3 (relative).
+// one element allowed), normalized error < 1e-2; fp32 logits, scores and exact logits: normalized error
+// < 1e-4; the dense draft id equal where the reference's top two differ by more than 1e-3 (relative).
+// Selections made without arithmetic on the GPU's own values (topk partials and candidates, the
+// two_stage pick) are exact, ties to the lower id included.
 #include <algorithm>
 #include <set>
 #include <thread>
@@ -39,6 +41,13 @@ double f32_error(std::span<const float> got, std::span<const float> want) {
 template <typename T>
 std::span<const T> row(const std::vector<T>& v, int64_t r, int64_t width) {
   return std::span<const T>(v).subspan(static_cast<size_t>(r * width), static_cast<size_t>(width));
+}
+
+const KernelSpec& node_spec(const Plan& plan, std::string_view node) {
+  for (const auto& b : plan.buckets)
+    for (const auto& n : b.nodes)
+      if (n.name == node) return plan.spec(n.spec);
+  fail("plan has no node `{}`", node);
 }
 
 struct Step {
@@ -171,34 +180,55 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
   } else {
     const auto u = buf("u");
     const auto scores = as_vector<float>(rt.read_buffer("scores"));
+    const auto part_score = as_vector<float>(rt.read_buffer("part_score"));
+    const auto part_id = as_vector<int32_t>(rt.read_buffer("part_id"));
     const auto cand = as_vector<int32_t>(rt.read_buffer("cand"));
+    const auto exact = as_vector<float>(rt.read_buffer("exact"));
     const auto ur = st.lin("lr_a", nr, rows);
     check_bf16("lr_a", std::span<const bf16_bits>(u).first(ur.size()), ur);
     std::vector<float> sw(static_cast<size_t>(rows * Vd));
     ref::linear_f32(st.linear("lr_b"), first_rows(u, h.lowrank), sw, st.threads);
     CHECK(f32_error(std::span<const float>(scores).first(sw.size()), sw) < 1e-4);
     const auto th = st.linear("target_head");
+    const int64_t K = h.cand_k, chunk = node_spec(plan, "s1.topk_partial").constant("CHUNK");
+    const int64_t parts = (Vd + chunk - 1) / chunk, kp = std::min(K, chunk);
+    // The best `count` of s (ties: lower id) as ids ascending, offset by `first`: the order both topk
+    // kernels write.
+    auto best_ascending = [](std::span<const float> s, int64_t count, int64_t first) {
+      std::vector<int32_t> ids = ref::topk(s, static_cast<int>(count));
+      for (auto& i : ids) i += static_cast<int32_t>(first);
+      std::sort(ids.begin(), ids.end());
+      return ids;
+    };
     for (int64_t r = 0; r < rows; ++r) {
       CAPTURE(r);
       const auto s = row(scores, r, Vd);
-      const auto want = ref::topk(s, h.cand_k + 1 <= Vd ? h.cand_k + 1 : h.cand_k);
-      const auto got = row(cand, r, h.cand_k);
-      if (static_cast<int64_t>(want.size()) > h.cand_k &&
-          s[static_cast<size_t>(want[h.cand_k - 1])] - s[static_cast<size_t>(want[h.cand_k])] >
-              1e-3f * std::fabs(s[static_cast<size_t>(want[h.cand_k - 1])]))
-        CHECK(std::set<int32_t>(got.begin(), got.end()) ==
-              std::set<int32_t>(want.begin(), want.begin() + h.cand_k));
-      // rescore on the GPU's candidates.
-      std::vector<float> exact;
+      // topk_partial and topk_join select on the GPU's scores without arithmetic: exact, ties included.
+      for (int64_t part = 0; part < parts; ++part) {
+        CAPTURE(part);
+        const int64_t begin = part * chunk, len = std::min(chunk, Vd - begin), count = std::min(kp, len);
+        const size_t at = static_cast<size_t>(r * parts * kp + part * kp);
+        const std::vector<int32_t> got(part_id.begin() + at, part_id.begin() + at + count);
+        CHECK(got == best_ascending(s.subspan(static_cast<size_t>(begin), static_cast<size_t>(len)), count, begin));
+        for (int64_t i = 0; i < count; ++i)
+          CHECK(part_score[at + i] == s[static_cast<size_t>(part_id[at + i])]);
+      }
+      const auto got = row(cand, r, K);
+      CHECK(std::vector<int32_t>(got.begin(), got.end()) == best_ascending(s, K, 0));
+      // rescore_logits on the GPU's candidates.
+      std::vector<float> want;
       std::vector<int32_t> target;
       const auto nf = ref::widen(row(n, r, H));
       for (int32_t c : got) {
         target.push_back(c + d2t[static_cast<size_t>(c)]);
-        exact.push_back(th.acc(target.back(), nf.data()));
+        want.push_back(th.acc(target.back(), nf.data()));
       }
-      const ref::Rescored rs = ref::rescore(exact, target);
-      if (top_two_gap(exact) > 1e-3f * std::fabs(exact[static_cast<size_t>(rs.index)]))
-        CHECK(out_token[r * ms] == rs.target_id);
+      const auto logits = row(exact, r, K);
+      CHECK(f32_error(logits, want) < 1e-4);
+      // rescore_join on the GPU's exact logits: the pick is exact, the confidence differs in summation
+      // order only.
+      const ref::Rescored rs = ref::rescore(logits, target);
+      CHECK(out_token[r * ms] == rs.target_id);
       CHECK(std::fabs(out_conf[r * ms] - rs.confidence) <= 1e-5f * rs.confidence + 1e-7f);
     }
   }
