@@ -10,7 +10,6 @@
 // Selections made without arithmetic on the GPU's own values (topk partials and candidates, the
 // two_stage pick) are exact, ties to the lower id included.
 #include <algorithm>
-#include <set>
 #include <thread>
 
 #include "runtime/reference_ops.h"
