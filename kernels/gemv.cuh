@@ -41,7 +41,9 @@ struct GemvShape {
   static constexpr int NT = static_cast<int>(ceil_div(ROWS, 8));       // 8-row input tiles
   static constexpr int XCHUNKS = E / 8;                                 // 16-byte x chunks per k0
   static constexpr int MMAS = E / 4;                                    // k16 mmas per chunk
-  static constexpr int UNROLL = FP8 ? 2 : 4;                            // steps in flight per warp
+  // Steps in flight per warp, measured (kernels/README.md, gemv performance): 4 for bf16 at one n tile;
+  // 2 for FP8 and for two n tiles, where deeper unrolling costs occupancy and measured slower.
+  static constexpr int UNROLL = (FP8 || NT > 1) ? 2 : 4;
   static constexpr bool W_VEC = (K * WBYTES) % 16 == 0;
   static constexpr bool X_VEC = K % 8 == 0;
 };
@@ -74,6 +76,14 @@ __device__ __forceinline__ uint4 load_chunk(const unsigned char* row, long long 
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// Two e4m3 -> bf16x2, exact: one packed cvt to f16x2, two f16 -> f32, and one byte permute that keeps the
+// high halves (every e4m3 value is a bf16 value, so dropping the low halves loses nothing).
+__device__ __forceinline__ unsigned fp8x2_widen(unsigned short u) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u), __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  return __byte_perm(__float_as_uint(f.x), __float_as_uint(f.y), 0x7632);
+}
+
 // One lane's weight chunk as bf16x2 words, low k first: 4 words (bf16) or 8 words (e4m3 widened).
 template <bool FP8>
 __device__ __forceinline__ void widen(const uint4 c, unsigned (&out)[FP8 ? 8 : 4]) {
@@ -81,8 +91,8 @@ __device__ __forceinline__ void widen(const uint4 c, unsigned (&out)[FP8 ? 8 : 4
     const unsigned in[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      out[2 * i] = fp8x2_to_bf16x2(static_cast<unsigned short>(in[i] & 0xffffu));
-      out[2 * i + 1] = fp8x2_to_bf16x2(static_cast<unsigned short>(in[i] >> 16));
+      out[2 * i] = fp8x2_widen(static_cast<unsigned short>(in[i] & 0xffffu));
+      out[2 * i + 1] = fp8x2_widen(static_cast<unsigned short>(in[i] >> 16));
     }
   } else {
     out[0] = c.x;
