@@ -23,28 +23,6 @@ __host__ __device__ constexpr long long ceil_div(long long a, long long b) { ret
 __host__ __device__ constexpr long long min_ll(long long a, long long b) { return a < b ? a : b; }
 __host__ __device__ constexpr long long max_ll(long long a, long long b) { return a > b ? a : b; }
 
-// Programmatic dependent launch (sm_90+). A kernel of a chain may be launched while its predecessor
-// still drains; it then runs only what depends on no earlier kernel (the weight prefetch of gemv) before
-// pdl_wait(). Every kernel calls pdl_wait() in every CTA before its first global read of anything a
-// previous kernel or upload wrote, and before its first global write (an earlier kernel may still read
-// the buffer it overwrites). The wait returns once the predecessor grid has completed and its memory is
-// visible; since that grid waited on its own predecessor before completing, the whole chain before it
-// is complete too. Without the launch attribute (eager PDL off, the first kernel of a pass, a kernel after
-// a cuBLASLt GEMM) the stream already serializes and both instructions are no-ops.
-__device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-// Lets the next kernel of the stream be scheduled; it only starts early, its pdl_wait() still orders it.
-// Kernels call it right after pdl_wait(): the next kernel then launches while this one runs, yet at most
-// one grid waits ahead of the running one, holding SM slots it cannot use yet.
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // -inf without <cmath> (NVRTC has no INFINITY).
 __device__ __forceinline__ float neg_inf() { return __int_as_float(static_cast<int>(0xff800000u)); }
 

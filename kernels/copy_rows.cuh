@@ -17,8 +17,6 @@ static_assert(sizeof(CopyRowsParams) == 8 * 5, "one 8-byte slot per registry par
 
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS) copy_rows(const CopyRowsParams p) {
-  pdl_wait();
-  pdl_launch_dependents();
   constexpr long long W = Cfg::WIDTH;
   const long long r = blockIdx.x;
   if (r >= p.rows) return;

@@ -125,25 +125,10 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILO
   const int g = lane >> 2, t = lane & 3;
   const long long j0 = static_cast<long long>(blockIdx.x) * 16;
   const long long row0 = static_cast<long long>(blockIdx.y) * Cfg::ROWS;
-  const unsigned char* w = static_cast<const unsigned char*>(p.w);
-
-  // Weights are written by no kernel, so while the previous kernel drains this CTA pulls the bytes of its
-  // weight rows that its first loop iteration streams into L2 (the K steps s < KSPLIT * UNROLL).
-  {
-    constexpr long long PF_BYTES = min_ll(W_ROW_BYTES, S::KSPLIT * S::UNROLL * S::STEP * S::WBYTES);
-    constexpr long long PF_LINES = ceil_div(PF_BYTES, 128);
-    for (long long i = threadIdx.x; i < S::MT * 16 * PF_LINES; i += blockDim.x) {
-      const long long tile = i / (16 * PF_LINES), j = j0 + (i / PF_LINES) % 16;
-      const unsigned char* line = w + (tile * N + j) * W_ROW_BYTES + (i % PF_LINES) * 128;
-      if (j < N) asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-    }
-  }
-  pdl_wait();
-  pdl_launch_dependents();
-
   const long long nrows = min_ll(Cfg::ROWS, p.rows - row0);
   if (nrows <= 0) return;
 
+  const unsigned char* w = static_cast<const unsigned char*>(p.w);
   const unsigned char* x = reinterpret_cast<const unsigned char*>(p.x + row0 * K);
   const bool w_vec = (reinterpret_cast<unsigned long long>(w) & 15) == 0;
   const bool x_vec = (reinterpret_cast<unsigned long long>(x) & 15) == 0;

@@ -21,8 +21,6 @@ static_assert(sizeof(PrepareXParams) == 8 * 8, "one 8-byte slot per registry par
 
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS) prepare_x(const PrepareXParams p) {
-  pdl_wait();
-  pdl_launch_dependents();
   constexpr long long H = Cfg::HIDDEN;
   __shared__ float scratch[32];
   const long long r = blockIdx.x;

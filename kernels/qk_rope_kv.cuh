@@ -32,8 +32,6 @@ static_assert(sizeof(QkRopeKvParams) == 8 * 12, "one 8-byte slot per registry pa
 
 template <typename Cfg>
 __global__ void __launch_bounds__(256) qk_rope_kv(const QkRopeKvParams p) {
-  pdl_wait();
-  pdl_launch_dependents();
   constexpr long long HD = Cfg::HEAD_DIM, HALF = HD / 2, KVH = Cfg::KV_HEADS;
   constexpr long long QH = Cfg::WRITE_Q ? Cfg::HEADS : 0;
   constexpr long long IN_HEADS = QH + 2 * KVH;

@@ -52,8 +52,6 @@ struct AttnShape {
 
 template <typename Cfg>
 __global__ void __launch_bounds__(256) ring_attention(const RingAttentionParams p) {
-  pdl_wait();
-  pdl_launch_dependents();
   using S = AttnShape<Cfg::HEADS, Cfg::KV_HEADS, Cfg::HEAD_DIM, Cfg::WINDOW>;
   constexpr long long HD = Cfg::HEAD_DIM, KVH = Cfg::KV_HEADS, G = S::G;
   extern __shared__ float4 smem_raw[];

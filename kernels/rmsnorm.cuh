@@ -61,8 +61,6 @@ __device__ __forceinline__ void rms_row(const bf16* x, const bf16* w, bf16* y, f
 
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS) rmsnorm(const RmsnormParams p) {
-  pdl_wait();
-  pdl_launch_dependents();
   __shared__ float scratch[32];
   const long long r = blockIdx.x;
   if (r >= p.rows) return;

@@ -35,8 +35,6 @@ static_assert(sizeof(Top1JoinParams) == 8 * 9, "one 8-byte slot per registry par
 
 template <typename Cfg>
 __global__ void __launch_bounds__(256) top1_partial(const Top1PartialParams p) {
-  pdl_wait();
-  pdl_launch_dependents();
   constexpr long long V = Cfg::VOCAB, CHUNK = Cfg::CHUNK, PARTS = ceil_div(V, CHUNK);
   __shared__ float smax[32];
   __shared__ int sidx[32];
@@ -78,8 +76,6 @@ __global__ void __launch_bounds__(256) top1_partial(const Top1PartialParams p) {
 
 template <typename Cfg>
 __global__ void __launch_bounds__(32) top1_join(const Top1JoinParams p) {
-  pdl_wait();
-  pdl_launch_dependents();
   constexpr long long PARTS = Cfg::PARTS;
   const int lane = threadIdx.x;
   const long long r = blockIdx.x;

@@ -1,13 +1,11 @@
 #include "runtime/device_kernels.h"
 
 #include <array>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 
 #include "plan/error.h"
 #include "plan/plan.h"
-#include "runtime/cuda_check.h"
 
 namespace tfe::cuda {
 
@@ -22,17 +20,6 @@ std::byte* ArenaBases::address(const std::string& buffer, int64_t byte_offset, c
   if (byte_offset < 0 || byte_offset >= b->bytes)
     fail("node {}: byte offset {} into buffer `{}` is outside its {} bytes", node, byte_offset, buffer, b->bytes);
   return base + b->offset + byte_offset;
-}
-
-bool pdl_enabled_by_environment() {
-  const char* v = std::getenv("TFE_PDL");
-  return !(v && std::strcmp(v, "0") == 0);
-}
-
-bool pdl_supported(int device) {
-  int major = 0;
-  TFE_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major >= 9;
 }
 
 dim3 grid_for_rows(const LaunchShape& shape, int64_t rows) {
@@ -110,29 +97,20 @@ KernelLaunch::KernelLaunch(const Node& node, const LoadedKernel& kernel, const A
   if (shape_.smem < 0) fail("node {}: negative shared memory {}", node.name, shape_.smem);
 }
 
-void KernelLaunch::launch(int64_t rows, cudaStream_t stream, bool programmatic) const {
+void KernelLaunch::launch(int64_t rows, cudaStream_t stream) const {
   if (rows < 1 || rows > max_rows_) fail("node {}: launched for {} rows, planned for 1..{}", node_, rows, max_rows_);
   std::array<uint64_t, kMaxParams> slots{};
   std::memcpy(slots.data(), params_.data(), params_.size() * sizeof(uint64_t));
   for (size_t i : rows_slots_) slots[i] = static_cast<uint64_t>(rows);
   void* args[] = {slots.data()};
   const dim3 grid = grid_for_rows(shape_, rows);
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(static_cast<unsigned>(shape_.block));
-  config.dynamicSmemBytes = static_cast<size_t>(shape_.smem);
-  config.stream = stream;
-  config.attrs = programmatic ? &attribute : nullptr;
-  config.numAttrs = programmatic ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel_), args);
+  const cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(kernel_), grid,
+                                         dim3(static_cast<unsigned>(shape_.block)), args,
+                                         static_cast<size_t>(shape_.smem), stream);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    fail("launching node {} ({} x {} x {} blocks of {}, {} B shared, {} rows{}) failed: {} ({})", node_, grid.x,
-         grid.y, grid.z, shape_.block, shape_.smem, rows, programmatic ? ", programmatic" : "", cudaGetErrorName(e),
-         cudaGetErrorString(e));
+    fail("launching node {} ({} x {} x {} blocks of {}, {} B shared, {} rows) failed: {} ({})", node_, grid.x, grid.y,
+         grid.z, shape_.block, shape_.smem, rows, cudaGetErrorName(e), cudaGetErrorString(e));
   }
 }
 

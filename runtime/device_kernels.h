@@ -42,11 +42,8 @@ class KernelLaunch {
   // names, kinds and the launch shape against the kernel's limits.
   KernelLaunch(const Node& node, const LoadedKernel& kernel, const ArenaBases& bases, int64_t max_rows);
 
-  // Enqueues the kernel for `rows` rows (1..max_rows). `programmatic`: launched with programmatic stream
-  // serialization (PDL), so that it may start while the kernel before it in the stream drains; its
-  // griddepcontrol.wait then orders it. Only for a kernel whose stream predecessor is a kernel of the
-  // same chain (kernels/common.cuh, pdl_wait); never for the first kernel after a copy or a GEMM.
-  void launch(int64_t rows, cudaStream_t stream, bool programmatic = false) const;
+  // Enqueues the kernel for `rows` rows (1..max_rows).
+  void launch(int64_t rows, cudaStream_t stream) const;
   const std::string& node() const { return node_; }
   int64_t max_rows() const { return max_rows_; }
   const std::vector<uint64_t>& params() const { return params_; }
@@ -59,11 +56,6 @@ class KernelLaunch {
   std::vector<uint64_t> params_;
   std::vector<size_t> rows_slots_;
 };
-
-// Programmatic dependent launch between a pass's kernels: on unless TFE_PDL=0 (for A/B runs), and only on
-// devices of compute capability 9.0 or newer, which have griddepcontrol.
-bool pdl_enabled_by_environment();
-bool pdl_supported(int device);
 
 // Grid of `shape` for `rows` rows: grid[rows_axis] = ceil(rows / rows_per_block).
 dim3 grid_for_rows(const LaunchShape& shape, int64_t rows);

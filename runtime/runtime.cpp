@@ -104,7 +104,6 @@ struct Runtime::Impl {
   std::optional<GraphCache> graphs;
   SlotTable slots;
   RuntimeStats stats;
-  bool pdl = false;  // programmatic dependent launch between consecutive kernels (TFE_PDL, sm_90+)
   std::string broken;  // the first failure after which device state is unknown
   DeviceDraftOutputs last_outputs;
   // Tables the runtime fills, found once.
@@ -144,19 +143,13 @@ struct Runtime::Impl {
   // pass of fewer steps is a prefix). `rows`: fixed and chunk_rows nodes; `slot_rows`: chunk_slots nodes.
   void launch_nodes(std::span<const PreparedNode> nodes, int step_limit, int64_t rows, int64_t slot_rows,
                     cudaStream_t s) {
-    // PDL only between two kernels of this call: the first kernel follows the tables upload, and a kernel
-    // after a cuBLASLt GEMM follows kernels whose griddepcontrol use is cuBLASLt's; both keep full order.
-    bool after_kernel = false;
     for (const PreparedNode& n : nodes) {
       if (n.step > step_limit) break;
       const int64_t r = n.rows == Node::Rows::chunk_slots ? slot_rows : rows;
-      if (n.kernel) {
-        n.kernel->launch(r, s, pdl && after_kernel);
-        after_kernel = true;
-      } else {
+      if (n.kernel)
+        n.kernel->launch(r, s);
+      else
         gemm.run(n.gemm, r, s);
-        after_kernel = false;
-      }
     }
   }
 
@@ -490,7 +483,6 @@ Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) {
     fail("plan: the tables region is not laid out as [slot pos first_pos tok][row_slot row_pos row_tok last_row "
          "last_slot taps]");
 
-  r.pdl = cuda::pdl_enabled_by_environment() && cuda::pdl_supported(o.device);
   r.open_device(o);
   r.upload_weights(file);
   r.load_kernels(planned.images);
