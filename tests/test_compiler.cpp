@@ -19,25 +19,13 @@
 #include "compiler/nvrtc.h"
 #include "plan/error.h"
 #include "plan/presets.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace tfe;
+using tfe::test::TempDir;
 
 namespace {
-
-// A fresh directory under the system temp dir, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "tfe-compiler-test-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) FAIL("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 // Sets (or unsets, for nullopt) an environment variable for the object's life.
 struct EnvVar {

@@ -19,24 +19,13 @@
 #include "plan/head_file.h"
 #include "plan/plan.h"
 #include "plan/presets.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace tfe;
+using tfe::test::TempDir;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "tfe-kernels-test-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) FAIL("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 // Every preset's plan under default options, once as the preset is (bf16 linears) and once with an FP8
 // form for every linear it uses.

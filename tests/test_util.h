@@ -105,6 +105,22 @@ inline const std::filesystem::path& temp_dir() {
   return dir.path;
 }
 
+// A fresh directory of its own under the system temp dir, removed with everything in it.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tfe-test-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) fail("TempDir: mkdtemp failed for {}", tmpl);
+    path = tmpl;
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ec;  // never throw from a destructor
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
 // Writes `bytes` to temp_dir()/name and returns the path.
 inline std::string write_temp_file(std::span<const std::byte> bytes, const std::string& name) {
   const auto path = temp_dir() / name;
