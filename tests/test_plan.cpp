@@ -559,3 +559,21 @@ TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
   CHECK(std::system(bad.c_str()) != 0);
   CHECK(read_text(dir / "dump_err.txt").find("buckets[2] = 2 follows 2") != std::string::npos);
 }
+
+TEST_CASE("tfe-plan dump --preset-fp8: the preset with the FP8 forms random --fp8 writes") {
+  const auto dir = test::temp_dir();
+  const std::string out = (dir / "dump_preset_fp8.yaml").string();
+  const std::string cmd =
+      fmt::format("{} dump --preset tiny-two-stage --preset-fp8 --fp8 require -o {}", TFE_PLAN_EXE, out);
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  const Plan p = load_plan_yaml(read_text(out));
+  CHECK(p.fp8);
+  HeadHeader h = preset_header("tiny-two-stage");
+  CHECK(p.header.fp8 == linears_in_use(h));  // every linear in use, in that order
+  // Without the flag a preset has no FP8 forms, so `require` is refused naming a linear.
+  const std::string bad = fmt::format("{} dump --preset tiny-two-stage --fp8 require -o {} 2> {}", TFE_PLAN_EXE, out,
+                                      (dir / "dump_fp8_err.txt").string());
+  CHECK(std::system(bad.c_str()) != 0);
+  CHECK(read_text(dir / "dump_fp8_err.txt").find("fp8 = require, but the head has no FP8 form for fc") !=
+        std::string::npos);
+}

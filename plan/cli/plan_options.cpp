@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "plan/error.h"
+#include "plan/fp8.h"
 #include "plan/head_file.h"
 #include "plan/presets.h"
 
@@ -17,6 +18,11 @@ void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
                                              fmt::join(preset_names(), ", ")));
   head->excludes(preset);
   preset->excludes(head);
+  // A preset is a bare header; this gives it the FP8 forms `tfe-plan random --preset NAME --fp8` writes,
+  // so an FP8 plan or artifact of a preset needs no multi-gigabyte head file.
+  cmd->add_flag("--preset-fp8", args->preset_fp8,
+                "with --preset: plan the preset with FP8 forms of every linear in use (as random --fp8 makes it)")
+      ->needs(preset);
   cmd->add_option("--buckets", args->options.buckets,
                   fmt::format("streams buckets, ascending, each 1..16 (default {})", fmt::join(d.buckets, ",")))
       ->delimiter(',');
@@ -32,7 +38,11 @@ void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
 Plan plan_from_args(const PlanArgs& args) {
   PlanOptions options = args.options;
   options.fp8 = fp8_mode_from_name(args.fp8);
-  if (!args.preset.empty()) return make_plan(preset_header(args.preset), options);
+  if (!args.preset.empty()) {
+    HeadHeader header = preset_header(args.preset);
+    if (args.preset_fp8) mark_fp8_forms(header);
+    return make_plan(header, options);
+  }
   if (args.head_path.empty()) fail("no head given: pass a .tfe file or --preset NAME ({})", fmt::join(preset_names(), ", "));
   const HeadFile head = HeadFile::open(args.head_path);
   return make_plan(head.header(), options, head.header_sha256());

@@ -13,11 +13,12 @@ namespace tfe::cli {
 struct PlanArgs {
   std::string head_path;  // positional; exclusive with `preset`
   std::string preset;
+  bool preset_fp8 = false;  // --preset-fp8: the preset as `tfe-plan random --fp8` makes it
   std::string fp8 = std::string(fp8_mode_name(PlanOptions{}.fp8));
   PlanOptions options;
 };
 
-// Adds `HEAD.tfe`, `--preset`, `--buckets`, `--max-steps`, `--fp8`, `--arch`, `--max-slots` and
+// Adds `HEAD.tfe`, `--preset`, `--preset-fp8`, `--buckets`, `--max-steps`, `--fp8`, `--arch`, `--max-slots` and
 // `--extend-rows` to `cmd`, bound to `*args` (which must outlive parsing).
 void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args);
 
