@@ -45,20 +45,21 @@ std::vector<KernelDef> make_defs() {
         {"rows", P::i64}, {"eps", P::f32}}},
       // One query row per slot against keys max(first_pos, p - WINDOW) .. p of the slot's ring; GQA.
       // first_pos[r] is the slot's first real position: a slot attached mid-sequence has no keys before it.
+      // The window is cut into SPLIT key chunks, a CTA each; with SPLIT > 1 they leave partials in `part`
+      // and the last to arrive (an integer ticket in `arrivals`, zero between passes) joins them.
       {"ring_attention", "ring_attention.cuh", "tfe::kernels::ring_attention",
-       {"HEADS", "KV_HEADS", "HEAD_DIM", "WINDOW", "RING"},
+       {"HEADS", "KV_HEADS", "HEAD_DIM", "WINDOW", "RING", "SPLIT"},
        {{"q", P::ptr}, {"ring_k", P::ptr}, {"ring_v", P::ptr}, {"slot", P::ptr}, {"pos", P::ptr},
-        {"first_pos", P::ptr},
-        {"pos_offset", P::i64}, {"o", P::ptr}, {"rows", P::i64}, {"scale", P::f32}}},
-      // Vocabulary top-1, first half: per (row, chunk of CHUNK logits) the max, its lowest index, and
-      // sum exp(l - max).
-      {"top1_partial", "top1.cuh", "tfe::kernels::top1_partial", {"VOCAB", "CHUNK"},
-       {{"logits", P::ptr}, {"part_max", P::ptr}, {"part_idx", P::ptr}, {"part_sum", P::ptr}, {"rows", P::i64}}},
-      // Second half: joins the PARTS partials of a row; writes the target id (d2t) and confidence of
+        {"first_pos", P::ptr}, {"pos_offset", P::i64}, {"o", P::ptr}, {"part", P::ptr}, {"arrivals", P::ptr},
+        {"rows", P::i64}, {"scale", P::f32}}},
+      // Vocabulary top-1 and its softmax confidence: a CTA per (row, chunk of CHUNK logits) leaves the
+      // chunk's max, lowest index and sum exp(l - max); the last CTA of a row to arrive (an integer ticket
+      // in `arrivals`, zero between passes) joins them and writes the target id (d2t) and confidence of
       // `step` into out_token/out_conf [rows, MAX_STEPS], and the target id into next_token[r].
-      {"top1_join", "top1.cuh", "tfe::kernels::top1_join", {"PARTS", "MAX_STEPS"},
-       {{"part_max", P::ptr}, {"part_idx", P::ptr}, {"part_sum", P::ptr}, {"d2t", P::ptr},
-        {"out_token", P::ptr}, {"out_conf", P::ptr}, {"next_token", P::ptr}, {"step", P::i64}, {"rows", P::i64}}},
+      {"top1", "top1.cuh", "tfe::kernels::top1", {"VOCAB", "CHUNK", "MAX_STEPS"},
+       {{"logits", P::ptr}, {"part_max", P::ptr}, {"part_idx", P::ptr}, {"part_sum", P::ptr}, {"arrivals", P::ptr},
+        {"d2t", P::ptr}, {"out_token", P::ptr}, {"out_conf", P::ptr}, {"next_token", P::ptr}, {"step", P::i64},
+        {"rows", P::i64}}},
       // two_stage candidates, first half: per (row, chunk of CHUNK scores) the chunk's min(CAND_K, CHUNK)
       // highest scores (ties: lower id) and their draft ids, ascending by id.
       {"topk_partial", "topk.cuh", "tfe::kernels::topk_partial", {"VOCAB", "CHUNK", "CAND_K"},
@@ -70,7 +71,7 @@ std::vector<KernelDef> make_defs() {
       {"rescore_logits", "rescore.cuh", "tfe::kernels::rescore_logits", {"HIDDEN", "CAND_K", "WEIGHT"},
        {{"target_head", P::ptr}, {"scale", P::ptr}, {"n", P::ptr}, {"cand", P::ptr}, {"d2t", P::ptr},
         {"exact", P::ptr}, {"rows", P::i64}}},
-      // Their argmax (ties: lower target id) and softmax confidence; writes like top1_join.
+      // Their argmax (ties: lower target id) and softmax confidence; writes like top1.
       {"rescore_join", "rescore.cuh", "tfe::kernels::rescore_join", {"CAND_K", "MAX_STEPS"},
        {{"exact", P::ptr}, {"cand", P::ptr}, {"d2t", P::ptr}, {"out_token", P::ptr}, {"out_conf", P::ptr},
         {"next_token", P::ptr}, {"step", P::i64}, {"rows", P::i64}}},

@@ -19,15 +19,21 @@ int64_t gemv_ksplit(int64_t k, int64_t weight) {
   return steps < 8 ? steps : 8;
 }
 
-// ring_attention (kernels/ring_attention.cuh, AttnShape): dynamic shared memory holds the fp32 query
-// group, the group's probabilities over the window, and the per-key-group partial outputs.
-constexpr int64_t kAttnThreads = 256;
-int64_t attention_smem(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t window) {
+// ring_attention (kernels/ring_attention.cuh, AttnShape): a CTA per (key chunk, kv head, row); dynamic
+// shared memory holds the fp32 query group, the chunk's scores, the key-group partial outputs and, when
+// the window is split, the join's chunk weights.
+constexpr int64_t kAttnThreads = 128;
+int64_t attention_smem(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t window, int64_t split) {
   const int64_t group = heads / kv_heads;
-  const int64_t keys = window + 1;
-  const int64_t key_groups = kAttnThreads / (head_dim / 2);
-  return 4 * (group * head_dim + group * keys + key_groups * group * head_dim);
+  const int64_t chunk = ceil_div(window + 1, split);
+  const int64_t dim_pairs = head_dim / 2;
+  const int64_t key_groups = kAttnThreads / dim_pairs > 1 ? kAttnThreads / dim_pairs : 1;
+  const int64_t join = split > 1 ? split * group + group : 0;
+  return 4 * (group * head_dim + group * chunk + key_groups * group * head_dim + join);
 }
+
+// qk_rope_kv (kernels/qk_rope_kv.cuh): a warp per head.
+constexpr int64_t kRopeHeadsPerCta = 4;
 
 // topk_partial / topk_join (kernels/topk.cuh, kTopkThreads) and rescore_logits (kernels/rescore.cuh,
 // kRescoreWarps).
@@ -40,7 +46,13 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
   if (rows < 1) fail("launch_shape {}: rows is {}, must be at least 1", spec.uri(), rows);
   LaunchShape s;
   const std::string& k = spec.kernel;
-  if (k == "rmsnorm" || k == "prepare_x" || k == "copy_rows") {
+  if (k == "prepare_x") {
+    // Two CTAs per row: the embedding's norm and the hidden row's norm.
+    s.grid[0] = 2;
+    s.grid[1] = rows;
+    s.block = spec.constant("THREADS");
+    s.rows_axis = 1;
+  } else if (k == "rmsnorm" || k == "copy_rows") {
     // One CTA per row.
     s.grid[0] = rows;
     s.block = spec.constant("THREADS");
@@ -53,28 +65,26 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
     s.rows_axis = 1;
     s.rows_per_block = row_tile;
   } else if (k == "qk_rope_kv") {
-    // One CTA per row; its warps take the q, k and v heads in turn.
-    s.grid[0] = rows;
-    s.block = 256;
-    s.rows_axis = 0;
+    // A warp per head, kRopeHeadsPerCta heads (q, then k, then v) a CTA, a row per grid.y.
+    const int64_t in_heads = (spec.constant("WRITE_Q") ? spec.constant("HEADS") : 0) + 2 * spec.constant("KV_HEADS");
+    s.grid[0] = ceil_div(in_heads, kRopeHeadsPerCta);
+    s.grid[1] = rows;
+    s.block = 32 * kRopeHeadsPerCta;
+    s.rows_axis = 1;
   } else if (k == "ring_attention") {
-    // One CTA per (kv head, row): the query heads of one GQA group against the window.
-    s.grid[0] = spec.constant("KV_HEADS");
+    // One CTA per (key chunk, kv head, row): the query heads of one GQA group against SPLIT-th of the window.
+    s.grid[0] = spec.constant("KV_HEADS") * spec.constant("SPLIT");
     s.grid[1] = rows;
     s.block = kAttnThreads;
     s.smem = attention_smem(spec.constant("HEADS"), spec.constant("KV_HEADS"), spec.constant("HEAD_DIM"),
-                            spec.constant("WINDOW"));
+                            spec.constant("WINDOW"), spec.constant("SPLIT"));
     s.rows_axis = 1;
-  } else if (k == "top1_partial") {
+  } else if (k == "top1") {
+    // A CTA per (chunk of CHUNK logits, row); the last of a row joins.
     s.grid[0] = ceil_div(spec.constant("VOCAB"), spec.constant("CHUNK"));
     s.grid[1] = rows;
     s.block = 256;
     s.rows_axis = 1;
-  } else if (k == "top1_join") {
-    // One warp per row joins the row's partials.
-    s.grid[0] = rows;
-    s.block = 32;
-    s.rows_axis = 0;
   } else if (k == "topk_partial") {
     // A CTA per (chunk of CHUNK scores, row).
     s.grid[0] = ceil_div(spec.constant("VOCAB"), spec.constant("CHUNK"));

@@ -24,6 +24,10 @@
 // Each part fails on its own: its error is printed and recorded in the JSON, and the parts that do not
 // depend on it still run. Exit status 1 when any part failed.
 //
+// --profile (for `ncu --profile-from-start off`): after the prefix, one warm draft step per --streams value
+// between cudaProfilerStart and cudaProfilerStop, and nothing else is timed: the profiler sees exactly the
+// kernels of one graph replay of (streams, 1 step). scripts/profile.sh drives it.
+//
 // --reference (no GPU): only the drafts file, from the same prefix through the CPU reference, to check a
 // port (torch_head.py) on a machine without a device.
 #include <algorithm>
@@ -38,6 +42,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <cuda_profiler_api.h>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -73,6 +79,7 @@ struct Options {
   std::string json_out;
   std::string csv_out;
   std::string drafts_out;
+  bool profile = false;
 };
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
@@ -446,7 +453,7 @@ int run(const Options& o) {
   bool prefilled = parts.run("prefix extend", [&] { extend_prefix(*rt, prefix); });
 
   // Graph capture, key by key: the first draft of a key captures (and replays once), the second replays.
-  if (prefilled && rt->graphs_enabled()) {
+  if (prefilled && rt->graphs_enabled() && !o.profile) {
     parts.run("capture", [&] {
       const uint64_t before = rt->stats().captures;
       double first_ms = 0, capture_ms = 0;
@@ -468,6 +475,18 @@ int run(const Options& o) {
                         {"how", "sum over keys of (first draft - second draft): capture and instantiation"},
                         {"keys", keys}};
     });
+  }
+
+  if (o.profile) {
+    if (!prefilled) return 1;
+    for (int b : streams) {
+      const std::vector<int> slots = first_slots(b);
+      for (int i = 0; i < 3; ++i) (void)rt->draft(slots, 1);  // capture and warm outside the profiled range
+      TFE_CUDA(cudaProfilerStart());
+      (void)rt->draft(slots, 1);
+      TFE_CUDA(cudaProfilerStop());
+    }
+    return 0;
   }
 
   std::vector<DraftRow> rows;
@@ -703,6 +722,8 @@ int main(int argc, char** argv) {
   app.add_option("--csv", o.csv_out, "write the draft rows as CSV");
   app.add_option("--drafts-out", o.drafts_out,
                  "write the prefix inputs and tfe's drafts (safetensors, tfe-plan reference layout)");
+  app.add_flag("--profile", o.profile,
+               "one draft step per --streams value inside cudaProfilerStart/Stop (for ncu --profile-from-start off)");
   bool reference = false;
   app.add_flag("--reference", reference,
                "no GPU: only --drafts-out, through the CPU reference (the largest --streams slots, 8 steps)");

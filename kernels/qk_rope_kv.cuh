@@ -1,9 +1,10 @@
 // Per row: qk_norm (if QK_NORM) and RoPE at position pos[r] + pos_offset on the q and k heads, then k
 // and v into the slot's ring row (position mod RING), q into q_out when WRITE_Q.
 //
-// Mapping: one CTA per row; its warps take the heads in turn (q heads, then k heads, then v heads). A
-// lane holds rotate-half pairs (i, i + HEAD_DIM/2) for i = lane, lane + 32, ... so the norm's sum of
-// squares is one warp reduction and the rotation needs no exchange.
+// Mapping (compiler/launch_shapes.cpp): grid (ceil(IN_HEADS / 4), rows), 128 threads; a warp per head
+// (q heads, then k heads, then v heads), so a row's heads run side by side on many SMs. A lane holds
+// rotate-half pairs (i, i + HEAD_DIM/2) for i = lane, lane + 32, ... so the norm's sum of squares is one
+// warp reduction and the rotation needs no exchange.
 // Numerics: qk_norm is rms() (two bf16 roundings); RoPE on those bf16 values with cos/sin of
 // float(pos) * inv_freq[i] evaluated in double and rounded to float (a correctly rounded fp32 cos/sin
 // in all but vanishingly rare cases),
@@ -31,20 +32,26 @@ struct QkRopeKvParams {
 static_assert(sizeof(QkRopeKvParams) == 8 * 12, "one 8-byte slot per registry parameter");
 
 template <typename Cfg>
-__global__ void __launch_bounds__(256) qk_rope_kv(const QkRopeKvParams p) {
+__global__ void __launch_bounds__(128) qk_rope_kv(const QkRopeKvParams p) {
   constexpr long long HD = Cfg::HEAD_DIM, HALF = HD / 2, KVH = Cfg::KV_HEADS;
   constexpr long long QH = Cfg::WRITE_Q ? Cfg::HEADS : 0;
   constexpr long long IN_HEADS = QH + 2 * KVH;
   constexpr int PAIRS = static_cast<int>(ceil_div(HALF, 32));  // pairs per lane
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const long long r = blockIdx.x;
-  if (r >= p.rows) return;
+  const long long h = static_cast<long long>(blockIdx.x) * warps + warp, r = blockIdx.y;
+  if (r >= p.rows || h >= IN_HEADS) return;
 
   const long long position = p.pos[r] + p.pos_offset;
   const long long ring_row = position % Cfg::RING;
   const long long ring_base = ((static_cast<long long>(p.slot[r]) * Cfg::RING + ring_row) * KVH) * HD;
   const bf16* in = p.qkv + r * IN_HEADS * HD;
 
+  const bf16* src = in + h * HD;
+  if (h >= QH + KVH) {  // v: copied unchanged
+    bf16* dst = p.ring_v + ring_base + (h - QH - KVH) * HD;
+    for (long long e = lane; e < HD; e += 32) dst[e] = src[e];
+    return;
+  }
   // cos / sin of this lane's pairs: the same for every head of the row.
   float cs[PAIRS], sn[PAIRS];
 #pragma unroll
@@ -63,44 +70,36 @@ __global__ void __launch_bounds__(256) qk_rope_kv(const QkRopeKvParams p) {
     }
   }
 
-  for (long long h = warp; h < IN_HEADS; h += warps) {
-    const bf16* src = in + h * HD;
-    if (h >= QH + KVH) {  // v: copied unchanged
-      bf16* dst = p.ring_v + ring_base + (h - QH - KVH) * HD;
-      for (long long e = lane; e < HD; e += 32) dst[e] = src[e];
-      continue;
-    }
-    const bool is_q = h < QH;
-    float lo[PAIRS], hi[PAIRS];
-    float ss = 0.0f;
+  const bool is_q = h < QH;
+  float lo[PAIRS], hi[PAIRS];
+  float ss = 0.0f;
 #pragma unroll
-    for (int k = 0; k < PAIRS; ++k) {
-      const long long i = lane + 32 * k;
-      lo[k] = i < HALF ? to_float(src[i]) : 0.0f;
-      hi[k] = i < HALF ? to_float(src[i + HALF]) : 0.0f;
-      ss += lo[k] * lo[k] + hi[k] * hi[k];
-    }
-    if constexpr (Cfg::QK_NORM != 0) {
-      const float inv = rms_inv(warp_sum(ss), HD, p.eps.v);
-      const bf16* nw = is_q ? p.q_norm : p.k_norm;
-#pragma unroll
-      for (int k = 0; k < PAIRS; ++k) {
-        const long long i = lane + 32 * k;
-        if (i < HALF) {
-          lo[k] = rms_apply(lo[k], inv, to_float(nw[i]));
-          hi[k] = rms_apply(hi[k], inv, to_float(nw[i + HALF]));
-        }
-      }
-    }
-    bf16* dst = is_q ? p.q_out + (r * Cfg::HEADS + h) * HD : p.ring_k + ring_base + (h - QH) * HD;
+  for (int k = 0; k < PAIRS; ++k) {
+    const long long i = lane + 32 * k;
+    lo[k] = i < HALF ? to_float(src[i]) : 0.0f;
+    hi[k] = i < HALF ? to_float(src[i + HALF]) : 0.0f;
+    ss += lo[k] * lo[k] + hi[k] * hi[k];
+  }
+  if constexpr (Cfg::QK_NORM != 0) {
+    const float inv = rms_inv(warp_sum(ss), HD, p.eps.v);
+    const bf16* nw = is_q ? p.q_norm : p.k_norm;
 #pragma unroll
     for (int k = 0; k < PAIRS; ++k) {
       const long long i = lane + 32 * k;
       if (i < HALF) {
-        // Explicit roundings: no FMA contraction, each product rounded as the CPU reference rounds it.
-        dst[i] = to_bf16(__fsub_rn(__fmul_rn(lo[k], cs[k]), __fmul_rn(hi[k], sn[k])));
-        dst[i + HALF] = to_bf16(__fadd_rn(__fmul_rn(hi[k], cs[k]), __fmul_rn(lo[k], sn[k])));
+        lo[k] = rms_apply(lo[k], inv, to_float(nw[i]));
+        hi[k] = rms_apply(hi[k], inv, to_float(nw[i + HALF]));
       }
+    }
+  }
+  bf16* dst = is_q ? p.q_out + (r * Cfg::HEADS + h) * HD : p.ring_k + ring_base + (h - QH) * HD;
+#pragma unroll
+  for (int k = 0; k < PAIRS; ++k) {
+    const long long i = lane + 32 * k;
+    if (i < HALF) {
+      // Explicit roundings: no FMA contraction, each product rounded as the CPU reference rounds it.
+      dst[i] = to_bf16(__fsub_rn(__fmul_rn(lo[k], cs[k]), __fmul_rn(hi[k], sn[k])));
+      dst[i + HALF] = to_bf16(__fadd_rn(__fmul_rn(hi[k], cs[k]), __fmul_rn(lo[k], sn[k])));
     }
   }
 }

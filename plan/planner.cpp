@@ -8,7 +8,7 @@
 //   final_norm h2 -> n; vocabulary head n -> out_token/out_conf[:, step - 1] and next_token
 // Buffer reuse across steps is safe because every read of a step-(j-1) value precedes the step-j write
 // that replaces it: step j's prepare_x and wo read h2 before step j's w_down overwrites it, and step j's
-// prepare_x reads next_token before step j's top1_join / rescore_join overwrites it. Hence the graph of
+// prepare_x reads next_token before step j's top1 / rescore_join overwrites it. Hence the graph of
 // (B, s) is exactly the prefix of nodes with step <= s.
 #include <algorithm>
 #include <cmath>
@@ -266,6 +266,14 @@ class Planner {
     add(a, "qkv", BufferRole::activation, DType::BF16, {B, q_width + 2 * kv_width});
     add(a, "q", BufferRole::activation, DType::BF16, {B, q_width});
     add(a, "o", BufferRole::activation, DType::BF16, {B, q_width});
+    if (attention_split() > 1) {
+      // ring_attention's key-chunk partials (m, l, o per query head) and its per-(row, kv head) tickets. The
+      // tickets are zero at open (the arena is cleared) and every pass returns them to zero.
+      const int64_t group = hh.heads / hh.kv_heads;
+      add(a, "attn_part", BufferRole::activation, DType::F32,
+          {B, hh.kv_heads, attention_split(), group * (hh.head_dim + 2)});
+      add(a, "attn_arrivals", BufferRole::activation, DType::I32, {B, hh.kv_heads});
+    }
     add(a, "h1", BufferRole::activation, DType::BF16, {B, H});
     add(a, "post", BufferRole::activation, DType::BF16, {B, H});
     add(a, "m", BufferRole::activation, DType::BF16, {B, hh.ffn});
@@ -276,6 +284,8 @@ class Planner {
       add(a, "part_max", BufferRole::activation, DType::F32, {B, top1_parts()});
       add(a, "part_idx", BufferRole::activation, DType::I32, {B, top1_parts()});
       add(a, "part_sum", BufferRole::activation, DType::F32, {B, top1_parts()});
+      // top1's per-row tickets: zero at open (the arena is cleared), and every pass returns them to zero.
+      add(a, "top1_arrivals", BufferRole::activation, DType::I32, {B});
     } else {
       add(a, "u", BufferRole::activation, DType::BF16, {B, hh.lowrank});
       add(a, "scores", BufferRole::activation, DType::F32, {B, hh.draft_vocab});
@@ -293,7 +303,16 @@ class Planner {
     add(a, "out_conf", BufferRole::output, DType::F32, {B, int64_t{o.max_steps}});
   }
 
-  // top1_partial chunk: about 128 partials per row, so that one stream's logits are read by enough CTAs
+  // ring_attention key chunks: a quarter of the window a CTA, within 8..32 keys, so that one row's window
+  // (kv_heads x SPLIT CTAs) covers the GPU instead of kv_heads CTAs walking it serially, and a CTA still has
+  // a warp's worth of work.
+  int64_t attention_chunk_keys() const { return std::clamp<int64_t>((h().window + 1 + 3) / 4, 8, 32); }
+  int64_t attention_split() const {
+    const int64_t keys = h().window + 1, chunk = attention_chunk_keys();
+    return (keys + chunk - 1) / chunk;
+  }
+
+  // top1 chunk: about 128 partials per row, so that one stream's logits are read by enough CTAs
   // to fill the GPU; at least 256 (one logit per thread of a CTA per pass).
   int64_t top1_chunk() const {
     const int64_t per = 256;
@@ -399,11 +418,14 @@ class Planner {
                                                           {"KV_HEADS", hh.kv_heads},
                                                           {"HEAD_DIM", hh.head_dim},
                                                           {"WINDOW", hh.window},
-                                                          {"RING", p_.ring_rows}}),
+                                                          {"RING", p_.ring_rows},
+                                                          {"SPLIT", attention_split()}}),
                              fixed, B,
                              {buf("q", "q"), buf("ring_k", "ring_k"), buf("ring_v", "ring_v"), buf("slot", "slot"),
                               buf("pos", "pos"), buf("first_pos", "first_pos"), i64("pos_offset", s - 1),
-                              buf("o", "o"), i64("rows", B), f32("scale", scale)}));
+                              buf("o", "o"), attention_split() > 1 ? buf("part", "attn_part") : none("part"),
+                              attention_split() > 1 ? buf("arrivals", "attn_arrivals") : none("arrivals"),
+                              i64("rows", B), f32("scale", scale)}));
       nodes.push_back(gemv(pre + "wo", s, wo, B, kc::kEpilogueResidual, "o", "h1", buf("residual", g), fixed, B));
       nodes.push_back(kernel(pre + "post_norm", s, rmsnorm_spec(H), fixed, B,
                              {buf("x", "h1"), i64("x_stride", H), buf("w", "post_norm"), buf("y", "post"),
@@ -417,15 +439,12 @@ class Planner {
       if (hh.head_type == HeadType::dense) {
         nodes.push_back(gemv(pre + "lm_head", s, matrices_.at("lm_head"), B, kc::kEpilogueF32, "n", "logits",
                              none("residual"), fixed, B));
-        nodes.push_back(kernel(pre + "top1_partial", s,
-                               make_spec("top1_partial", {{"VOCAB", hh.draft_vocab}, {"CHUNK", top1_chunk()}}), fixed,
-                               B,
+        nodes.push_back(kernel(pre + "top1", s,
+                               make_spec("top1", {{"VOCAB", hh.draft_vocab}, {"CHUNK", top1_chunk()}, {"MAX_STEPS", ms}}),
+                               fixed, B,
                                {buf("logits", "logits"), buf("part_max", "part_max"), buf("part_idx", "part_idx"),
-                                buf("part_sum", "part_sum"), i64("rows", B)}));
-        nodes.push_back(kernel(pre + "top1_join", s,
-                               make_spec("top1_join", {{"PARTS", top1_parts()}, {"MAX_STEPS", ms}}), fixed, B,
-                               {buf("part_max", "part_max"), buf("part_idx", "part_idx"), buf("part_sum", "part_sum"),
-                                buf("d2t", "d2t"), buf("out_token", "out_token"), buf("out_conf", "out_conf"),
+                                buf("part_sum", "part_sum"), buf("arrivals", "top1_arrivals"), buf("d2t", "d2t"),
+                                buf("out_token", "out_token"), buf("out_conf", "out_conf"),
                                 buf("next_token", "next_token"), i64("step", s), i64("rows", B)}));
       } else {
         const Matrix& th = matrices_.at("target_head");
@@ -519,9 +538,15 @@ class Planner {
     const std::string draft_reason =
         fmt::format("at most {} rows a step: memory-bound, a GEMV streams each weight byte once", B);
     for (auto l : {"wqkv", "wo", "w_gate_up", "w_down"}) choose(fmt::format("{} draft", l), "gemv", draft_reason);
+    choose("attention draft", fmt::format("ring_attention split {}", attention_split()),
+           fmt::format("up to {} keys a CTA: {} CTAs per row over the window of {} keys, joined in chunk order by the "
+                       "last to arrive",
+                       (hh.window + attention_split()) / attention_split(), hh.kv_heads * attention_split(),
+                       hh.window + 1));
     if (hh.head_type == HeadType::dense) {
-      choose("lm_head draft", "gemv f32 logits + top1_partial/top1_join",
-             fmt::format("{} partials of {} logits per row, joined by one warp", top1_parts(), top1_chunk()));
+      choose("lm_head draft", "gemv f32 logits + top1",
+             fmt::format("{} partials of {} logits per row, joined in part order by the last CTA to arrive",
+                         top1_parts(), top1_chunk()));
     } else {
       choose("lr_a draft", "gemv", draft_reason);
       choose("lr_b draft", "gemv f32 scores + topk_partial/topk_join",

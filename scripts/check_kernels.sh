@@ -50,11 +50,12 @@ for heads, kvh, hd, ring in [(32, 8, 128, 520), (32, 8, 128, 144), (16, 2, 256, 
             add("qk_rope_kv", "qk_rope_kv.cuh", HEADS=heads, KV_HEADS=kvh, HEAD_DIM=hd, QK_NORM=qk, RING=ring, WRITE_Q=wq)
 for heads, kvh, hd, window, ring in [(32, 8, 128, 511, 520), (32, 8, 128, 128, 144), (16, 2, 256, 511, 1024),
                                      (8, 8, 64, 511, 520), (4, 2, 16, 15, 24), (12, 4, 96, 63, 80)]:
-    add("ring_attention", "ring_attention.cuh", HEADS=heads, KV_HEADS=kvh, HEAD_DIM=hd, WINDOW=window, RING=ring)
-for vocab, chunk in [(32000, 2048), (128256, 4096), (262144, 4096), (300, 128)]:
-    add("top1_partial", "top1.cuh", VOCAB=vocab, CHUNK=chunk)
-for parts, steps in [(16, 8), (32, 8), (64, 16), (3, 1)]:
-    add("top1_join", "top1.cuh", PARTS=parts, MAX_STEPS=steps)
+    chunk = min(32, max(8, (window + 4) // 4))
+    for split in sorted({1, (window + chunk) // chunk}):
+        add("ring_attention", "ring_attention.cuh", HEADS=heads, KV_HEADS=kvh, HEAD_DIM=hd, WINDOW=window, RING=ring,
+            SPLIT=split)
+for vocab, chunk, steps in [(32000, 256, 8), (128256, 4096, 8), (262144, 4096, 16), (300, 128, 1)]:
+    add("top1", "top1.cuh", VOCAB=vocab, CHUNK=chunk, MAX_STEPS=steps)
 # topk: the planner's chunks (2048; 4096 above cand_k 256), a chunk smaller than CAND_K, one part, and a
 # join too large to stage in shared memory (262144 / 4096 x 512).
 for vocab, chunk, k in [(32000, 2048, 64), (32000, 4096, 512), (262144, 4096, 512), (300, 2048, 16),

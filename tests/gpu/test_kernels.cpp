@@ -158,6 +158,13 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
     ref::rmsnorm(first_rows(h2, H), st.norm("final_norm"), h.rms_eps, want);
     check_bf16("final_norm", std::span<const bf16_bits>(n).first(want.size()), want);
   }
+  // The split kernels' tickets: every pass must leave them zero, or the next pass would join early.
+  for (const char* counters : {"attn_arrivals", "top1_arrivals"}) {
+    if (!plan.arena.find(counters)) continue;
+    CAPTURE(counters);
+    const auto c = as_vector<int32_t>(rt.read_buffer(counters));
+    CHECK(std::all_of(c.begin(), c.end(), [](int32_t v) { return v == 0; }));
+  }
   const auto out_token = as_vector<int32_t>(rt.read_buffer("out_token"));
   const auto out_conf = as_vector<float>(rt.read_buffer("out_conf"));
   const auto d2t = file.tensor("d2t").as<int32_t>();
