@@ -26,9 +26,9 @@ constexpr int64_t kAttnThreads = 128;
 int64_t attention_smem(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t window, int64_t split) {
   const int64_t group = heads / kv_heads;
   const int64_t chunk = ceil_div(window + 1, split);
-  const int64_t dim_pairs = head_dim / 2;
-  const int64_t key_groups = kAttnThreads / dim_pairs > 1 ? kAttnThreads / dim_pairs : 1;
-  const int64_t join = split > 1 ? split * group + group : 0;
+  const int64_t loads_per_row = head_dim % 8 == 0 ? head_dim / 8 : head_dim / 2;
+  const int64_t key_groups = kAttnThreads / loads_per_row > 1 ? kAttnThreads / loads_per_row : 1;
+  const int64_t join = split > 1 ? 3 * split * group + group : 0;
   return 4 * (group * head_dim + group * chunk + key_groups * group * head_dim + join);
 }
 
