@@ -45,13 +45,12 @@ std::vector<KernelDef> make_defs() {
         {"rows", P::i64}, {"eps", P::f32}}},
       // One query row per slot against keys max(first_pos, p - WINDOW) .. p of the slot's ring; GQA.
       // first_pos[r] is the slot's first real position: a slot attached mid-sequence has no keys before it.
-      // The window is cut into SPLIT key chunks, a CTA each; with SPLIT > 1 they leave partials in `part`
-      // and the last to arrive (an integer ticket in `arrivals`, zero between passes) joins them.
+      // The window is cut into SPLIT <= 8 key chunks, a CTA each, one cluster per (kv head, row) that joins
+      // its chunks' partials through distributed shared memory.
       {"ring_attention", "ring_attention.cuh", "tfe::kernels::ring_attention",
        {"HEADS", "KV_HEADS", "HEAD_DIM", "WINDOW", "RING", "SPLIT"},
        {{"q", P::ptr}, {"ring_k", P::ptr}, {"ring_v", P::ptr}, {"slot", P::ptr}, {"pos", P::ptr},
-        {"first_pos", P::ptr}, {"pos_offset", P::i64}, {"o", P::ptr}, {"part", P::ptr}, {"arrivals", P::ptr},
-        {"rows", P::i64}, {"scale", P::f32}}},
+        {"first_pos", P::ptr}, {"pos_offset", P::i64}, {"o", P::ptr}, {"rows", P::i64}, {"scale", P::f32}}},
       // Vocabulary top-1 and its softmax confidence: a CTA per (row, chunk of CHUNK logits) leaves the
       // chunk's max, lowest index and sum exp(l - max); the last CTA of a row to arrive (an integer ticket
       // in `arrivals`, zero between passes) joins them and writes the target id (d2t) and confidence of

@@ -19,17 +19,15 @@ int64_t gemv_ksplit(int64_t k, int64_t weight) {
   return steps < 8 ? steps : 8;
 }
 
-// ring_attention (kernels/ring_attention.cuh, AttnShape): a CTA per (key chunk, kv head, row); dynamic
-// shared memory holds the fp32 query group, the chunk's scores, the key-group partial outputs and, when
-// the window is split, the join's chunk weights.
+// ring_attention (kernels/ring_attention.cuh, AttnShape): a CTA per (key chunk, kv head, row), the SPLIT
+// chunks of a (kv head, row) one cluster (the kernel declares its cluster dims); dynamic shared memory holds
+// the fp32 query group, the chunk's scores, the per-warp partial outputs and the chunk's partial for the join.
 constexpr int64_t kAttnThreads = 128;
 int64_t attention_smem(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t window, int64_t split) {
   const int64_t group = heads / kv_heads;
   const int64_t chunk = ceil_div(window + 1, split);
-  const int64_t loads_per_row = head_dim % 8 == 0 ? head_dim / 8 : head_dim / 2;
-  const int64_t key_groups = kAttnThreads / loads_per_row > 1 ? kAttnThreads / loads_per_row : 1;
-  const int64_t join = split > 1 ? 3 * split * group + group : 0;
-  return 4 * (group * head_dim + group * chunk + key_groups * group * head_dim + join);
+  const int64_t warps = kAttnThreads / 32;
+  return 4 * (group * head_dim + group * chunk + warps * group * head_dim + group * (head_dim + 2));
 }
 
 // qk_rope_kv (kernels/qk_rope_kv.cuh): a warp per head.
@@ -72,7 +70,8 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
     s.block = 32 * kRopeHeadsPerCta;
     s.rows_axis = 1;
   } else if (k == "ring_attention") {
-    // One CTA per (key chunk, kv head, row): the query heads of one GQA group against SPLIT-th of the window.
+    // One CTA per (key chunk, kv head, row): the query heads of one GQA group against a SPLIT-th of the
+    // window; grid.x is a multiple of the cluster size SPLIT.
     s.grid[0] = spec.constant("KV_HEADS") * spec.constant("SPLIT");
     s.grid[1] = rows;
     s.block = kAttnThreads;

@@ -1,25 +1,26 @@
-// Sliding-window GQA attention of one query row per slot against the slot's K/V ring, split over keys.
+// Sliding-window GQA attention of one query row per slot against the slot's K/V ring, split over keys
+// across the CTAs of a thread-block cluster.
 //
 // A step attends up to WINDOW + 1 keys for a handful of rows: one CTA per (kv head, row) would leave the
-// GPU nearly idle and walk the window serially, so the keys are cut into SPLIT chunks of CHUNK keys and
-// every (chunk, kv head, row) gets a CTA.
+// GPU nearly idle and walk the window serially, so the keys are cut into SPLIT chunks (SPLIT <= 8, the
+// portable cluster size) and each chunk gets a CTA of one cluster; the cluster joins its partials through
+// distributed shared memory, with no global scratch and no second launch.
 //
-// Mapping (compiler/launch_shapes.cpp mirrors AttnShape): grid (KV_HEADS * SPLIT, rows), 128 threads.
-// CTA (kvh, c) runs the G = HEADS / KV_HEADS query heads of kv head kvh over keys first + c * CHUNK ..,
-// where first = max(first_pos[r], p - WINDOW), p = pos[r] + pos_offset, key t at ring row t % RING of
-// slot[r]:
-//   scores: LPK lanes per key, 16-byte K loads, summed by a fixed xor butterfly over those lanes;
+// Mapping (compiler/launch_shapes.cpp mirrors AttnShape): grid (KV_HEADS * SPLIT, rows), clusters of
+// (SPLIT, 1, 1), 128 threads. CTA rank c of cluster (kvh, r) runs the G = HEADS / KV_HEADS query heads of
+// kv head kvh over keys first + c * CHUNK .., where first = max(first_pos[r], p - WINDOW),
+// p = pos[r] + pos_offset, key t at ring row t % RING of slot[r]:
+//   loads: thread (key lane kq = tid / LPK, column li = tid % LPK) loads K and V of keys kq, kq + KPP, ..
+//     in 16-byte columns li, li + LPK, .., all of them before the first is used (up to BATCH passes);
+//   scores: the LPK lanes of a key sum their products by a fixed xor butterfly;
 //   per head (a warp each): m = max of the chunk's scores, e = exp(s - m), l = sum e;
-//   o_c = sum e v: thread (key group, 16-byte column of V) over keys kg, kg + KG, ..; key groups summed in
-//   order.
-// Loads are issued BATCH at a time before their first use: the kernel is latency-bound at few rows, and
-// at 16 rows its K/V window comes from HBM.
-// SPLIT = 1: o = bf16(o_c / l) directly. Otherwise the CTA stores (m, l, o_c) in `part`, and the last CTA
-// of (row, kv head) to take a ticket from `arrivals` joins the SPLIT partials in chunk order and returns
-// the counter to zero for the next pass:
-//   M = max_c m_c, w_c = exp(m_c - M), L = sum_c l_c w_c, o = bf16((sum_c o_c w_c) / L).
-// Every sum has a fixed order, so the result does not depend on which CTA joins: eager launches and graph
-// replays agree bit for bit.
+//   o_c = sum e v: each thread over its keys, then the two key lanes of a warp (xor 16) and the warps in
+//     order through shared memory.
+// Join: after a cluster barrier, CTA c computes the outputs c, c + SPLIT, .. of the G * HEAD_DIM from every
+// CTA's (m, l, o_c) in chunk order:
+//   M = max_c m_c, w_c = exp(m_c - M), L = sum_c l_c w_c, o = bf16((sum_c o_c w_c) / L),
+// then a second barrier keeps every CTA's shared memory alive until its peers have read it. Every sum has a
+// fixed order, so eager launches and graph replays agree bit for bit.
 // Numerics: s = (q . k) * scale in fp32; exponentials and sums in fp32; o rounded to bf16 once.
 #pragma once
 #include "common.cuh"
@@ -36,19 +37,10 @@ struct RingAttentionParams {
   const int* first_pos;  // [rows]: the slot's first real position (no keys exist before it)
   long long pos_offset;
   bf16* o;               // [rows, HEADS, HEAD_DIM]
-  float* part;           // SPLIT > 1: [rows, KV_HEADS, SPLIT, G * (HEAD_DIM + 2)]: m[G], l[G], o_c[G][HEAD_DIM]
-  int* arrivals;         // SPLIT > 1: [rows, KV_HEADS], zero between passes
   long long rows;
   F32Slot scale;         // usually 1 / sqrt(HEAD_DIM)
 };
-static_assert(sizeof(RingAttentionParams) == 8 * 12, "one 8-byte slot per registry parameter");
-
-__host__ __device__ constexpr long long largest_divisor_upto(long long n, long long cap) {
-  long long best = 1;
-  for (long long d = 1; d <= cap && d <= n; ++d)
-    if (n % d == 0) best = d;
-  return best;
-}
+static_assert(sizeof(RingAttentionParams) == 8 * 10, "one 8-byte slot per registry parameter");
 
 __host__ __device__ constexpr long long pow2_at_least(long long n) {
   long long p = 1;
@@ -58,24 +50,22 @@ __host__ __device__ constexpr long long pow2_at_least(long long n) {
 
 template <long long HEADS, long long KV_HEADS, long long HEAD_DIM, long long WINDOW, long long SPLIT>
 struct AttnShape {
-  static constexpr int THREADS = 128;
+  static_assert(SPLIT >= 1 && SPLIT <= 8, "SPLIT is a portable cluster size");
+  static constexpr int THREADS = 128, WARPS = THREADS / 32;
   static constexpr long long G = HEADS / KV_HEADS;
   static constexpr long long KEYS = WINDOW + 1;
   static constexpr long long CHUNK = ceil_div(KEYS, SPLIT);        // keys per CTA
   static constexpr long long E = HEAD_DIM % 8 == 0 ? 8 : 2;        // K / V elements per load (16 or 4 bytes)
   static constexpr long long KC = HEAD_DIM / E;                    // loads per K or V row
-  static constexpr long long LPK = min_ll(32, pow2_at_least(KC));  // scores: lanes per key (a power of two)
-  static constexpr long long CPL = ceil_div(KC, LPK);              // scores: loads per lane per key
-  static constexpr long long KPP = THREADS / LPK;                  // scores: keys per pass
+  static constexpr long long LPK = min_ll(32, pow2_at_least(KC));  // lanes per key (a power of two)
+  static constexpr long long CPL = ceil_div(KC, LPK);              // loads per lane per row
+  static constexpr long long KPP = THREADS / LPK;                  // keys per pass
   static constexpr long long PASSES = ceil_div(CHUNK, KPP);
-  static constexpr long long KG = max_ll(1, THREADS / KC);         // e V: key groups (a thread per (group, load))
-  static constexpr long long KPG = ceil_div(CHUNK, KG);            // e V: keys per key group
-  static constexpr int BATCH = 4;                                  // loads issued before their first use
-  static constexpr long long GC = largest_divisor_upto(G, 4);      // e V: query heads per accumulator set
-  static constexpr long long PART = G * (HEAD_DIM + 2);            // floats of one partial
+  static constexpr long long BATCH = min_ll(PASSES, 8);            // passes whose loads are in flight together
+  static constexpr long long PART = G * (HEAD_DIM + 2);            // one partial: m[G], l[G], o_c[G][HD]
   // Float offsets into dynamic shared memory (= launch_shapes.cpp attention_smem).
-  static constexpr long long Q_AT = 0, E_AT = G * HEAD_DIM, O_AT = E_AT + G * CHUNK, W_AT = O_AT + KG * G * HEAD_DIM;
-  static constexpr long long SMEM_FLOATS = W_AT + (SPLIT > 1 ? 3 * SPLIT * G + G : 0);
+  static constexpr long long Q_AT = 0, E_AT = G * HEAD_DIM, O_AT = E_AT + G * CHUNK, P_AT = O_AT + WARPS * G * HEAD_DIM;
+  static constexpr long long SMEM_FLOATS = P_AT + PART;
 };
 
 // The E elements of one K or V load, as floats.
@@ -99,52 +89,84 @@ __device__ __forceinline__ uint4 load_kv(const bf16* at) {
   else return make_uint4(*reinterpret_cast<const unsigned*>(at), 0u, 0u, 0u);
 }
 
+// All threads of all CTAs of the cluster: release this CTA's shared-memory writes, acquire the peers'.
+__device__ __forceinline__ void cluster_barrier() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// A float at `local` (this CTA's shared memory) in the shared memory of cluster CTA `rank`.
+__device__ __forceinline__ float load_peer(const float* local, unsigned rank) {
+  const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(at), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+
+// Clusters exist from sm_90 on; the planner takes SPLIT = 1 below it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define TFE_ATTENTION_CLUSTER(split)
+#else
+#define TFE_ATTENTION_CLUSTER(split) __cluster_dims__(split, 1, 1)
+#endif
+
 template <typename Cfg>
-__global__ void __launch_bounds__(128) ring_attention(const RingAttentionParams p) {
+__global__ void TFE_ATTENTION_CLUSTER(Cfg::SPLIT) __launch_bounds__(128) ring_attention(const RingAttentionParams p) {
   using S = AttnShape<Cfg::HEADS, Cfg::KV_HEADS, Cfg::HEAD_DIM, Cfg::WINDOW, Cfg::SPLIT>;
   constexpr long long HD = Cfg::HEAD_DIM, KVH = Cfg::KV_HEADS, G = S::G, SPLIT = Cfg::SPLIT;
   extern __shared__ float4 smem_raw[];
   float* smem = reinterpret_cast<float*>(smem_raw);
-  float* qs = smem + S::Q_AT;  // [G][HD]
-  float* es = smem + S::E_AT;  // [G][CHUNK]: scores, then exp(s - m)
-  float* os = smem + S::O_AT;  // [KG][G][HD]
-  __shared__ float ms[G], ls[G];
-  __shared__ bool joins;
+  float* qs = smem + S::Q_AT;    // [G][HD]
+  float* es = smem + S::E_AT;    // [G][CHUNK]: scores, then exp(s - m)
+  float* os = smem + S::O_AT;    // [WARPS][G][HD]
+  float* part = smem + S::P_AT;  // this chunk's m[G], l[G], o_c[G][HD], read by the cluster's join
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // A cluster is SPLIT consecutive CTAs along x, so its CTA rank is blockIdx.x % SPLIT; a whole cluster
+  // shares r and returns together.
   const long long kvh = blockIdx.x / SPLIT, c = blockIdx.x % SPLIT, r = blockIdx.y;
   if (r >= p.rows) return;
   const long long position = p.pos[r] + p.pos_offset;
   const long long window_start = position - Cfg::WINDOW;
   const long long first = window_start > p.first_pos[r] ? window_start : p.first_pos[r];
   const long long keys = position - first + 1;
-  const long long begin = c * S::CHUNK;                                 // this chunk's keys: begin .. begin + n - 1
+  const long long begin = c * S::CHUNK;  // this chunk's keys: begin .. begin + n - 1
   const int n = static_cast<int>(max_ll(0, min_ll(S::CHUNK, keys - begin)));
   const long long slot_base = static_cast<long long>(p.slot[r]) * Cfg::RING;
   const float scale = p.scale.v;
+  const int li = tid % S::LPK, kq = tid / static_cast<int>(S::LPK);
 
   const bf16* q = p.q + (r * Cfg::HEADS + kvh * G) * HD;  // the group's G heads are contiguous
   for (long long e = tid; e < G * HD; e += S::THREADS) qs[e] = to_float(q[e]);
-  __syncthreads();
 
-  // Scores: LPK lanes per key, CPL loads each; lanes past KC (HEAD_DIM / E not a power of two) add zeros.
-  // BATCH passes' loads are issued before the first of them is used.
-  const int li = tid % S::LPK, kq = tid / static_cast<int>(S::LPK);
+  float acc_o[G][S::CPL][S::E];  // this thread's share of o_c: its keys, its columns
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int j = 0; j < S::CPL; ++j)
+#pragma unroll
+      for (int x = 0; x < S::E; ++x) acc_o[g][j][x] = 0.0f;
+
+  // One batch = BATCH passes of KPP keys. A chunk of up to 8 passes (64 keys at HD 128) is one batch, so
+  // the K and V of the whole chunk are in flight together, right after q.
   for (long long p0 = 0; p0 < S::PASSES; p0 += S::BATCH) {
-    uint4 kr[S::BATCH][S::CPL];
+    uint4 kr[S::BATCH][S::CPL], vr[S::BATCH][S::CPL];
 #pragma unroll
     for (int b = 0; b < S::BATCH; ++b) {
       const long long i = (p0 + b) * S::KPP + kq;
+      const long long t = first + begin + i;
+      const long long row = ((slot_base + t % Cfg::RING) * KVH + kvh) * HD;
 #pragma unroll
       for (int j = 0; j < S::CPL; ++j) {
         const long long ch = li + j * S::LPK;
-        kr[b][j] = make_uint4(0u, 0u, 0u, 0u);
-        if (p0 + b < S::PASSES && i < n && ch < S::KC) {
-          const long long t = first + begin + i;
-          kr[b][j] = load_kv<S::E>(p.ring_k + ((slot_base + t % Cfg::RING) * KVH + kvh) * HD + ch * S::E);
-        }
+        const bool live = p0 + b < S::PASSES && i < n && ch < S::KC;
+        kr[b][j] = live ? load_kv<S::E>(p.ring_k + row + ch * S::E) : make_uint4(0u, 0u, 0u, 0u);
+        vr[b][j] = live ? load_kv<S::E>(p.ring_v + row + ch * S::E) : make_uint4(0u, 0u, 0u, 0u);
       }
     }
+    __syncthreads();  // qs complete (first batch); es of the previous batch consumed
+
+    // Scores of this batch's keys.
 #pragma unroll
     for (int b = 0; b < S::BATCH; ++b) {
       if (p0 + b >= S::PASSES) break;
@@ -171,132 +193,131 @@ __global__ void __launch_bounds__(128) ring_attention(const RingAttentionParams 
 #pragma unroll
         for (int g = 0; g < G; ++g) es[g * S::CHUNK + i] = acc[g] * scale;
     }
-  }
-  __syncthreads();
+    // A chunk longer than one batch (over 64 keys at HEAD_DIM 128; the planner's chunks are not) keeps its
+    // scores until the last batch; the softmax runs once over all of them, and the earlier batches' V is
+    // loaded again after it.
+    if (p0 + S::BATCH < S::PASSES) continue;
+    __syncthreads();
 
-  // Per head: the chunk's max and sum of exp(s - max); an empty chunk has m = -inf, l = 0.
-  for (long long g = warp; g < G; g += S::THREADS / 32) {
-    float* row = es + g * S::CHUNK;
-    float m = neg_inf();
-    for (int i = lane; i < n; i += 32) m = fmaxf(m, row[i]);
-    m = warp_max(m);
-    float l = 0.0f;
-    for (int i = lane; i < n; i += 32) {
-      const float e = expf(row[i] - m);
-      row[i] = e;
-      l += e;
+    // Per head: the chunk's max and sum of exp(s - max); an empty chunk has m = -inf, l = 0.
+    for (long long g = warp; g < G; g += S::WARPS) {
+      float* row = es + g * S::CHUNK;
+      float mx = neg_inf();
+      for (int i = lane; i < n; i += 32) mx = fmaxf(mx, row[i]);
+      mx = warp_max(mx);
+      float sum = 0.0f;
+      for (int i = lane; i < n; i += 32) {
+        const float e = expf(row[i] - mx);
+        row[i] = e;
+        sum += e;
+      }
+      sum = warp_sum(sum);
+      if (lane == 0) {
+        part[g] = mx;
+        part[G + g] = sum;
+      }
     }
-    l = warp_sum(l);
-    if (lane == 0) {
-      ms[g] = m;
-      ls[g] = l;
-    }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  // o_c = sum e v: thread (key group kg, load ch) takes keys kg, kg + KG, .. of elements ch * E ..; BATCH
-  // keys' V loads in flight; GC heads per accumulator set. Then the key groups are summed in order.
-  for (long long item = tid; item < S::KG * S::KC; item += S::THREADS) {
-    const long long kg = item / S::KC, ch = item % S::KC;
-    for (long long g0 = 0; g0 < G; g0 += S::GC) {
-      float acc[S::GC][S::E];
+    // o_c: V of the last batch from registers; earlier batches' V (chunks longer than one batch) reloaded.
+    for (long long q0 = 0; q0 < p0; q0 += S::BATCH) {
 #pragma unroll
-      for (int g = 0; g < S::GC; ++g)
+      for (int b = 0; b < S::BATCH; ++b) {
+        const long long i = (q0 + b) * S::KPP + kq;
+        if (i >= n) break;
+        const long long t = first + begin + i;
+        const long long row = ((slot_base + t % Cfg::RING) * KVH + kvh) * HD;
 #pragma unroll
-        for (int e = 0; e < S::E; ++e) acc[g][e] = 0.0f;
-      for (long long k0 = 0; k0 < S::KPG; k0 += S::BATCH) {
-        uint4 vr[S::BATCH];
-#pragma unroll
-        for (int b = 0; b < S::BATCH; ++b) {
-          const long long i = kg + (k0 + b) * S::KG;
-          vr[b] = make_uint4(0u, 0u, 0u, 0u);
-          if (k0 + b < S::KPG && i < n) {
-            const long long t = first + begin + i;
-            vr[b] = load_kv<S::E>(p.ring_v + ((slot_base + t % Cfg::RING) * KVH + kvh) * HD + ch * S::E);
-          }
-        }
-#pragma unroll
-        for (int b = 0; b < S::BATCH; ++b) {
-          const long long i = kg + (k0 + b) * S::KG;
-          if (k0 + b >= S::KPG || i >= n) break;
+        for (int j = 0; j < S::CPL; ++j) {
+          const long long ch = li + j * S::LPK;
+          if (ch >= S::KC) continue;
           float v[S::E];
-          unpack<S::E>(vr[b], v);
+          unpack<S::E>(load_kv<S::E>(p.ring_v + row + ch * S::E), v);
 #pragma unroll
-          for (int g = 0; g < S::GC; ++g) {
-            const float e = es[(g0 + g) * S::CHUNK + i];
+          for (int g = 0; g < G; ++g) {
+            const float e = es[g * S::CHUNK + i];
 #pragma unroll
-            for (int x = 0; x < S::E; ++x) acc[g][x] += e * v[x];
+            for (int x = 0; x < S::E; ++x) acc_o[g][j][x] += e * v[x];
           }
         }
       }
+    }
 #pragma unroll
-      for (int g = 0; g < S::GC; ++g)
+    for (int b = 0; b < S::BATCH; ++b) {
+      const long long i = (p0 + b) * S::KPP + kq;
+      if (p0 + b >= S::PASSES || i >= n) break;
 #pragma unroll
-        for (int x = 0; x < S::E; ++x) os[(kg * G + g0 + g) * HD + ch * S::E + x] = acc[g][x];
+      for (int j = 0; j < S::CPL; ++j) {
+        const long long ch = li + j * S::LPK;
+        if (ch >= S::KC) continue;
+        float v[S::E];
+        unpack<S::E>(vr[b][j], v);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float e = es[g * S::CHUNK + i];
+#pragma unroll
+          for (int x = 0; x < S::E; ++x) acc_o[g][j][x] += e * v[x];
+        }
+      }
     }
   }
+
+  // o_c: the key lanes of a warp (xor over the kq bits inside the warp), then the warps in order.
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int j = 0; j < S::CPL; ++j)
+#pragma unroll
+      for (int x = 0; x < S::E; ++x)
+#pragma unroll
+        for (int o = 16; o >= static_cast<int>(S::LPK); o >>= 1)
+          acc_o[g][j][x] += __shfl_xor_sync(0xffffffffu, acc_o[g][j][x], o);
+  if (lane < S::LPK)
+#pragma unroll
+    for (int j = 0; j < S::CPL; ++j) {
+      const long long ch = li + j * S::LPK;
+      if (ch >= S::KC) continue;
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int x = 0; x < S::E; ++x) os[(warp * G + g) * HD + ch * S::E + x] = acc_o[g][j][x];
+    }
   __syncthreads();
+  for (long long e = tid; e < G * HD; e += S::THREADS) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < S::WARPS; ++w) sum += os[w * G * HD + e];
+    part[2 * G + e] = sum;
+  }
 
   bf16* o = p.o + (r * Cfg::HEADS + kvh * G) * HD;
   if constexpr (SPLIT == 1) {
+    __syncthreads();
     for (long long e = tid; e < G * HD; e += S::THREADS) {
-      float sum = 0.0f;
-      for (long long kg = 0; kg < S::KG; ++kg) sum += os[kg * G * HD + e];
-      const float l = ls[e / HD];
-      o[e] = to_bf16(l > 0.0f ? sum / l : 0.0f);
+      const float l1 = part[G + e / HD];
+      o[e] = to_bf16(l1 > 0.0f ? part[2 * G + e] / l1 : 0.0f);
     }
   } else {
-    // This chunk's partial, then a ticket; the last of the SPLIT CTAs of (row, kv head) joins.
-    const long long rk = r * KVH + kvh;
-    float* mine = p.part + (rk * SPLIT + c) * S::PART;
-    if (tid < G) {
-      mine[tid] = ms[tid];
-      mine[G + tid] = ls[tid];
-    }
-    for (long long e = tid; e < G * HD; e += S::THREADS) {
-      float sum = 0.0f;
-      for (long long kg = 0; kg < S::KG; ++kg) sum += os[kg * G * HD + e];
-      mine[2 * G + e] = sum;
-    }
-    __threadfence();  // the partial is visible device-wide before the ticket that announces it
-    __syncthreads();
-    if (tid == 0) {
-      const int ticket = atomicAdd(p.arrivals + rk, 1);
-      joins = ticket == SPLIT - 1;
-      if (joins) p.arrivals[rk] = 0;  // every CTA of this (row, kv head) has its ticket: ready for the next pass
-    }
-    __syncthreads();
-    if (!joins) return;
-    __threadfence();
-
-    // Every chunk's m and l into shared memory at once, the chunk weights from there, then each output
-    // element's SPLIT partial values with their loads in flight together.
-    const float* all = p.part + rk * SPLIT * S::PART;
-    float* ml = smem + S::W_AT;       // [SPLIT][2G]: m[G], l[G] of each chunk
-    float* w = ml + 2 * SPLIT * G;    // [SPLIT][G]: exp(m_c - M), then [G]: L
-    for (long long e = tid; e < SPLIT * 2 * G; e += S::THREADS) ml[e] = __ldcg(all + (e / (2 * G)) * S::PART + e % (2 * G));
-    __syncthreads();
-    if (tid < G) {
-      float m = neg_inf();
-      for (long long cc = 0; cc < SPLIT; ++cc) m = fmaxf(m, ml[cc * 2 * G + tid]);
-      float l = 0.0f;
-      for (long long cc = 0; cc < SPLIT; ++cc) {
-        const float mc = ml[cc * 2 * G + tid];
-        const float wc = mc == neg_inf() ? 0.0f : expf(mc - m);
-        w[cc * G + tid] = wc;
-        l += ml[cc * 2 * G + G + tid] * wc;
-      }
-      w[SPLIT * G + tid] = l;
-    }
-    __syncthreads();
-    for (long long e = tid; e < G * HD; e += S::THREADS) {
+    cluster_barrier();  // every chunk's partial is complete and visible to the cluster
+    // Each head's chunk weights, computed by every thread that needs them (SPLIT peers' m and l).
+    for (long long e = c + SPLIT * tid; e < G * HD; e += SPLIT * S::THREADS) {
       const long long g = e / HD;
-      float sum = 0.0f;
-#pragma unroll 8
-      for (long long cc = 0; cc < SPLIT; ++cc) sum += __ldcg(all + cc * S::PART + 2 * G + e) * w[cc * G + g];
-      const float l = w[SPLIT * G + g];
-      o[e] = to_bf16(l > 0.0f ? sum / l : 0.0f);
+      float mc[SPLIT], mx = neg_inf();
+#pragma unroll
+      for (int cc = 0; cc < SPLIT; ++cc) {
+        mc[cc] = load_peer(part + g, cc);
+        mx = fmaxf(mx, mc[cc]);
+      }
+      float sum = 0.0f, lsum = 0.0f;
+#pragma unroll
+      for (int cc = 0; cc < SPLIT; ++cc) {
+        const float w = mc[cc] == neg_inf() ? 0.0f : expf(mc[cc] - mx);
+        sum += load_peer(part + 2 * G + e, cc) * w;
+        lsum += load_peer(part + G + g, cc) * w;
+      }
+      o[e] = to_bf16(lsum > 0.0f ? sum / lsum : 0.0f);
     }
+    cluster_barrier();  // peers may still be reading this CTA's partial
   }
 }
 

@@ -91,7 +91,7 @@ bool param_writes(std::string_view kernel, std::string_view param) {
       {"copy_rows", {"dst"}},
       {"gemv", {"y"}},
       {"qk_rope_kv", {"q_out", "ring_k", "ring_v"}},
-      {"ring_attention", {"o", "part", "arrivals"}},
+      {"ring_attention", {"o"}},
       {"top1", {"part_max", "part_idx", "part_sum", "arrivals", "out_token", "out_conf", "next_token"}},
       {"topk_partial", {"part_score", "part_id"}},
       {"topk_join", {"cand"}},

@@ -266,14 +266,6 @@ class Planner {
     add(a, "qkv", BufferRole::activation, DType::BF16, {B, q_width + 2 * kv_width});
     add(a, "q", BufferRole::activation, DType::BF16, {B, q_width});
     add(a, "o", BufferRole::activation, DType::BF16, {B, q_width});
-    if (attention_split() > 1) {
-      // ring_attention's key-chunk partials (m, l, o per query head) and its per-(row, kv head) tickets. The
-      // tickets are zero at open (the arena is cleared) and every pass returns them to zero.
-      const int64_t group = hh.heads / hh.kv_heads;
-      add(a, "attn_part", BufferRole::activation, DType::F32,
-          {B, hh.kv_heads, attention_split(), group * (hh.head_dim + 2)});
-      add(a, "attn_arrivals", BufferRole::activation, DType::I32, {B, hh.kv_heads});
-    }
     add(a, "h1", BufferRole::activation, DType::BF16, {B, H});
     add(a, "post", BufferRole::activation, DType::BF16, {B, H});
     add(a, "m", BufferRole::activation, DType::BF16, {B, hh.ffn});
@@ -303,13 +295,12 @@ class Planner {
     add(a, "out_conf", BufferRole::output, DType::F32, {B, int64_t{o.max_steps}});
   }
 
-  // ring_attention key chunks: a quarter of the window a CTA, within 8..32 keys, so that one row's window
-  // (kv_heads x SPLIT CTAs) covers the GPU instead of kv_heads CTAs walking it serially, and a CTA still has
-  // a warp's worth of work.
-  int64_t attention_chunk_keys() const { return std::clamp<int64_t>((h().window + 1 + 3) / 4, 8, 32); }
+  // ring_attention key chunks: at least 8 keys a CTA, and up to 8 CTAs (the portable cluster size) per
+  // (kv head, row), so that one row's window covers kv_heads x SPLIT CTAs instead of kv_heads walking it
+  // serially, and a cluster joins the chunks through distributed shared memory.
   int64_t attention_split() const {
-    const int64_t keys = h().window + 1, chunk = attention_chunk_keys();
-    return (keys + chunk - 1) / chunk;
+    if (std::stoi(p_.options.arch.substr(3)) < 90) return 1;  // clusters need sm_90
+    return std::min<int64_t>(8, (h().window + 1 + 7) / 8);
   }
 
   // top1 chunk: about 128 partials per row, so that one stream's logits are read by enough CTAs
@@ -423,9 +414,7 @@ class Planner {
                              fixed, B,
                              {buf("q", "q"), buf("ring_k", "ring_k"), buf("ring_v", "ring_v"), buf("slot", "slot"),
                               buf("pos", "pos"), buf("first_pos", "first_pos"), i64("pos_offset", s - 1),
-                              buf("o", "o"), attention_split() > 1 ? buf("part", "attn_part") : none("part"),
-                              attention_split() > 1 ? buf("arrivals", "attn_arrivals") : none("arrivals"),
-                              i64("rows", B), f32("scale", scale)}));
+                              buf("o", "o"), i64("rows", B), f32("scale", scale)}));
       nodes.push_back(gemv(pre + "wo", s, wo, B, kc::kEpilogueResidual, "o", "h1", buf("residual", g), fixed, B));
       nodes.push_back(kernel(pre + "post_norm", s, rmsnorm_spec(H), fixed, B,
                              {buf("x", "h1"), i64("x_stride", H), buf("w", "post_norm"), buf("y", "post"),
@@ -539,8 +528,8 @@ class Planner {
         fmt::format("at most {} rows a step: memory-bound, a GEMV streams each weight byte once", B);
     for (auto l : {"wqkv", "wo", "w_gate_up", "w_down"}) choose(fmt::format("{} draft", l), "gemv", draft_reason);
     choose("attention draft", fmt::format("ring_attention split {}", attention_split()),
-           fmt::format("up to {} keys a CTA: {} CTAs per row over the window of {} keys, joined in chunk order by the "
-                       "last to arrive",
+           fmt::format("up to {} keys a CTA, {} CTAs per row over the window of {} keys; each (kv head, row) is one "
+                       "cluster that joins its chunks through distributed shared memory",
                        (hh.window + attention_split()) / attention_split(), hh.kv_heads * attention_split(),
                        hh.window + 1));
     if (hh.head_type == HeadType::dense) {

@@ -50,8 +50,7 @@ for heads, kvh, hd, ring in [(32, 8, 128, 520), (32, 8, 128, 144), (16, 2, 256, 
             add("qk_rope_kv", "qk_rope_kv.cuh", HEADS=heads, KV_HEADS=kvh, HEAD_DIM=hd, QK_NORM=qk, RING=ring, WRITE_Q=wq)
 for heads, kvh, hd, window, ring in [(32, 8, 128, 511, 520), (32, 8, 128, 128, 144), (16, 2, 256, 511, 1024),
                                      (8, 8, 64, 511, 520), (4, 2, 16, 15, 24), (12, 4, 96, 63, 80)]:
-    chunk = min(32, max(8, (window + 4) // 4))
-    for split in sorted({1, (window + chunk) // chunk}):
+    for split in sorted({1, min(8, (window + 8) // 8)}):
         add("ring_attention", "ring_attention.cuh", HEADS=heads, KV_HEADS=kvh, HEAD_DIM=hd, WINDOW=window, RING=ring,
             SPLIT=split)
 for vocab, chunk, steps in [(32000, 256, 8), (128256, 4096, 8), (262144, 4096, 16), (300, 128, 1)]:

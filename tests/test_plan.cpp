@@ -301,8 +301,7 @@ TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role
       {"o", {R::activation}}, {"logits", {R::activation}}, {"part_max", {R::activation}},
       {"part_idx", {R::activation}}, {"part_sum", {R::activation}}, {"next_token", {R::activation}},
       {"scores", {R::activation}}, {"part_score", {R::activation}}, {"part_id", {R::activation}},
-      {"cand", {R::activation}}, {"exact", {R::activation}}, {"n", {R::activation}}, {"part", {R::activation}},
-      {"arrivals", {R::activation}}};
+      {"cand", {R::activation}}, {"exact", {R::activation}}, {"n", {R::activation}}, {"arrivals", {R::activation}}};
   for (const auto& [name, h] : golden_heads()) {
     CAPTURE(name);
     const Plan p = make_plan(h, golden_options());
