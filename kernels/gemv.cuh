@@ -13,6 +13,17 @@
 // SwiGLU: w holds 2N rows (gate 0..N-1, up N..2N-1); the warp runs a second tile on rows N+j0.., whose
 // accumulators land in the same lanes as the gate's, and writes y = bf16(bf16(silu(bf16(gate))) * bf16(up)).
 // FP8 (e4m3 rows with an f32 scale per weight row): chunks widen exactly to bf16; y = scale_j * acc.
+//
+// Main loop: a rolling pipeline per warp. Each lane copies its chunks of step i + STAGES - 1 (weights
+// through L2 only, cp.async.cg: they stream once; x through L1, cp.async.ca) into a ring of STAGES steps
+// in shared memory, one commit group per step, while it computes step i. x rides in the ring so that its
+// L2 latency hides behind the weights'; where two stages of both do not fit, x is loaded into registers
+// one step ahead. A lane reads back only the chunks its own copies wrote, so cp.async.wait_group alone
+// orders the ring, with no barrier, and the slot layout [stage][chunk][lane] makes every 16-byte shared
+// access of a warp 4 wavefronts. Rows that are not 16-byte aligned at run time go through the same ring
+// with plain loads. Shapes whose chunks straddle a row's end, and bf16 SwiGLU (see RING), use the
+// direct-load loop instead: UNROLL steps of loads into registers, then their mmas. Both loops run the
+// same per-step arithmetic in the same per-warp step order, so they give the same bits.
 #pragma once
 #include "common.cuh"
 
@@ -41,11 +52,29 @@ struct GemvShape {
   static constexpr int NT = static_cast<int>(ceil_div(ROWS, 8));       // 8-row input tiles
   static constexpr int XCHUNKS = E / 8;                                 // 16-byte x chunks per k0
   static constexpr int MMAS = E / 4;                                    // k16 mmas per chunk
-  // Steps in flight per warp, measured (kernels/README.md, gemv performance): 4 for bf16 at one n tile;
-  // 2 for FP8 and for two n tiles, where deeper unrolling costs occupancy and measured slower.
-  static constexpr int UNROLL = (FP8 || NT > 1) ? 2 : 4;
   static constexpr bool W_VEC = (K * WBYTES) % 16 == 0;
   static constexpr bool X_VEC = K % 8 == 0;
+  // The ring (below) serves every shape with 16-byte chunks that never straddle a row's end, except bf16
+  // SwiGLU: its 2 x 16 weight rows leave room for 2 stages only, and the direct loop measured faster there.
+  static constexpr bool RING = W_VEC && X_VEC && (FP8 || MT == 1);
+  // A ring slot is one 16-byte chunk per lane (a warp's 512 bytes); the rings of the KSPLIT warps share the
+  // 48 KB of static shared memory. x goes through the ring too (its L2 latency then hides behind the
+  // weights') wherever two stages of weights and x fit; else (FP8 SwiGLU at two n tiles) x is loaded into
+  // registers one step ahead. Depth, measured (kernels/README.md, gemv performance): 3 steps at one weight
+  // tile, 2 at two (where more stages do not fit, or measured slower).
+  static constexpr int W_SLOTS = 2 * MT;
+  static constexpr bool X_RING = (48 * 1024) / (KSPLIT * (W_SLOTS + NT * XCHUNKS) * 512) >= 2;
+  static constexpr int SLOTS = W_SLOTS + (X_RING ? NT * XCHUNKS : 0);
+  static constexpr int STAGES_WANTED = MT == 1 ? 3 : 2;
+  static constexpr int STAGES_FIT = (48 * 1024) / (KSPLIT * SLOTS * 512);
+  static constexpr int STAGES = STAGES_WANTED < STAGES_FIT ? STAGES_WANTED : STAGES_FIT;
+  static_assert(!RING || STAGES >= 2, "the ring holds the step being computed and at least one in flight");
+  // Steps per batch of the direct-load loop, measured: 4 for bf16 at one n tile; 2 for FP8 and for two n
+  // tiles, where deeper unrolling costs occupancy and measured slower.
+  static constexpr int UNROLL = (FP8 || NT > 1) ? 2 : 4;
+  // CTAs per SM the registers must allow (__launch_bounds__). Left to itself, ptxas cut the ring loop to
+  // 40-64 registers with a few bytes of spills; these bounds leave it what it needs without a spill.
+  static constexpr int MIN_CTAS = !RING || (MT == 2 && NT == 2) ? 2 : NT == 1 ? 4 : 3;
 };
 
 // The 16 bytes at byte offset `at` of a row of `len` bytes: a 16-byte load when allowed, else bytewise
@@ -113,14 +142,57 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned a0, unsigned a1
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
+// One step of one warp: the MT x NT tiles over the step's k, in the one order both main loops use.
+template <typename S>
+__device__ __forceinline__ void gemv_step(float (&acc)[S::MT][S::NT][4], const uint4 (&wc)[S::MT][2],
+                                          const uint4 (&xc)[S::NT][S::XCHUNKS]) {
+  constexpr int P = S::E / 2;  // bf16x2 words per widened chunk
+  unsigned b[S::NT][P];
+#pragma unroll
+  for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+    for (int c = 0; c < S::XCHUNKS; ++c) {
+      b[n][4 * c] = xc[n][c].x;
+      b[n][4 * c + 1] = xc[n][c].y;
+      b[n][4 * c + 2] = xc[n][c].z;
+      b[n][4 * c + 3] = xc[n][c].w;
+    }
+#pragma unroll
+  for (int m = 0; m < S::MT; ++m) {
+    unsigned a_lo[P], a_hi[P];  // rows g and g+8
+    widen<S::FP8>(wc[m][0], a_lo);
+    widen<S::FP8>(wc[m][1], a_hi);
+#pragma unroll
+    for (int q = 0; q < S::MMAS; ++q)
+#pragma unroll
+      for (int n = 0; n < S::NT; ++n)
+        mma_bf16(acc[m][n], a_lo[2 * q], a_hi[2 * q], a_lo[2 * q + 1], a_hi[2 * q + 1], b[n][2 * q], b[n][2 * q + 1]);
+  }
+}
+
+// 16 bytes global -> shared, `bytes` 0 writing zeros (a row past N, past the input rows or past its end).
+// Weights go through L2 only (.cg: they stream once); x may stay in L1 (.ca: every CTA reads it).
+template <bool L1>
+__device__ __forceinline__ void copy_async_16(unsigned dst, const void* src, unsigned bytes) {
+  if constexpr (L1) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+  }
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+}
+
 template <typename Cfg>
-__global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS>::KSPLIT)
+__global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS>::KSPLIT,
+                                  GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS>::MIN_CTAS)
     gemv(const GemvParams p) {
   using S = GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS>;
   constexpr long long K = Cfg::K, N = Cfg::N, EPI = Cfg::EPILOGUE;
   constexpr long long W_ROW_BYTES = K * S::WBYTES, X_ROW_BYTES = K * 2;
-  constexpr int P = S::E / 2;  // bf16x2 words per widened chunk
-
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const long long j0 = static_cast<long long>(blockIdx.x) * 16;
@@ -157,80 +229,181 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILO
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
 
-  for (long long s0 = warp; s0 < S::STEPS; s0 += static_cast<long long>(S::KSPLIT) * S::UNROLL) {
-    // Issue every load of UNROLL steps before the first mma.
-    uint4 wc[S::UNROLL][S::MT][2];
-    uint4 xc[S::UNROLL][S::NT][S::XCHUNKS];
+  // The direct-load loop: UNROLL steps of loads, then their mmas.
+  auto direct_loop = [&] {
+    for (long long s0 = warp; s0 < S::STEPS; s0 += static_cast<long long>(S::KSPLIT) * S::UNROLL) {
+      uint4 wc[S::UNROLL][S::MT][2];
+      uint4 xc[S::UNROLL][S::NT][S::XCHUNKS];
 #pragma unroll
-    for (int u = 0; u < S::UNROLL; ++u) {
-      const long long s = s0 + static_cast<long long>(u) * S::KSPLIT;
-      const long long k0 = s * S::STEP + t * S::E;
-      const bool live = s < S::STEPS;
+      for (int u = 0; u < S::UNROLL; ++u) {
+        const long long s = s0 + static_cast<long long>(u) * S::KSPLIT;
+        const long long k0 = s * S::STEP + t * S::E;
+        const bool live = s < S::STEPS;
 #pragma unroll
-      for (int m = 0; m < S::MT; ++m)
+        for (int m = 0; m < S::MT; ++m)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          wc[u][m][h] = live && wrow[m][h]
-                            ? load_chunk<S::W_VEC, S::WBYTES, true>(wrow[m][h], k0 * S::WBYTES, W_ROW_BYTES, w_vec)
-                            : make_uint4(0u, 0u, 0u, 0u);
+          for (int h = 0; h < 2; ++h)
+            wc[u][m][h] = live && wrow[m][h]
+                              ? load_chunk<S::W_VEC, S::WBYTES, true>(wrow[m][h], k0 * S::WBYTES, W_ROW_BYTES, w_vec)
+                              : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+          for (int c = 0; c < S::XCHUNKS; ++c)
+            xc[u][n][c] = live && xrow[n]
+                              ? load_chunk<S::X_VEC, 2, false>(xrow[n], (k0 + 8 * c) * 2, X_ROW_BYTES, x_vec)
+                              : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int u = 0; u < S::UNROLL; ++u) {
+        if (s0 + static_cast<long long>(u) * S::KSPLIT >= S::STEPS) break;
+        gemv_step<S>(acc, wc[u], xc[u]);
+      }
+    }
+  };
+
+  // Join the K split in warp order: warp 0 adds warps 1, 2, ... in turn. `part(v)` is where warp v > 0
+  // leaves its tiles, ACC floats per lane, lane-minor.
+  constexpr int ACC = S::MT * S::NT * 4;
+  auto join = [&](auto part) {
+    if constexpr (S::KSPLIT > 1) {
+      if (warp > 0) {
+        float* mine = part(warp);
+#pragma unroll
+        for (int m = 0; m < S::MT; ++m)
+#pragma unroll
+          for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) mine[((m * S::NT + n) * 4 + i) * 32 + lane] = acc[m][n][i];
+      }
+      __syncthreads();
+      if (warp > 0) return false;
+      for (int v = 1; v < S::KSPLIT; ++v) {
+        const float* theirs = part(v);
+#pragma unroll
+        for (int m = 0; m < S::MT; ++m)
+#pragma unroll
+          for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[m][n][i] += theirs[((m * S::NT + n) * 4 + i) * 32 + lane];
+      }
+    }
+    return true;
+  };
+
+  bool writer;
+  if constexpr (S::RING) {
+    // ring[warp][stage][chunk][lane]: each lane's chunks of one step, lane-minor so that a warp's 16-byte
+    // accesses to one chunk cover 512 consecutive bytes. After the loop a warp's own ring holds its
+    // partial tiles for the join (ACC x 128 bytes, less than two stages).
+    __shared__ uint4 ring[S::KSPLIT][S::STAGES][S::SLOTS][32];
+    static_assert(ACC * 32 * 4 <= S::STAGES * S::SLOTS * 32 * 16, "a warp's partial tiles fit its ring");
+    const int nsteps = static_cast<int>((S::STEPS - warp + S::KSPLIT - 1) / S::KSPLIT);  // >= 1: warp < STEPS
+    const unsigned ring_lane = static_cast<unsigned>(__cvta_generic_to_shared(&ring[warp][0][0][lane]));
+    constexpr unsigned STAGE_BYTES = S::SLOTS * 32 * 16, SLOT_BYTES = 32 * 16;
+
+    // Step i of this warp (k step warp + i * KSPLIT) into ring stage `stage`: cp.async when the rows are
+    // 16-byte aligned, else plain loads stored into the ring one chunk at a time (a rare path, kept from
+    // adding to the registers of the common one).
+    auto fill = [&](int i, int stage) {
+      const long long k0 = (warp + static_cast<long long>(i) * S::KSPLIT) * S::STEP + t * S::E;
+      const unsigned dst = ring_lane + stage * STAGE_BYTES;
+      if (w_vec && (x_vec || !S::X_RING)) {
+        const long long at = k0 * S::WBYTES;
+        const unsigned bytes = at < W_ROW_BYTES ? 16u : 0u;
+#pragma unroll
+        for (int m = 0; m < S::MT; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            copy_async_16<false>(dst + (2 * m + h) * SLOT_BYTES, wrow[m][h] && bytes ? wrow[m][h] + at : w,
+                                 wrow[m][h] ? bytes : 0u);
+        if constexpr (S::X_RING) {
+#pragma unroll
+          for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+            for (int c = 0; c < S::XCHUNKS; ++c) {
+              const long long xat = (k0 + 8 * c) * 2;
+              const bool in = xrow[n] && xat < X_ROW_BYTES;
+              copy_async_16<true>(dst + (S::W_SLOTS + n * S::XCHUNKS + c) * SLOT_BYTES, in ? xrow[n] + xat : x,
+                                  in ? 16u : 0u);
+            }
+        }
+      } else {
+#pragma unroll 1
+        for (int slot = 0; slot < S::SLOTS; ++slot) {
+          uint4 v = make_uint4(0u, 0u, 0u, 0u);
+          if (slot < S::W_SLOTS) {
+            const long long j = j0 + g + 8 * (slot & 1);
+            if (j < N)
+              v = load_chunk<S::W_VEC, S::WBYTES, true>(w + ((slot >> 1) * N + j) * W_ROW_BYTES, k0 * S::WBYTES,
+                                                         W_ROW_BYTES, w_vec);
+          } else {
+            const int n = (slot - S::W_SLOTS) / S::XCHUNKS, c = (slot - S::W_SLOTS) % S::XCHUNKS;
+            const long long r = n * 8 + g;
+            if (r < nrows)
+              v = load_chunk<S::X_VEC, 2, false>(x + r * X_ROW_BYTES, (k0 + 8 * c) * 2, X_ROW_BYTES, x_vec);
+          }
+          ring[warp][stage][slot][lane] = v;
+        }
+      }
+    };
+    // This lane's x chunks of step i; zeros past the row's end or past the input rows.
+    auto load_x = [&](int i, uint4 (&xc)[S::NT][S::XCHUNKS]) {
+      const long long k0 = (warp + static_cast<long long>(i) * S::KSPLIT) * S::STEP + t * S::E;
 #pragma unroll
       for (int n = 0; n < S::NT; ++n)
 #pragma unroll
         for (int c = 0; c < S::XCHUNKS; ++c)
-          xc[u][n][c] = live && xrow[n]
-                            ? load_chunk<S::X_VEC, 2, false>(xrow[n], (k0 + 8 * c) * 2, X_ROW_BYTES, x_vec)
-                            : make_uint4(0u, 0u, 0u, 0u);
-    }
-#pragma unroll
-    for (int u = 0; u < S::UNROLL; ++u) {
-      if (s0 + static_cast<long long>(u) * S::KSPLIT >= S::STEPS) break;
-      unsigned b[S::NT][P];
-#pragma unroll
-      for (int n = 0; n < S::NT; ++n)
-#pragma unroll
-        for (int c = 0; c < S::XCHUNKS; ++c) {
-          b[n][4 * c] = xc[u][n][c].x;
-          b[n][4 * c + 1] = xc[u][n][c].y;
-          b[n][4 * c + 2] = xc[u][n][c].z;
-          b[n][4 * c + 3] = xc[u][n][c].w;
-        }
-#pragma unroll
-      for (int m = 0; m < S::MT; ++m) {
-        unsigned a_lo[P], a_hi[P];  // rows g and g+8
-        widen<S::FP8>(wc[u][m][0], a_lo);
-        widen<S::FP8>(wc[u][m][1], a_hi);
-#pragma unroll
-        for (int q = 0; q < S::MMAS; ++q)
-#pragma unroll
-          for (int n = 0; n < S::NT; ++n)
-            mma_bf16(acc[m][n], a_lo[2 * q], a_hi[2 * q], a_lo[2 * q + 1], a_hi[2 * q + 1], b[n][2 * q],
-                     b[n][2 * q + 1]);
-      }
-    }
-  }
+          xc[n][c] = xrow[n] ? load_chunk<S::X_VEC, 2, false>(xrow[n], (k0 + 8 * c) * 2, X_ROW_BYTES, x_vec)
+                             : make_uint4(0u, 0u, 0u, 0u);
+    };
 
-  // Join the K split in warp order: warp 0 adds warps 1, 2, ... in turn.
-  constexpr int ACC = S::MT * S::NT * 4;
-  if constexpr (S::KSPLIT > 1) {
-    __shared__ float part[S::KSPLIT - 1][ACC][32];
-    if (warp > 0) {
 #pragma unroll
-      for (int m = 0; m < S::MT; ++m)
-#pragma unroll
-        for (int n = 0; n < S::NT; ++n)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) part[warp - 1][(m * S::NT + n) * 4 + i][lane] = acc[m][n][i];
+    for (int i = 0; i < S::STAGES - 1; ++i) {
+      if (i < nsteps) fill(i, i);
+      copy_async_commit();  // empty groups keep the count of groups per step fixed
     }
-    __syncthreads();
-    if (warp > 0) return;
-    for (int v = 0; v < S::KSPLIT - 1; ++v)
+    uint4 xa[S::NT][S::XCHUNKS], xb[S::NT][S::XCHUNKS];
+    if constexpr (!S::X_RING) load_x(0, xa);
+    int read = 0, write = S::STAGES - 1;
+    // One step: wait for its chunks, refill the stage freed by the previous step, compute (x from the
+    // ring, or from registers loaded a step ahead: the two buffers alternate so that no register copy
+    // waits on a load in flight).
+    auto step = [&](int i, const uint4 (&xc)[S::NT][S::XCHUNKS], uint4 (&x_next)[S::NT][S::XCHUNKS]) {
+      copy_async_wait<S::STAGES - 2>();
+      if (i + S::STAGES - 1 < nsteps) fill(i + S::STAGES - 1, write);
+      copy_async_commit();
+      uint4 wc[S::MT][2];
 #pragma unroll
       for (int m = 0; m < S::MT; ++m)
 #pragma unroll
+        for (int h = 0; h < 2; ++h) wc[m][h] = ring[warp][read][2 * m + h][lane];
+      if constexpr (S::X_RING) {
+        uint4 xr[S::NT][S::XCHUNKS];
+#pragma unroll
         for (int n = 0; n < S::NT; ++n)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) acc[m][n][i] += part[v][(m * S::NT + n) * 4 + i][lane];
+          for (int c = 0; c < S::XCHUNKS; ++c) xr[n][c] = ring[warp][read][S::W_SLOTS + n * S::XCHUNKS + c][lane];
+        gemv_step<S>(acc, wc, xr);
+      } else {
+        if (i + 1 < nsteps) load_x(i + 1, x_next);
+        gemv_step<S>(acc, wc, xc);
+      }
+      read = read == S::STAGES - 1 ? 0 : read + 1;
+      write = write == S::STAGES - 1 ? 0 : write + 1;
+    };
+    for (int i = 0; i < nsteps; i += 2) {
+      step(i, xa, xb);
+      if (i + 1 < nsteps) step(i + 1, xb, xa);
+    }
+    copy_async_wait<0>();  // only empty groups remain; the ring is free for the join
+    writer = join([&](int v) { return reinterpret_cast<float*>(&ring[v][0][0][0]); });
+  } else {
+    direct_loop();
+    __shared__ float part[S::KSPLIT > 1 ? S::KSPLIT - 1 : 1][ACC * 32];
+    writer = join([&](int v) { return part[v - 1]; });
   }
+  if (!writer) return;
 
   // Accumulator i of tile (m, n): weight row g + 8 * (i / 2), input row n * 8 + 2t + (i % 2).
 #pragma unroll
