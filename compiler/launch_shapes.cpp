@@ -21,13 +21,13 @@ int64_t gemv_ksplit(int64_t k, int64_t weight) {
 
 // ring_attention (kernels/ring_attention.cuh, AttnShape): a CTA per (key chunk, kv head, row), the SPLIT
 // chunks of a (kv head, row) one cluster (the kernel declares its cluster dims); dynamic shared memory holds
-// the fp32 query group, the chunk's scores, the per-warp partial outputs and the chunk's partial for the join.
+// the chunk's scores, the per-warp partial outputs and the chunk's partial for the join.
 constexpr int64_t kAttnThreads = 128;
 int64_t attention_smem(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t window, int64_t split) {
   const int64_t group = heads / kv_heads;
   const int64_t chunk = ceil_div(window + 1, split);
   const int64_t warps = kAttnThreads / 32;
-  return 4 * (group * head_dim + group * chunk + warps * group * head_dim + group * (head_dim + 2));
+  return 4 * (group * chunk + warps * group * head_dim + group * (head_dim + 2));
 }
 
 // qk_rope_kv (kernels/qk_rope_kv.cuh): a warp per head.

@@ -11,8 +11,10 @@
 // kv head kvh over keys first + c * CHUNK .., where first = max(first_pos[r], p - WINDOW),
 // p = pos[r] + pos_offset, key t at ring row t % RING of slot[r]:
 //   loads: thread (key lane kq = tid / LPK, column li = tid % LPK) loads K and V of keys kq, kq + KPP, ..
-//     in 16-byte columns li, li + LPK, .., all of them before the first is used (up to BATCH passes);
-//   scores: the LPK lanes of a key sum their products by a fixed xor butterfly;
+//     in 16-byte columns li, li + LPK, .., all of them before the first is used (up to BATCH passes), and
+//     its columns of the G queries into registers;
+//   scores: the LPK lanes of a key sum their products by a fixed transposing xor butterfly (each lane ends
+//     with whole sums of some (key, head) pairs);
 //   per head (a warp each): m = max of the chunk's scores, e = exp(s - m), l = sum e;
 //   o_c = sum e v: each thread over its keys, then the two key lanes of a warp (xor 16) and the warps in
 //     order through shared memory.
@@ -64,7 +66,7 @@ struct AttnShape {
   static constexpr long long BATCH = min_ll(PASSES, 8);            // passes whose loads are in flight together
   static constexpr long long PART = G * (HEAD_DIM + 2);            // one partial: m[G], l[G], o_c[G][HD]
   // Float offsets into dynamic shared memory (= launch_shapes.cpp attention_smem).
-  static constexpr long long Q_AT = 0, E_AT = G * HEAD_DIM, O_AT = E_AT + G * CHUNK, P_AT = O_AT + WARPS * G * HEAD_DIM;
+  static constexpr long long E_AT = 0, O_AT = E_AT + G * CHUNK, P_AT = O_AT + WARPS * G * HEAD_DIM;
   static constexpr long long SMEM_FLOATS = P_AT + PART;
 };
 
@@ -116,7 +118,6 @@ __global__ void TFE_ATTENTION_CLUSTER(Cfg::SPLIT) __launch_bounds__(128) ring_at
   constexpr long long HD = Cfg::HEAD_DIM, KVH = Cfg::KV_HEADS, G = S::G, SPLIT = Cfg::SPLIT;
   extern __shared__ float4 smem_raw[];
   float* smem = reinterpret_cast<float*>(smem_raw);
-  float* qs = smem + S::Q_AT;    // [G][HD]
   float* es = smem + S::E_AT;    // [G][CHUNK]: scores, then exp(s - m)
   float* os = smem + S::O_AT;    // [WARPS][G][HD]
   float* part = smem + S::P_AT;  // this chunk's m[G], l[G], o_c[G][HD], read by the cluster's join
@@ -137,7 +138,15 @@ __global__ void TFE_ATTENTION_CLUSTER(Cfg::SPLIT) __launch_bounds__(128) ring_at
   const int li = tid % S::LPK, kq = tid / static_cast<int>(S::LPK);
 
   const bf16* q = p.q + (r * Cfg::HEADS + kvh * G) * HD;  // the group's G heads are contiguous
-  for (long long e = tid; e < G * HD; e += S::THREADS) qs[e] = to_float(q[e]);
+  // This thread's columns of the group's queries, in registers: the score loop reads no shared memory.
+  float qf[G][S::CPL][S::E];
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int j = 0; j < S::CPL; ++j) {
+      const long long ch = li + j * S::LPK;
+      unpack<S::E>(ch < S::KC ? load_kv<S::E>(q + g * HD + ch * S::E) : make_uint4(0u, 0u, 0u, 0u), qf[g][j]);
+    }
 
   float acc_o[G][S::CPL][S::E];  // this thread's share of o_c: its keys, its columns
 #pragma unroll
@@ -164,34 +173,59 @@ __global__ void TFE_ATTENTION_CLUSTER(Cfg::SPLIT) __launch_bounds__(128) ring_at
         vr[b][j] = live ? load_kv<S::E>(p.ring_v + row + ch * S::E) : make_uint4(0u, 0u, 0u, 0u);
       }
     }
-    __syncthreads();  // qs complete (first batch); es of the previous batch consumed
 
-    // Scores of this batch's keys.
+    // Scores of this batch's keys: per (pass b, head g) this lane's partial dot product over its columns.
+    float acc[S::BATCH * G];
 #pragma unroll
-    for (int b = 0; b < S::BATCH; ++b) {
-      if (p0 + b >= S::PASSES) break;
-      const long long i = (p0 + b) * S::KPP + kq;
-      float acc[G];
+    for (int b = 0; b < S::BATCH; ++b)
 #pragma unroll
-      for (int g = 0; g < G; ++g) acc[g] = 0.0f;
+      for (int g = 0; g < G; ++g) {
+        float a = 0.0f;
 #pragma unroll
-      for (int j = 0; j < S::CPL; ++j) {
-        const long long ch = li + j * S::LPK;
-        if (ch >= S::KC) continue;
-        float kv[S::E];
-        unpack<S::E>(kr[b][j], kv);
+        for (int j = 0; j < S::CPL; ++j) {
+          float kv[S::E];
+          unpack<S::E>(kr[b][j], kv);
 #pragma unroll
-        for (int g = 0; g < G; ++g)
+          for (int e = 0; e < S::E; ++e) a += kv[e] * qf[g][j][e];
+        }
+        acc[b * G + g] = a;
+      }
+    // Sum over the LPK lanes of a key. When the BATCH * G partials divide among them, a transposing
+    // butterfly: at each step a lane keeps half of its values and adds the partner's copy of that half, so
+    // the steps move BATCH*G/2 + BATCH*G/4 + .. values instead of BATCH*G per step; lane li ends with the
+    // full sums of partials li * N/LPK .. (li + 1) * N/LPK - 1. Otherwise a plain butterfly per value.
+    constexpr long long N = S::BATCH * G;
+    if constexpr (N % S::LPK == 0) {
+      long long half = N;
 #pragma unroll
-          for (int e = 0; e < S::E; ++e) acc[g] += kv[e] * qs[g * HD + ch * S::E + e];
+      for (int o = static_cast<int>(S::LPK) / 2; o > 0; o >>= 1) {
+        half /= 2;
+        const bool upper = (li & o) != 0;
+#pragma unroll
+        for (int k = 0; k < N / 2; ++k) {
+          if (k >= half) break;
+          const float send = upper ? acc[k] : acc[k + half];
+          const float keep = upper ? acc[k + half] : acc[k];
+          acc[k] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
       }
 #pragma unroll
-      for (int g = 0; g < G; ++g)
+      for (int k = 0; k < N / S::LPK; ++k) {
+        const long long idx = li * (N / S::LPK) + k, b = idx / G, g = idx % G;
+        const long long i = (p0 + b) * S::KPP + kq;
+        if (p0 + b < S::PASSES && i < n) es[g * S::CHUNK + i] = acc[k] * scale;
+      }
+    } else {
 #pragma unroll
-        for (int o = static_cast<int>(S::LPK) / 2; o > 0; o >>= 1) acc[g] += __shfl_xor_sync(0xffffffffu, acc[g], o);
-      if (li == 0 && i < n)
+      for (int k = 0; k < N; ++k)
 #pragma unroll
-        for (int g = 0; g < G; ++g) es[g * S::CHUNK + i] = acc[g] * scale;
+        for (int o = static_cast<int>(S::LPK) / 2; o > 0; o >>= 1) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], o);
+      if (li == 0)
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+          const long long b = k / G, g = k % G, i = (p0 + b) * S::KPP + kq;
+          if (p0 + b < S::PASSES && i < n) es[g * S::CHUNK + i] = acc[k] * scale;
+        }
     }
     // A chunk longer than one batch (over 64 keys at HEAD_DIM 128; the planner's chunks are not) keeps its
     // scores until the last batch; the softmax runs once over all of them, and the earlier batches' V is
