@@ -431,6 +431,69 @@ TEST_CASE("make_plan: the extend's K/V GEMM reads the contiguous wk|wv rows of w
   }
 }
 
+TEST_CASE("make_plan: attention splits the window over a cluster of up to 8 CTAs, from sm_90 on") {
+  struct Case {
+    const char* preset;
+    int64_t window;
+    std::string arch;
+    int64_t split;
+  };
+  // SPLIT = min(8, ceil((W + 1) / 8)): chunks of at least 8 keys, at most the portable cluster size.
+  for (const Case& c : {Case{"llama3-8b-eagle3", 511, "sm_90", 8}, Case{"tiny", 15, "sm_90", 2},
+                        Case{"tiny", 7, "sm_90", 1}, Case{"tiny", 63, "sm_90", 8}, Case{"tiny", 47, "sm_90", 6},
+                        Case{"llama3-8b-eagle3", 511, "sm_89", 1}, Case{"llama3-8b-eagle3", 511, "sm_100", 8}}) {
+    CAPTURE(c.preset);
+    CAPTURE(c.window);
+    CAPTURE(c.arch);
+    HeadHeader h = preset_header(c.preset);
+    h.window = c.window;
+    PlanOptions o = golden_options();
+    o.arch = c.arch;
+    const Plan p = make_plan(h, o);
+    for (const auto& b : p.buckets)
+      for (const auto& n : b.nodes) {
+        if (!n.name.ends_with(".attention")) continue;
+        CAPTURE(n.name);
+        const KernelSpec& spec = p.spec(n.spec);
+        CHECK(spec.constant("SPLIT") == c.split);
+        // A CTA per (key chunk, kv head) along x, rows along y; grid.x whole clusters of SPLIT.
+        CHECK(n.launch.grid[0] == h.kv_heads * c.split);
+        CHECK(n.launch.grid[0] % c.split == 0);
+        CHECK(n.launch.grid[1] == b.streams);
+        CHECK(n.launch.rows_axis == 1);
+        const int64_t g = h.heads / h.kv_heads, chunk = (h.window + c.split) / c.split;
+        CHECK(n.launch.smem == 4 * (g * chunk + 4 * g * h.head_dim + g * (h.head_dim + 2)));
+      }
+    const auto choice = std::find_if(p.choices.begin(), p.choices.end(),
+                                     [](const Choice& ch) { return ch.subject == "attention draft"; });
+    REQUIRE(choice != p.choices.end());
+    CHECK(choice->decision == fmt::format("ring_attention split {}", c.split));
+  }
+}
+
+TEST_CASE("make_plan: a dense step ends in one top1 node whose row tickets are an I32 buffer per stream") {
+  const Plan p = make_plan(preset_header("llama3-8b-eagle3"), golden_options());
+  const Buffer& tickets = p.arena.at("top1_arrivals");
+  CHECK(tickets.dtype == DType::I32);
+  CHECK(tickets.shape == std::vector<int64_t>{p.options.buckets.back()});
+  for (const auto& b : p.buckets) {
+    std::map<int, int> per_step;
+    for (size_t i = 0; i < b.nodes.size(); ++i) {
+      const Node& n = b.nodes[i];
+      const std::string& kernel = p.spec(n.spec).kernel;
+      if (kernel != "top1") continue;
+      ++per_step[n.step];
+      // The step's last node: the next one, if any, starts the following step.
+      if (i + 1 < b.nodes.size()) CHECK(b.nodes[i + 1].step == n.step + 1);
+      CHECK(n.launch.grid[1] == b.streams);
+      CHECK(std::any_of(n.args.begin(), n.args.end(),
+                        [](const Arg& a) { return a.param == "arrivals" && a.buffer == "top1_arrivals"; }));
+    }
+    CHECK(per_step.size() == static_cast<size_t>(p.options.max_steps));
+    for (const auto& [step, count] : per_step) CHECK(count == 1);
+  }
+}
+
 TEST_CASE("plan YAML: another schema_version is refused naming both versions") {
   const std::string text = dump_plan_yaml(make_plan(preset_header("tiny"), golden_options()));
   CHECK_THROWS_WITH_AS(load_plan_yaml(replace_once(text, "schema_version: 1", "schema_version: 2")),
