@@ -47,6 +47,7 @@ __device__ __forceinline__ ArgMax block_argmax(ArgMax best, float* sv, int* si) 
 template <typename Cfg>
 __global__ void __launch_bounds__(256) top1(const Top1Params p) {
   constexpr long long V = Cfg::VOCAB, CHUNK = Cfg::CHUNK, PARTS = ceil_div(V, CHUNK);
+  constexpr long long THREADS = 256, PER = ceil_div(CHUNK, THREADS);  // = launch_shapes.cpp (block 256)
   __shared__ float sv[32], scratch[32];
   __shared__ int si[32];
   __shared__ bool joins;
@@ -57,14 +58,23 @@ __global__ void __launch_bounds__(256) top1(const Top1Params p) {
   const long long end = min_ll(begin + CHUNK, V);
   const float* l = p.logits + r * V;
 
+  // A thread's logits begin + tid + k * THREADS: a compile-time count of predicated loads, issued together.
   ArgMax best{neg_inf(), 0x7fffffff};
-  for (long long i = begin + tid; i < end; i += blockDim.x) {
-    const float v = l[i];
-    if (better(v, static_cast<int>(i), best.v, best.i)) best = ArgMax{v, static_cast<int>(i)};
+#pragma unroll 8
+  for (long long k = 0; k < PER; ++k) {
+    const long long i = begin + tid + k * THREADS;
+    if (i < end) {
+      const float v = l[i];
+      if (better(v, static_cast<int>(i), best.v, best.i)) best = ArgMax{v, static_cast<int>(i)};
+    }
   }
   best = block_argmax(best, sv, si);
   float sum = 0.0f;
-  for (long long i = begin + tid; i < end; i += blockDim.x) sum += expf(l[i] - best.v);
+#pragma unroll 8
+  for (long long k = 0; k < PER; ++k) {
+    const long long i = begin + tid + k * THREADS;
+    if (i < end) sum += expf(l[i] - best.v);
+  }
   sum = block_sum(sum, scratch);
   if (tid == 0) {
     p.part_max[r * PARTS + part] = best.v;
@@ -83,14 +93,14 @@ __global__ void __launch_bounds__(256) top1(const Top1Params p) {
   const float* ps = p.part_sum + r * PARTS;
   const int* pi = p.part_idx + r * PARTS;
   best = ArgMax{neg_inf(), 0x7fffffff};
-  for (long long i = tid; i < PARTS; i += blockDim.x) {
+  for (long long i = tid; i < PARTS; i += THREADS) {
     const float v = __ldcg(pm + i);
     const int idx = __ldcg(pi + i);
     if (better(v, idx, best.v, best.i)) best = ArgMax{v, idx};
   }
   best = block_argmax(best, sv, si);
   float total = 0.0f;
-  for (long long i = tid; i < PARTS; i += blockDim.x) total += __ldcg(ps + i) * expf(__ldcg(pm + i) - best.v);
+  for (long long i = tid; i < PARTS; i += THREADS) total += __ldcg(ps + i) * expf(__ldcg(pm + i) - best.v);
   total = block_sum(total, scratch);
   if (tid == 0) {
     const int target = best.i + p.d2t[best.i];

@@ -273,9 +273,11 @@ class Planner {
     add(a, "n", BufferRole::activation, DType::BF16, {B, H});
     if (hh.head_type == HeadType::dense) {
       add(a, "logits", BufferRole::activation, DType::F32, {B, hh.draft_vocab});
-      add(a, "part_max", BufferRole::activation, DType::F32, {B, top1_parts()});
-      add(a, "part_idx", BufferRole::activation, DType::I32, {B, top1_parts()});
-      add(a, "part_sum", BufferRole::activation, DType::F32, {B, top1_parts()});
+      // Sized for the most partials per row (the smallest bucket); a pass indexes them by its own PARTS.
+      const int64_t parts = top1_parts(o.buckets.front());
+      add(a, "part_max", BufferRole::activation, DType::F32, {B, parts});
+      add(a, "part_idx", BufferRole::activation, DType::I32, {B, parts});
+      add(a, "part_sum", BufferRole::activation, DType::F32, {B, parts});
       // top1's per-row tickets: zero at open (the arena is cleared), and every pass returns them to zero.
       add(a, "top1_arrivals", BufferRole::activation, DType::I32, {B});
     } else {
@@ -303,13 +305,14 @@ class Planner {
     return std::min<int64_t>(8, (h().window + 1 + 7) / 8);
   }
 
-  // top1 chunk: about 128 partials per row, so that one stream's logits are read by enough CTAs
-  // to fill the GPU; at least 256 (one logit per thread of a CTA per pass).
-  int64_t top1_chunk() const {
-    const int64_t per = 256;
-    return per * ((h().draft_vocab + per * 128 - 1) / (per * 128));
+  // top1 chunk for a bucket of B rows: about 256 CTAs in all (256 / B partials per row, at least 8), so
+  // that one stream's logits are read by enough CTAs to fill the GPU while 16 streams do not launch 2000
+  // CTAs of one logit per thread; a multiple of 256 (one logit per thread of a CTA per pass).
+  int64_t top1_chunk(int64_t rows) const {
+    const int64_t per = 256, parts = std::max<int64_t>(8, 256 / rows);
+    return per * ((h().draft_vocab + per * parts - 1) / (per * parts));
   }
-  int64_t top1_parts() const { return (h().draft_vocab + top1_chunk() - 1) / top1_chunk(); }
+  int64_t top1_parts(int64_t rows) const { return (h().draft_vocab + top1_chunk(rows) - 1) / top1_chunk(rows); }
 
   // topk_partial chunk: 2048 scores (4 per thread of its CTA: 16 CTAs for a 32000-score row), 4096 above
   // cand_k 256 so that a chunk still drops at least seven eighths of its scores before the join.
@@ -429,7 +432,7 @@ class Planner {
         nodes.push_back(gemv(pre + "lm_head", s, matrices_.at("lm_head"), B, kc::kEpilogueF32, "n", "logits",
                              none("residual"), fixed, B));
         nodes.push_back(kernel(pre + "top1", s,
-                               make_spec("top1", {{"VOCAB", hh.draft_vocab}, {"CHUNK", top1_chunk()}, {"MAX_STEPS", ms}}),
+                               make_spec("top1", {{"VOCAB", hh.draft_vocab}, {"CHUNK", top1_chunk(B)}, {"MAX_STEPS", ms}}),
                                fixed, B,
                                {buf("logits", "logits"), buf("part_max", "part_max"), buf("part_idx", "part_idx"),
                                 buf("part_sum", "part_sum"), buf("arrivals", "top1_arrivals"), buf("d2t", "d2t"),
@@ -533,9 +536,11 @@ class Planner {
                        (hh.window + attention_split()) / attention_split(), hh.kv_heads * attention_split(),
                        hh.window + 1));
     if (hh.head_type == HeadType::dense) {
+      const int64_t b0 = p_.options.buckets.front(), b1 = p_.options.buckets.back();
       choose("lm_head draft", "gemv f32 logits + top1",
-             fmt::format("{} partials of {} logits per row, joined in part order by the last CTA to arrive",
-                         top1_parts(), top1_chunk()));
+             fmt::format("{} partials of {} logits per row in bucket {} .. {} of {} in bucket {} (about 256 CTAs), "
+                         "joined in part order by the last CTA to arrive",
+                         top1_parts(b0), top1_chunk(b0), b0, top1_parts(b1), top1_chunk(b1), b1));
     } else {
       choose("lr_a draft", "gemv", draft_reason);
       choose("lr_b draft", "gemv f32 scores + topk_partial/topk_join",

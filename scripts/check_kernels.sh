@@ -53,7 +53,7 @@ for heads, kvh, hd, window, ring in [(32, 8, 128, 511, 520), (32, 8, 128, 128, 1
     for split in sorted({1, min(8, (window + 8) // 8)}):
         add("ring_attention", "ring_attention.cuh", HEADS=heads, KV_HEADS=kvh, HEAD_DIM=hd, WINDOW=window, RING=ring,
             SPLIT=split)
-for vocab, chunk, steps in [(32000, 256, 8), (128256, 4096, 8), (262144, 4096, 16), (300, 128, 1)]:
+for vocab, chunk, steps in [(32000, 256, 8), (32000, 2048, 8), (128256, 4096, 8), (262144, 16384, 16), (300, 128, 1)]:
     add("top1", "top1.cuh", VOCAB=vocab, CHUNK=chunk, MAX_STEPS=steps)
 # topk: the planner's chunks (2048; 4096 above cand_k 256), a chunk smaller than CAND_K, one part, and a
 # join too large to stage in shared memory (262144 / 4096 x 512).

@@ -486,6 +486,10 @@ TEST_CASE("make_plan: a dense step ends in one top1 node whose row tickets are a
       // The step's last node: the next one, if any, starts the following step.
       if (i + 1 < b.nodes.size()) CHECK(b.nodes[i + 1].step == n.step + 1);
       CHECK(n.launch.grid[1] == b.streams);
+      // About 256 CTAs in all, and at least 8 partials per row.
+      CHECK(n.launch.grid[0] * n.launch.grid[1] <= 256);
+      CHECK(n.launch.grid[0] >= 8);
+      CHECK(n.launch.grid[0] <= p.arena.at("part_max").shape[1]);
       CHECK(std::any_of(n.args.begin(), n.args.end(),
                         [](const Arg& a) { return a.param == "arrivals" && a.buffer == "top1_arrivals"; }));
     }
