@@ -89,9 +89,12 @@ def table(configs, steps):
         if a:
             ties = a.get("first_disagreements_near_ties", 0)
             n = len(a.get("first_disagreements", []))
+            kinds = a.get("first_disagreements_by_kind")
+            why = (f"logit {kinds.get('logit', 0)}, cand_k boundary {kinds.get('boundary', 0)}" if kinds
+                   else "top-2 margin")
             lines.append(f"  {c['preset']} {c['dtype']}: drafts {a['slots']}x{a['steps']}, {a['tokens_equal_pct']:.1f}% "
                          f"tokens equal, {a['slots_identical']} slots identical; {n} first disagreements, {ties} "
-                         f"of them near-ties (top-2 margin < {a.get('near_tie_margin')})")
+                         f"of them near-ties (gap < {a.get('near_tie_margin')}: {why})")
     return "\n".join(lines)
 
 

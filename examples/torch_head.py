@@ -10,8 +10,10 @@ exactly as tfe does, and then:
   * extends every slot with the real rows of DRAFTS (the prefix taps, tokens and positions written by
     `tfe-bench --drafts-out`, or the vectors of `tfe-plan reference`);
   * drafts `steps` tokens for slots 0..B-1 and compares them with tfe's (the drafts' `draft_tokens`):
-    tokens equal, and at each slot's first disagreement the top-2 margin of the PyTorch logits there (a
-    near-tie is a disagreement that only the order of fp32 sums decides);
+    tokens equal, and at each slot's first disagreement why, from PyTorch's values there
+    (`judge_disagreement`): a near-tie of the two tokens' logits, a near-tie at the cand_k boundary of the
+    low-rank scores (two_stage), or neither (a near-tie is a disagreement that only the order of fp32 sums
+    decides);
   * times one whole draft call (inputs up, the pass, tokens and confidences down, synchronized) eagerly and
     as one captured torch.cuda.CUDAGraph replay, for each streams B and steps S; per step = call / S.
 
@@ -313,15 +315,16 @@ class Slots:
 def draft_pass(head, slots, table, steps, trace=False):
     """`steps` chained draft steps for the slots of `table` ([4, B] int64 on the device). Only tensor ops
     with static shapes: the same function runs eagerly and under CUDA-graph capture. Returns target
-    tokens [B, steps] int64 and confidences [B, steps] fp32 (and with trace, per step the top-2 margin of
-    the logits that picked the token and the runner-up's target id)."""
+    tokens [B, steps] int64 and confidences [B, steps] fp32; with trace also, per step, the top-2 margin of
+    the logits that picked the token, the runner-up's target id, and the values a disagreement is judged
+    by (`StepTrace`)."""
     slot, pos, first, tok = table[0], table[1], table[2], table[3]
     B = slot.shape[0]
     W, R, nkv, hd = head.W, slots.R, head.nkv, head.hd
     group = head.nh // nkv
     g = slots.g[slot]
     offs = torch.arange(-W, 1, device=slot.device)
-    toks, confs, margins, seconds = [], [], [], []
+    toks, confs, margins, seconds, traces = [], [], [], [], []
     for step in range(steps):
         x = head.layer_input(tok, g)
         q, k, v = head.qk(x, pos)
@@ -367,11 +370,51 @@ def draft_pass(head, slots, table, steps, trace=False):
             margins.append(top2.values[:, 0] - top2.values[:, 1])
             second = top2.indices[:, 1]
             seconds.append(second + head.d2t[second] if head.dense else cand_targets.gather(1, second[:, None])[:, 0])
+            traces.append(StepTrace(pick_logits.cpu(), None if head.dense else scores.cpu(),
+                                    None if head.dense else cand_targets.cpu()))
         g, tok, pos = h2, target, pos + 1
     out = (torch.stack(toks, 1), torch.stack(confs, 1))
     if trace:
-        out += (torch.stack(margins, 1), torch.stack(seconds, 1))
+        out += (torch.stack(margins, 1), torch.stack(seconds, 1), traces)
     return out
+
+
+class StepTrace:
+    """What one traced step decided by, on the host: `logits` [B, Vd] (dense) or the exact candidate logits
+    [B, K] (two_stage), and for two_stage the low-rank `scores` [B, Vd] and the candidates' target ids
+    `cand_targets` [B, K]."""
+
+    def __init__(self, logits, scores, cand_targets):
+        self.logits, self.scores, self.cand_targets = logits, scores, cand_targets
+
+
+def judge_disagreement(head, t2d, st, b, tfe_target, torch_target, margin):
+    """Why PyTorch's pick differs from tfe's at one step, from PyTorch's own values there:
+      logit     both tokens are among the logits PyTorch chose from, within `margin` of each other;
+      boundary  two_stage only: the token one side could not choose sits within `margin` of the cand_k
+                boundary of PyTorch's low-rank scores (tfe's token just below PyTorch's K-th score, or
+                PyTorch's pick just above its (K+1)-th: tfe's candidate set then differs by that token);
+      none      neither: a disagreement no near-tie explains.
+    Returns (kind, gap): the gap that decided it (logit units)."""
+    d_tfe = int(t2d[tfe_target]) if 0 <= tfe_target < len(t2d) else -1
+    if head.dense:
+        logits = st.logits[b]
+        gap = float(logits.max() - logits[d_tfe]) if d_tfe >= 0 else float("inf")
+        return ("logit" if gap < margin else "none"), gap
+    cands = st.cand_targets[b].tolist()
+    exact = st.logits[b]
+    scores = st.scores[b]
+    top = torch.topk(scores, min(head.cand_k + 1, scores.numel())).values
+    kth, next_ = float(top[head.cand_k - 1]), float(top[-1])
+    if tfe_target in cands:
+        gap = float(exact.max() - exact[cands.index(tfe_target)])
+        if gap < margin:
+            return "logit", gap
+        d_torch = int(t2d[torch_target])
+        edge = float(scores[d_torch]) - next_
+        return ("boundary" if edge < margin else "none"), min(gap, edge)
+    edge = kth - float(scores[d_tfe]) if d_tfe >= 0 else float("inf")
+    return ("boundary" if edge < margin else "none"), edge
 
 
 # -------------------------------------------------------------------------------------------------- timing
@@ -545,14 +588,22 @@ def run(args, out, errors):
             want_conf = drafts.get("confidences").float()
             S = want.shape[1]
             table = slots.inputs(list(range(n_slots))).to(device)
-            tok, conf, margin, second = (t.cpu() for t in draft_pass(head, slots, table, S, trace=True))
+            tok, conf, margin, second, traces = draft_pass(head, slots, table, S, trace=True)
+            tok, conf, margin, second = tok.cpu(), conf.cpu(), margin.cpu(), second.cpu()
+            # target id -> draft id, to look a target token up in the draft-vocabulary logits and scores.
+            d2t = head.d2t.cpu()
+            t2d = torch.full((header["vocab"],), -1, dtype=torch.int64)
+            t2d[torch.arange(len(d2t)) + d2t] = torch.arange(len(d2t))
             equal = tok == want
             first_diff = []
             for b in range(n_slots):
                 bad = (~equal[b]).nonzero()
                 if len(bad):
                     s = int(bad[0])
+                    kind, gap = judge_disagreement(head, t2d, traces[s], b, int(want[b, s]), int(tok[b, s]),
+                                                   args.near_tie)
                     first_diff.append({"slot": b, "step": s + 1, "tfe": int(want[b, s]), "torch": int(tok[b, s]),
+                                       "kind": kind, "gap": gap,
                                        "torch_top2_margin": float(margin[b, s]),
                                        "tfe_token_is_torch_second": int(second[b, s]) == int(want[b, s])})
             prefix_equal = sum((d["step"] - 1) for d in first_diff) + S * (n_slots - len(first_diff))
@@ -563,19 +614,21 @@ def run(args, out, errors):
                  "slots_identical": n_slots - len(first_diff),
                  "near_tie_margin": args.near_tie,
                  "first_disagreements": first_diff,
-                 "first_disagreements_near_ties": sum(d["torch_top2_margin"] < args.near_tie for d in first_diff),
+                 "first_disagreements_near_ties": sum(d["kind"] != "none" for d in first_diff),
+                 "first_disagreements_by_kind": {k: sum(d["kind"] == k for d in first_diff)
+                                                 for k in ("logit", "boundary", "none")},
                  "step1_confidence_max_abs_diff": float((conf[:, 0] - want_conf[:, 0]).abs()[step1].max())
                  if step1.any() else None,
                  "tfe_source": drafts.metadata.get("tfe.source", "tfe-plan reference (CPU)")}
             out["agreement"] = r
             print(f"torch_head: drafts equal to tfe's: {r['tokens_equal_pct']:.1f}% of {n_slots}x{S} "
                   f"({r['slots_identical']} of {n_slots} slots identical; step 1 {r['step1_equal_pct']:.1f}%); "
-                  f"first disagreements: {len(first_diff)}, near ties (top-2 margin < {args.near_tie}): "
-                  f"{r['first_disagreements_near_ties']}", file=sys.stderr)
+                  f"first disagreements: {len(first_diff)}, near ties (gap < {args.near_tie}): "
+                  f"{r['first_disagreements_near_ties']} {r['first_disagreements_by_kind']}", file=sys.stderr)
             for d in first_diff:
-                print(f"  slot {d['slot']} step {d['step']}: tfe {d['tfe']}, torch {d['torch']}, torch top-2 margin "
-                      f"{d['torch_top2_margin']:.4g}, tfe's token is torch's runner-up: {d['tfe_token_is_torch_second']}",
-                      file=sys.stderr)
+                print(f"  slot {d['slot']} step {d['step']}: tfe {d['tfe']}, torch {d['torch']}: {d['kind']} "
+                      f"(gap {d['gap']:.4g}); torch top-2 margin {d['torch_top2_margin']:.4g}, tfe's token is "
+                      f"torch's runner-up: {d['tfe_token_is_torch_second']}", file=sys.stderr)
         part("agreement", agreement)
 
     # Timing.
@@ -631,7 +684,8 @@ def main():
     ap.add_argument("--matmul", choices=["auto", "mm", "upcast", "bf16"], default="auto",
                     help="how linears get fp32 sums (auto: torch.mm out_dtype on CUDA, upcast on the CPU)")
     ap.add_argument("--near-tie", type=float, default=0.05,
-                    help="a first disagreement whose top-2 logit margin is below this is a near-tie")
+                    help="a first disagreement is a near-tie when the two tokens' logits (or, for two_stage, the "
+                         "excluded token's low-rank score and the cand_k boundary) are closer than this")
     ap.add_argument("--json", help="write the results as JSON")
     args = ap.parse_args()
 
