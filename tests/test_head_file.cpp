@@ -23,6 +23,7 @@ using namespace tfe;
 using nlohmann::json;
 using tfe::test::random_head_bytes;
 using tfe::test::write_temp_file;
+using tfe::test::run_command;
 
 namespace {
 
@@ -464,21 +465,6 @@ TEST_CASE("head file: random byte corruption is refused or accepted, never a cra
   }
   CHECK(refused > 200);
 }
-
-namespace {
-
-// Runs a command and returns its exit status and standard output (stderr folded in).
-std::pair<int, std::string> run_command(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-}  // namespace
 
 TEST_CASE("tfe-plan inspect: header, tensors, parameters, step bytes, and a refused file") {
   const auto h = fp8_tiny();

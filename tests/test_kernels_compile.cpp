@@ -23,6 +23,7 @@
 
 namespace fs = std::filesystem;
 using namespace tfe;
+using tfe::test::run_command;
 using tfe::test::TempDir;
 
 namespace {
@@ -78,17 +79,6 @@ template <typename P> struct param_of<void (*)(P)> { using type = P; };
   }
   s += "}  // namespace tfe_probe\n";
   return s;
-}
-
-// Runs a shell command; returns its exit status and what it printed (stdout and stderr).
-std::pair<int, std::string> run_command(const std::string& cmd) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// Interop with the reference implementation: the `safetensors` Python package reads a head tfe wrote, and
-// tfe reads a file the package wrote. Without python3 or the package the tests skip (test::skip: ctest
-// reports them "Skipped") and check nothing.
+// Interop with Python: the `safetensors` package reads a head tfe wrote, and tfe reads a file the package
+// wrote; and the PyTorch port of a head (examples/torch_head.py) drafts what the CPU reference drafts.
+// Without python3 or the package (or torch) the tests skip (test::skip: ctest reports them "Skipped") and
+// check nothing.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
@@ -16,20 +17,11 @@
 #include "test_util.h"
 
 using namespace tfe;
+using tfe::test::run_command;
 
 namespace {
 
 const std::string kScript = std::string(TFE_SOURCE_DIR) + "/tests/python/read_tfe.py";
-
-std::pair<int, std::string> run_command(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
 
 // Empty when python3 and the safetensors package (with numpy) import; otherwise why not.
 std::string python_missing() {
@@ -113,4 +105,19 @@ TEST_CASE("SafetensorsFile reads a file the safetensors (Python) package wrote")
   REQUIRE(e);
   CHECK(e->shape == std::vector<int64_t>{0, 3});
   CHECK(e->bytes == 0);
+}
+
+// examples/torch_head.py, the PyTorch port of a head that tfe-bench is compared with, run on the CPU against
+// the CPU reference (tests/python/check_torch_head.py says what it checks). Skips without torch.
+TEST_CASE("torch_head.py drafts what the CPU reference drafts, and judges planted disagreements by kind") {
+  test::TempDir tmp;
+  const auto [rc, out] = run_command(fmt::format("python3 {}/tests/python/check_torch_head.py {} {}", TFE_SOURCE_DIR,
+                                                 TFE_PLAN_EXE, tmp.path.string()));
+  if (rc == 77) {
+    test::skip(out);
+    return;
+  }
+  INFO(out);
+  CHECK(rc == 0);
+  CHECK(out.find("the port matches the CPU reference") != std::string::npos);
 }

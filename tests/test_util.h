@@ -1,10 +1,12 @@
 // Helpers shared by the CPU tests: a complete random head in memory and temporary files.
 #pragma once
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +14,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "plan/error.h"
@@ -25,6 +28,18 @@ namespace tfe::test {
 // right after and checks nothing. A run whose cases all skipped exits 77, which ctest reports as
 // "Skipped" rather than "Passed" (tests/main.cpp).
 void skip(const std::string& why);
+
+// Runs a shell command; its exit status (-1 when it did not exit normally, or could not start) and what it
+// printed, stdout and stderr together.
+inline std::pair<int, std::string> run_command(const std::string& cmd) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed: " + cmd};
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
 
 // The bytes of `n` values of type T.
 template <typename T>
