@@ -16,8 +16,8 @@
 //   scores: the LPK lanes of a key sum their products by a fixed transposing xor butterfly (each lane ends
 //     with whole sums of some (key, head) pairs);
 //   per head (a warp each): m = max of the chunk's scores, e = exp(s - m), l = sum e;
-//   o_c = sum e v: each thread over its keys, then the two key lanes of a warp (xor 16) and the warps in
-//     order through shared memory.
+//   o_c = sum e v: each thread over its keys, then the key lanes of a warp (xor over the lane bits at and
+//     above LPK) and the warps in order through shared memory.
 // Join: after a cluster barrier, CTA c computes the outputs c, c + SPLIT, .. of the G * HEAD_DIM from every
 // CTA's (m, l, o_c) in chunk order:
 //   M = max_c m_c, w_c = exp(m_c - M), L = sum_c l_c w_c, o = bf16((sum_c o_c w_c) / L),
