@@ -254,6 +254,17 @@ __global__ void TFE_ATTENTION_CLUSTER(Cfg::SPLIT) __launch_bounds__(128) ring_at
     __syncthreads();
 
     // o_c: V of the last batch from registers; earlier batches' V (chunks longer than one batch) reloaded.
+    // add_v folds one 16-byte column j of key i's V, weighted by each head's e, into acc_o.
+    auto add_v = [&](long long i, int j, const uint4 raw) {
+      float v[S::E];
+      unpack<S::E>(raw, v);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float e = es[g * S::CHUNK + i];
+#pragma unroll
+        for (int x = 0; x < S::E; ++x) acc_o[g][j][x] += e * v[x];
+      }
+    };
     for (long long q0 = 0; q0 < p0; q0 += S::BATCH) {
 #pragma unroll
       for (int b = 0; b < S::BATCH; ++b) {
@@ -264,15 +275,7 @@ __global__ void TFE_ATTENTION_CLUSTER(Cfg::SPLIT) __launch_bounds__(128) ring_at
 #pragma unroll
         for (int j = 0; j < S::CPL; ++j) {
           const long long ch = li + j * S::LPK;
-          if (ch >= S::KC) continue;
-          float v[S::E];
-          unpack<S::E>(load_kv<S::E>(p.ring_v + row + ch * S::E), v);
-#pragma unroll
-          for (int g = 0; g < G; ++g) {
-            const float e = es[g * S::CHUNK + i];
-#pragma unroll
-            for (int x = 0; x < S::E; ++x) acc_o[g][j][x] += e * v[x];
-          }
+          if (ch < S::KC) add_v(i, j, load_kv<S::E>(p.ring_v + row + ch * S::E));
         }
       }
     }
@@ -281,18 +284,8 @@ __global__ void TFE_ATTENTION_CLUSTER(Cfg::SPLIT) __launch_bounds__(128) ring_at
       const long long i = (p0 + b) * S::KPP + kq;
       if (p0 + b >= S::PASSES || i >= n) break;
 #pragma unroll
-      for (int j = 0; j < S::CPL; ++j) {
-        const long long ch = li + j * S::LPK;
-        if (ch >= S::KC) continue;
-        float v[S::E];
-        unpack<S::E>(vr[b][j], v);
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-          const float e = es[g * S::CHUNK + i];
-#pragma unroll
-          for (int x = 0; x < S::E; ++x) acc_o[g][j][x] += e * v[x];
-        }
-      }
+      for (int j = 0; j < S::CPL; ++j)
+        if (li + j * S::LPK < S::KC) add_v(i, j, vr[b][j]);
     }
   }
 
