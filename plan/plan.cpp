@@ -62,6 +62,8 @@ const KernelSpec& Plan::spec(std::string_view uri) const {
   fail("plan: no kernel spec `{}`", uri);
 }
 
+int sm_version(const PlanOptions& o) { return std::stoi(o.arch.substr(3)); }
+
 void validate(const PlanOptions& o) {
   if (o.buckets.empty()) fail("plan options: buckets is empty; give at least one streams bucket in 1..16");
   for (size_t i = 0; i < o.buckets.size(); ++i) {
@@ -81,7 +83,7 @@ void validate(const PlanOptions& o) {
   if (!std::regex_match(o.arch, arch_re))
     fail("plan options: arch `{}` is not of the form sm_<digits> (e.g. sm_90)", o.arch);
   // The GEMV's bf16 mma.sync m16n8k16 needs Ampere or later.
-  if (std::stoi(o.arch.substr(3)) < 80) fail("plan options: arch {} is below sm_80, the oldest the kernels support", o.arch);
+  if (sm_version(o) < 80) fail("plan options: arch {} is below sm_80, the oldest the kernels support", o.arch);
 }
 
 bool param_writes(std::string_view kernel, std::string_view param) {

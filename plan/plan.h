@@ -148,6 +148,9 @@ Plan make_plan(const HeadHeader& header, const PlanOptions& options, std::string
 // 1..4096; extend_rows 16..8192; arch sm_<digits>); throws naming the option, its value and the limit.
 void validate(const PlanOptions& options);
 
+// The compute capability of a validated arch as one number: "sm_90" -> 90.
+int sm_version(const PlanOptions& options);
+
 // Checks a plan's internal consistency (what a loaded plan must satisfy before the runtime trusts it):
 // header and options valid, ring_rows, buffers inside their arena, aligned, sized by shape and dtype and
 // not overlapping, the tables region, specs sorted and known, buckets matching options, each node's

@@ -301,7 +301,7 @@ class Planner {
   // (kv head, row), so that one row's window covers kv_heads x SPLIT CTAs instead of kv_heads walking it
   // serially, and a cluster joins the chunks through distributed shared memory.
   int64_t attention_split() const {
-    if (std::stoi(p_.options.arch.substr(3)) < 90) return 1;  // clusters need sm_90
+    if (sm_version(p_.options) < 90) return 1;  // clusters need sm_90
     return std::min<int64_t>(8, (h().window + 1 + 7) / 8);
   }
 
