@@ -33,8 +33,9 @@ std::vector<KernelDef> make_defs() {
       {"copy_rows", "copy_rows.cuh", "tfe::kernels::copy_rows", {"WIDTH", "THREADS"},
        {{"src", P::ptr}, {"src_index", P::ptr}, {"dst", P::ptr}, {"dst_index", P::ptr}, {"rows", P::i64}}},
       // Few-row GEMV: y[r, j] = epilogue(sum_k w[j, k] x[r, k]) for r < rows <= ROWS (rows beyond ROWS
-      // are covered by grid.y tiles). WEIGHT: kc::kWeight*; EPILOGUE: kc::kEpilogue*.
-      {"gemv", "gemv.cuh", "tfe::kernels::gemv", {"ROWS", "K", "N", "WEIGHT", "EPILOGUE"},
+      // are covered by grid.y tiles). WEIGHT: kc::kWeight*; EPILOGUE: kc::kEpilogue*; COLS: output
+      // columns per CTA, 16, or 32 without SwiGLU.
+      {"gemv", "gemv.cuh", "tfe::kernels::gemv", {"ROWS", "K", "N", "WEIGHT", "EPILOGUE", "COLS"},
        {{"w", P::ptr}, {"scale", P::ptr}, {"x", P::ptr}, {"y", P::ptr}, {"residual", P::ptr}, {"rows", P::i64}}},
       // qk_norm (if QK_NORM), RoPE at pos[r] + pos_offset, K/V written to the slot's ring row
       // (pos mod RING); q written to q_out when WRITE_Q. Input rows: [q | k | v] if WRITE_Q else [k | v].

@@ -10,9 +10,8 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// gemv (kernels/gemv.cuh, GemvShape): a CTA owns 16 output columns (for SwiGLU: 16 gate rows and the
+// gemv (kernels/gemv.cuh, GemvShape): a CTA owns COLS output columns (for SwiGLU: 16 gate rows and the
 // 16 matching up rows) and KSPLIT warps that split K in steps of 4 lanes x one 16-byte weight chunk.
-constexpr int64_t kGemvTile = 16;
 int64_t gemv_ksplit(int64_t k, int64_t weight) {
   const int64_t step = weight == kc::kWeightFP8 ? 64 : 32;
   const int64_t steps = ceil_div(k, step);
@@ -56,8 +55,10 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
     s.block = spec.constant("THREADS");
     s.rows_axis = 0;
   } else if (k == "gemv") {
-    const int64_t row_tile = spec.constant("ROWS");
-    s.grid[0] = ceil_div(spec.constant("N"), kGemvTile);
+    const int64_t row_tile = spec.constant("ROWS"), cols = spec.constant("COLS");
+    if (cols != 16 && (cols != 32 || spec.constant("EPILOGUE") == kc::kEpilogueSwiGLU))
+      fail("launch_shape {}: COLS is {}; gemv takes 16, or 32 with an epilogue other than SwiGLU", spec.uri(), cols);
+    s.grid[0] = ceil_div(spec.constant("N"), cols);
     s.grid[1] = ceil_div(rows, row_tile);
     s.block = 32 * gemv_ksplit(spec.constant("K"), spec.constant("WEIGHT"));
     s.rows_axis = 1;

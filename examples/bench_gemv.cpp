@@ -10,8 +10,9 @@
 //           the replay, best of 5 replays, divided by 200.
 //   floor   weight bytes / copy bandwidth, the copy bandwidth being a cudaMemcpyAsync device-to-device of
 //           1 GiB counted as bytes read + written (median of 10).
-// The last table sums the five linears per (weight kind, ROWS): one draft step's gemv time against its
-// floor. Exit status 1 when a check failed.
+// Per (shape, weight kind, ROWS, COLS), with --cols choosing COLS (output columns per CTA; SwiGLU runs at 16
+// only). The last table sums the five linears per (weight kind, ROWS, COLS): one draft step's gemv time
+// against its floor. Exit status 1 when a check failed.
 //
 // --source NAME=FILE replaces an embedded kernel source (e.g. gemv.cuh) with a file's text, so that a
 // candidate kernel is measured without rebuilding the library (its launch shape must not change).
@@ -59,7 +60,7 @@ constexpr int kReplays = 5;
 
 struct Result {
   std::string shape, weight;
-  int64_t rows = 0;
+  int64_t rows = 0, cols = 16;
   double us = 0, bytes = 0, err = 0, tol = 0;
   bool ok = false;
 };
@@ -194,10 +195,10 @@ struct Bench {
     return weights_;
   }
 
-  Result run(const Shape& s, int64_t weight, int64_t rows_tile, const CachedKernel& compiled) {
+  Result run(const Shape& s, int64_t weight, int64_t rows_tile, int64_t cols, const CachedKernel& compiled) {
     const bool fp8 = weight == kc::kWeightFP8;
     const KernelSpec spec = make_spec("gemv", {{"ROWS", rows_tile}, {"K", s.k}, {"N", s.n}, {"WEIGHT", weight},
-                                               {"EPILOGUE", s.epilogue}});
+                                               {"EPILOGUE", s.epilogue}, {"COLS", cols}});
     const int64_t rows = rows_tile;
     const Weights& host = weights(s, fp8);
     const std::vector<float>& w = host.w;
@@ -261,6 +262,7 @@ struct Bench {
     r.shape = s.name;
     r.weight = fp8 ? "fp8" : "bf16";
     r.rows = rows;
+    r.cols = cols;
     r.bytes = static_cast<double>(w_bytes);
     r.err = check_error(s, fp8, rows, w, scale, x, residual, y);
     r.tol = s.epilogue == kc::kEpilogueF32 ? 1e-4 : 1e-2;
@@ -308,10 +310,11 @@ std::vector<int64_t> parse_list(const std::string& text, const char* what) {
 
 int main(int argc, char** argv) {
   CLI::App app{"gemv alone at the llama3-8b-eagle3 linears: time, bandwidth against copy speed, and a check"};
-  std::string rows_text = "1,2,4,8,16", weights_text = "bf16,fp8", label = "gemv";
+  std::string rows_text = "1,2,4,8,16", weights_text = "bf16,fp8", cols_text = "16", label = "gemv";
   std::vector<std::string> sources;
   app.add_option("--rows", rows_text, "ROWS values (rows = ROWS), comma-separated");
   app.add_option("--weights", weights_text, "weight kinds: bf16, fp8, comma-separated");
+  app.add_option("--cols", cols_text, "COLS values (output columns per CTA: 16, 32), comma-separated");
   app.add_option("--source", sources, "NAME=FILE: replace the embedded kernel source NAME with FILE's text");
   app.add_option("--label", label, "names this run in the summary lines");
   CLI11_PARSE(app, argc, argv);
@@ -321,6 +324,9 @@ int main(int argc, char** argv) {
     const std::vector<int64_t> row_tiles = parse_list(rows_text, "rows");
     for (int64_t r : row_tiles)
       if (r < 1 || r > 16) fail("--rows: ROWS {} is outside 1..16", r);
+    const std::vector<int64_t> col_tiles = parse_list(cols_text, "cols");
+    for (int64_t c : col_tiles)
+      if (c != 16 && c != 32) fail("--cols: COLS {} is neither 16 nor 32", c);
     std::vector<int64_t> weights;
     std::stringstream ws(weights_text);
     for (std::string item; std::getline(ws, item, ',');) {
@@ -353,50 +359,59 @@ int main(int argc, char** argv) {
     // Compile every specialization up front, in parallel (the cache is thread-safe).
     struct Job {
       const Shape* shape;
-      int64_t weight, rows;
+      int64_t weight, rows, cols;
       std::future<CachedKernel> compiled;
     };
+    // SwiGLU runs at COLS 16 only (its two weight tiles are gate and up): in a COLS 32 summary it stands
+    // for itself.
+    const auto cols_of = [](const Shape& s, int64_t cols) { return s.epilogue == kc::kEpilogueSwiGLU ? 16 : cols; };
     std::vector<Job> jobs;
     for (int64_t weight : weights)
       for (const Shape& s : kShapes)
-        for (int64_t rows : row_tiles) {
-          const KernelSpec spec = make_spec(
-              "gemv", {{"ROWS", rows}, {"K", s.k}, {"N", s.n}, {"WEIGHT", weight}, {"EPILOGUE", s.epilogue}});
-          jobs.push_back({&s, weight, rows, std::async(std::launch::async, [&bench, spec] {
-                            return bench.cache.get(make_compile_unit(spec), bench.options);
-                          })});
-        }
+        for (int64_t rows : row_tiles)
+          for (int64_t cols : col_tiles) {
+            if (cols != cols_of(s, cols)) continue;
+            const KernelSpec spec = make_spec("gemv", {{"ROWS", rows}, {"K", s.k}, {"N", s.n}, {"WEIGHT", weight},
+                                                       {"EPILOGUE", s.epilogue}, {"COLS", cols}});
+            jobs.push_back({&s, weight, rows, cols, std::async(std::launch::async, [&bench, spec] {
+                              return bench.cache.get(make_compile_unit(spec), bench.options);
+                            })});
+          }
 
     const double copy_bw = copy_bandwidth(stream.get());
     fmt::print("{} ({} SMs, L2 {} MB), copy bandwidth {:.0f} GB/s (read + write), {}\n", prop.name,
                prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_bw * 1e-9, label);
-    fmt::print("{:<10} {:>5} {:>5} {:>9} {:>9} {:>8} {:>7} {:>9}  {}\n", "shape", "w", "rows", "us", "floor us",
-               "GB/s", "% copy", "error", "check");
+    fmt::print("{:<10} {:>5} {:>5} {:>5} {:>9} {:>9} {:>8} {:>7} {:>9}  {}\n", "shape", "w", "rows", "cols", "us",
+               "floor us", "GB/s", "% copy", "error", "check");
     std::vector<Result> results;
     bool all_ok = true;
     for (Job& job : jobs) {
       const CachedKernel compiled = job.compiled.get();
-      const Result r = bench.run(*job.shape, job.weight, job.rows, compiled);
+      const Result r = bench.run(*job.shape, job.weight, job.rows, job.cols, compiled);
       const double floor_us = r.bytes / copy_bw * 1e6;
-      fmt::print("{:<10} {:>5} {:>5} {:>9.2f} {:>9.2f} {:>8.0f} {:>6.1f}% {:>9.2e}  {}\n", r.shape, r.weight, r.rows,
-                 r.us, floor_us, r.bytes / (r.us * 1e-6) * 1e-9, 100.0 * floor_us / r.us, r.err, r.ok ? "ok" : "FAIL");
+      fmt::print("{:<10} {:>5} {:>5} {:>5} {:>9.2f} {:>9.2f} {:>8.0f} {:>6.1f}% {:>9.2e}  {}\n", r.shape, r.weight,
+                 r.rows, r.cols, r.us, floor_us, r.bytes / (r.us * 1e-6) * 1e-9, 100.0 * floor_us / r.us, r.err, r.ok ? "ok" : "FAIL");
       std::fflush(stdout);
       all_ok = all_ok && r.ok;
       results.push_back(r);
     }
 
     // One draft step's linears per (weight kind, rows).
-    fmt::print("\n{}: one step's five linears\n{:>5} {:>5} {:>9} {:>9} {:>7}\n", label, "w", "rows", "us", "floor us",
-               "ratio");
+    fmt::print("\n{}: one step's five linears\n{:>5} {:>5} {:>5} {:>9} {:>9} {:>7}\n", label, "w", "rows", "cols", "us",
+               "floor us", "ratio");
     for (int64_t weight : weights)
-      for (int64_t rows : row_tiles) {
-        double us = 0, bytes = 0;
-        for (const Result& r : results)
-          if (r.rows == rows && r.weight == (weight == kc::kWeightFP8 ? "fp8" : "bf16")) us += r.us, bytes += r.bytes;
-        const double floor_us = bytes / copy_bw * 1e6;
-        fmt::print("{:>5} {:>5} {:>9.1f} {:>9.1f} {:>6.2f}x\n", weight == kc::kWeightFP8 ? "fp8" : "bf16", rows, us,
-                   floor_us, us / floor_us);
-      }
+      for (int64_t rows : row_tiles)
+        for (int64_t cols : col_tiles) {
+          double us = 0, bytes = 0;
+          for (const Result& r : results)
+            for (const Shape& s : kShapes)
+              if (r.shape == s.name && r.rows == rows && r.cols == cols_of(s, cols) &&
+                  r.weight == (weight == kc::kWeightFP8 ? "fp8" : "bf16"))
+                us += r.us, bytes += r.bytes;
+          const double floor_us = bytes / copy_bw * 1e6;
+          fmt::print("{:>5} {:>5} {:>5} {:>9.1f} {:>9.1f} {:>6.2f}x\n", weight == kc::kWeightFP8 ? "fp8" : "bf16", rows,
+                     cols, us, floor_us, us / floor_us);
+        }
     if (!all_ok) fmt::print("{}: a check FAILED\n", label);
     return all_ok ? 0 : 1;
   } catch (const std::exception& e) {

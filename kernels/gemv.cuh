@@ -1,14 +1,16 @@
 // Few-row GEMV on the tensor cores: y[r, j] = epilogue(sum_k w[j, k] x[r, k]) for up to ROWS input rows
 // per CTA (grid.y tiles larger row counts).
 //
-// Mapping (compiler/launch_shapes.cpp mirrors GemvShape): a CTA owns 16 output columns j0..j0+15 and
-// KSPLIT warps; warp w takes the K steps w, w + KSPLIT, ... Each step is one mma.sync m16n8k16 tile row
-// per 16 weight rows: lane (g = lane / 4, t = lane % 4) loads one 16-byte chunk of weight rows j0+g and
-// j0+g+8 at k0 = step * 4E + t * E, and the 16-byte chunk of x at the same k0 for input row g (+8 per
-// n tile). A dot product is invariant under a permutation of k shared by both operands, so the
+// Mapping (compiler/launch_shapes.cpp mirrors GemvShape): a CTA owns COLS (16 or 32) output columns
+// j0..j0+COLS-1 and KSPLIT warps; warp w takes the K steps w, w + KSPLIT, ... Each step is one mma.sync
+// m16n8k16 tile row per 16 weight rows: lane (g = lane / 4, t = lane % 4) loads one 16-byte chunk of
+// weight rows j0+g and j0+g+8 (and j0+16+g, j0+24+g at COLS 32) at k0 = step * 4E + t * E, and the
+// 16-byte chunk of x at the same k0 for input row g (+8 per n tile). A dot product is invariant under a permutation of k shared by both operands, so the
 // contiguous chunks are fed to the mma as if they were its k columns. Each weight byte is read once
-// (streaming, no L1 allocation); each x chunk serves 16 weight rows (32 for SwiGLU). The KSPLIT partial
-// tiles are summed in warp order through shared memory, so the result does not depend on scheduling.
+// (streaming, no L1 allocation); each x chunk serves 16 weight rows (32 for SwiGLU and at COLS 32). The
+// KSPLIT partial tiles are summed in warp order through shared memory, so the result does not depend on
+// scheduling. A column's sum is the same at COLS 16 and 32: the second 16 columns only share x's loads,
+// which at 16 rows and in FP8 cost as much L2 traffic as the weights themselves.
 //
 // SwiGLU: w holds 2N rows (gate 0..N-1, up N..2N-1); the warp runs a second tile on rows N+j0.., whose
 // accumulators land in the same lanes as the gate's, and writes y = bf16(bf16(silu(bf16(gate))) * bf16(up)).
@@ -40,22 +42,25 @@ struct GemvParams {
 };
 static_assert(sizeof(GemvParams) == 8 * 6, "one 8-byte slot per registry parameter");
 
-template <long long K, long long WEIGHT, long long EPILOGUE, long long ROWS>
+template <long long K, long long WEIGHT, long long EPILOGUE, long long ROWS, long long COLS>
 struct GemvShape {
+  static_assert(COLS == 16 || (COLS == 32 && EPILOGUE != kEpilogueSwiGLU),
+                "gemv: COLS is 16, or 32 without SwiGLU (whose two tiles are gate and up)");
   static constexpr bool FP8 = WEIGHT == kWeightFP8;
   static constexpr int WBYTES = FP8 ? 1 : 2;
   static constexpr int E = FP8 ? 16 : 8;  // k elements in one lane's 16-byte weight chunk
   static constexpr long long STEP = 4 * E;  // k covered by one warp step (4 lanes per weight row)
   static constexpr long long STEPS = ceil_div(K, STEP);
   static constexpr int KSPLIT = static_cast<int>(min_ll(8, STEPS));  // = launch_shapes.cpp gemv_ksplit
-  static constexpr int MT = EPILOGUE == kEpilogueSwiGLU ? 2 : 1;      // 16-row weight tiles per warp
+  static constexpr int MT = EPILOGUE == kEpilogueSwiGLU ? 2 : static_cast<int>(COLS / 16);  // 16-row weight tiles
   static constexpr int NT = static_cast<int>(ceil_div(ROWS, 8));       // 8-row input tiles
   static constexpr int XCHUNKS = E / 8;                                 // 16-byte x chunks per k0
   static constexpr int MMAS = E / 4;                                    // k16 mmas per chunk
   static constexpr bool W_VEC = (K * WBYTES) % 16 == 0;
   static constexpr bool X_VEC = K % 8 == 0;
   // The ring (below) serves every shape with 16-byte chunks that never straddle a row's end, except bf16
-  // SwiGLU: its 2 x 16 weight rows leave room for 2 stages only, and the direct loop measured faster there.
+  // at two weight tiles (SwiGLU, COLS 32): 2 x 16 weight rows leave room for 2 stages only, and the direct
+  // loop measured faster there.
   static constexpr bool RING = W_VEC && X_VEC && (FP8 || MT == 1);
   // A ring slot is one 16-byte chunk per lane (a warp's 512 bytes); the rings of the KSPLIT warps share the
   // 48 KB of static shared memory. x goes through the ring too (its L2 latency then hides behind the
@@ -187,15 +192,15 @@ __device__ __forceinline__ void copy_async_wait() {
 }
 
 template <typename Cfg>
-__global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS>::KSPLIT,
-                                  GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS>::MIN_CTAS)
+__global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::KSPLIT,
+                                  GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::MIN_CTAS)
     gemv(const GemvParams p) {
-  using S = GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS>;
+  using S = GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>;
   constexpr long long K = Cfg::K, N = Cfg::N, EPI = Cfg::EPILOGUE;
   constexpr long long W_ROW_BYTES = K * S::WBYTES, X_ROW_BYTES = K * 2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const long long j0 = static_cast<long long>(blockIdx.x) * 16;
+  const long long j0 = static_cast<long long>(blockIdx.x) * Cfg::COLS;
   const long long row0 = static_cast<long long>(blockIdx.y) * Cfg::ROWS;
   const long long nrows = min_ll(Cfg::ROWS, p.rows - row0);
   if (nrows <= 0) return;
@@ -205,15 +210,16 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILO
   const bool w_vec = (reinterpret_cast<unsigned long long>(w) & 15) == 0;
   const bool x_vec = (reinterpret_cast<unsigned long long>(x) & 15) == 0;
 
-  // This lane's two weight rows per tile (g and g+8) and its input row per n tile; null when out of range.
+  // Output column and weight row of tile m's lane rows h = 0, 1 (g and g + 8): SwiGLU's second tile is
+  // the up half (rows N..2N-1) of the same columns; at COLS 32 it is the next 16 columns.
+  const auto column = [&](int m, int h) { return j0 + (EPI == kEpilogueSwiGLU ? 0 : 16 * m) + g + 8 * h; };
+  const auto weight_row = [&](int m, int h) { return (EPI == kEpilogueSwiGLU ? m * N : 0) + column(m, h); };
+  // This lane's two weight rows per tile and its input row per n tile; null when out of range.
   const unsigned char* wrow[S::MT][2];
 #pragma unroll
   for (int m = 0; m < S::MT; ++m)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const long long j = j0 + g + 8 * h;
-      wrow[m][h] = j < N ? w + (m * N + j) * W_ROW_BYTES : nullptr;
-    }
+    for (int h = 0; h < 2; ++h) wrow[m][h] = column(m, h) < N ? w + weight_row(m, h) * W_ROW_BYTES : nullptr;
   const unsigned char* xrow[S::NT];
 #pragma unroll
   for (int n = 0; n < S::NT; ++n) {
@@ -333,9 +339,9 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILO
         for (int slot = 0; slot < S::SLOTS; ++slot) {
           uint4 v = make_uint4(0u, 0u, 0u, 0u);
           if (slot < S::W_SLOTS) {
-            const long long j = j0 + g + 8 * (slot & 1);
-            if (j < N)
-              v = load_chunk<S::W_VEC, S::WBYTES, true>(w + ((slot >> 1) * N + j) * W_ROW_BYTES, k0 * S::WBYTES,
+            const int m = slot >> 1, h = slot & 1;
+            if (column(m, h) < N)
+              v = load_chunk<S::W_VEC, S::WBYTES, true>(w + weight_row(m, h) * W_ROW_BYTES, k0 * S::WBYTES,
                                                          W_ROW_BYTES, w_vec);
           } else {
             const int n = (slot - S::W_SLOTS) / S::XCHUNKS, c = (slot - S::W_SLOTS) % S::XCHUNKS;
@@ -405,31 +411,35 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILO
   }
   if (!writer) return;
 
-  // Accumulator i of tile (m, n): weight row g + 8 * (i / 2), input row n * 8 + 2t + (i % 2).
+  // Accumulator i of tile (m, n): lane row h = i / 2 of the tile, input row n * 8 + 2t + (i % 2). SwiGLU
+  // writes its tile 0 (gate) with tile 1 (up); the other epilogues write every tile.
+  constexpr int OUT_TILES = EPI == kEpilogueSwiGLU ? 1 : S::MT;
 #pragma unroll
-  for (int n = 0; n < S::NT; ++n)
+  for (int m = 0; m < OUT_TILES; ++m)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const long long j = j0 + g + 8 * (i >> 1);
-      const long long r = n * 8 + 2 * t + (i & 1);
-      if (j >= N || r >= nrows) continue;
-      const long long at = (row0 + r) * N + j;
-      float v = acc[0][n][i];
-      if constexpr (S::FP8) v *= p.scale[j];
-      if constexpr (EPI == kEpilogueF32) {
-        static_cast<float*>(p.y)[at] = v;
-      } else if constexpr (EPI == kEpilogueBF16) {
-        static_cast<bf16*>(p.y)[at] = to_bf16(v);
-      } else if constexpr (EPI == kEpilogueResidual) {
-        static_cast<bf16*>(p.y)[at] = to_bf16(to_float(p.residual[at]) + v);
-      } else {
-        float up = acc[S::MT - 1][n][i];
-        if constexpr (S::FP8) up *= p.scale[N + j];
-        const float gate = round_bf16(v);
-        const float a = round_bf16(silu(gate));
-        static_cast<bf16*>(p.y)[at] = to_bf16(a * round_bf16(up));
+    for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const long long j = column(m, i >> 1);
+        const long long r = n * 8 + 2 * t + (i & 1);
+        if (j >= N || r >= nrows) continue;
+        const long long at = (row0 + r) * N + j;
+        float v = acc[m][n][i];
+        if constexpr (S::FP8) v *= p.scale[j];
+        if constexpr (EPI == kEpilogueF32) {
+          static_cast<float*>(p.y)[at] = v;
+        } else if constexpr (EPI == kEpilogueBF16) {
+          static_cast<bf16*>(p.y)[at] = to_bf16(v);
+        } else if constexpr (EPI == kEpilogueResidual) {
+          static_cast<bf16*>(p.y)[at] = to_bf16(to_float(p.residual[at]) + v);
+        } else {
+          float up = acc[S::MT - 1][n][i];  // tile 1: the up rows of the same columns
+          if constexpr (S::FP8) up *= p.scale[N + j];
+          const float gate = round_bf16(v);
+          const float a = round_bf16(silu(gate));
+          static_cast<bf16*>(p.y)[at] = to_bf16(a * round_bf16(up));
+        }
       }
-    }
 }
 
 }  // namespace kernels

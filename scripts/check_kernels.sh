@@ -43,7 +43,8 @@ gemv_shapes = [  # (K, N, epilogue): the linears of both presets, and tails
 for rows in [1, 2, 4, 8, 16]:
     for weight in [0, 1]:
         for k, n, epi in gemv_shapes:
-            add(f"gemv", "gemv.cuh", ROWS=rows, K=k, N=n, WEIGHT=weight, EPILOGUE=epi)
+            for cols in [16] if epi == 3 else [16, 32]:
+                add(f"gemv", "gemv.cuh", ROWS=rows, K=k, N=n, WEIGHT=weight, EPILOGUE=epi, COLS=cols)
 for heads, kvh, hd, ring in [(32, 8, 128, 520), (32, 8, 128, 144), (16, 2, 256, 1024), (8, 8, 64, 520), (4, 2, 16, 24)]:
     for qk in [0, 1]:
         for wq in [0, 1]:

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "compiler/kernel_registry.h"
 #include "plan/error.h"
 #include "plan/head_file.h"
 #include "plan/header_yaml.h"
@@ -498,10 +499,43 @@ TEST_CASE("make_plan: a dense step ends in one top1 node whose row tickets are a
   }
 }
 
+TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows and with at least 512 CTAs left") {
+  for (const char* preset : {"llama3-8b-eagle3", "tfe-two-stage", "tiny"}) {
+    CAPTURE(preset);
+    const Plan p = make_plan(preset_header(preset), golden_options());
+    int wide = 0;
+    for (const auto& b : p.buckets)
+      for (const auto& n : b.nodes) {
+        const KernelSpec& spec = p.spec(n.spec);
+        if (spec.kernel != "gemv") continue;
+        CAPTURE(n.name);
+        const int64_t cols = spec.constant("COLS"), cols_n = (spec.constant("N") + 31) / 32;
+        const bool expect_wide =
+            spec.constant("ROWS") > 8 && spec.constant("EPILOGUE") != kc::kEpilogueSwiGLU && cols_n >= 512;
+        CHECK(cols == (expect_wide ? 32 : 16));
+        CHECK(n.launch.grid[0] == (spec.constant("N") + cols - 1) / cols);
+        wide += cols == 32;
+      }
+    // The vocabulary heads of the two large presets (32000 columns) are the wide ones, in the 16-stream bucket.
+    CHECK((wide > 0) == (std::string(preset) != "tiny"));
+  }
+  // A plan that asks for 32 columns with SwiGLU, or another width, is refused by its launch shape.
+  for (int64_t cols : {int64_t{48}, int64_t{32}}) {
+    CAPTURE(cols);
+    const int64_t epilogue = cols == 32 ? kc::kEpilogueSwiGLU : kc::kEpilogueF32;
+    const KernelSpec spec = make_spec(
+        "gemv", {{"ROWS", 16}, {"K", 4096}, {"N", 14336}, {"WEIGHT", 0}, {"EPILOGUE", epilogue}, {"COLS", cols}});
+    CHECK_THROWS_WITH_AS(launch_shape(spec, 16), doctest::Contains(fmt::format("COLS is {}", cols).c_str()), Error);
+  }
+}
+
 TEST_CASE("plan YAML: another schema_version is refused naming both versions") {
   const std::string text = dump_plan_yaml(make_plan(preset_header("tiny"), golden_options()));
-  CHECK_THROWS_WITH_AS(load_plan_yaml(replace_once(text, "schema_version: 1", "schema_version: 2")),
-                       doctest::Contains("schema_version 2 is not supported; this build reads schema_version 1"), Error);
+  const std::string now = fmt::format("schema_version: {}", kPlanSchemaVersion);
+  const std::string refusal =
+      fmt::format("schema_version 99 is not supported; this build reads schema_version {}", kPlanSchemaVersion);
+  CHECK_THROWS_WITH_AS(load_plan_yaml(replace_once(text, now, "schema_version: 99")),
+                       doctest::Contains(refusal.c_str()), Error);
   // Checked before anything else: a future plan with other fields is still refused for its version.
   CHECK_THROWS_WITH_AS(load_plan_yaml("schema_version: 7\nsomething_new: 1\n"), doctest::Contains("schema_version 7"),
                        Error);
