@@ -321,6 +321,8 @@ int main(int argc, char** argv) {
 
   try {
     if (cuda::device_count() == 0) fail("bench_gemv: no CUDA device");
+    if (kernel_def("gemv").params.size() != 6)
+      fail("bench_gemv: packs 6 gemv parameters, the registry lists {}", kernel_def("gemv").params.size());
     const std::vector<int64_t> row_tiles = parse_list(rows_text, "rows");
     for (int64_t r : row_tiles)
       if (r < 1 || r > 16) fail("--rows: ROWS {} is outside 1..16", r);
