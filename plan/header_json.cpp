@@ -12,6 +12,7 @@
 
 #include "plan/error.h"
 #include "plan/head_file.h"
+#include "plan/header_fields.h"
 
 namespace tfe {
 
@@ -32,48 +33,44 @@ double readable(std::string_view field, float f) {
   return std::stod(fmt::format("{}", f));
 }
 
-ordered_json rope_to_json(const Rope& r) {
-  ordered_json j;
-  j["theta"] = readable("rope.theta", r.theta);
-  j["llama3"] = r.llama3;
-  j["factor"] = readable("rope.factor", r.factor);
-  j["low_freq_factor"] = readable("rope.low_freq_factor", r.low_freq_factor);
-  j["high_freq_factor"] = readable("rope.high_freq_factor", r.high_freq_factor);
-  j["original_max_positions"] = r.original_max_positions;
-  return j;
-}
+// Writes the fields (plan/header_fields.h) into a JSON object, floats in their shortest form.
+struct JsonWriter {
+  ordered_json& j;
+  std::string where;  // "" or "rope", for messages
+
+  std::string path(const char* key) const { return where.empty() ? key : where + "." + key; }
+  void integer(const char* key, int64_t v) { j[key] = v; }
+  void real(const char* key, float v) { j[key] = readable(path(key), v); }
+  void flag(const char* key, bool v) { j[key] = v; }
+  void text(const char* key, const std::string& v) { j[key] = v; }
+  void names(const char* key, const std::vector<std::string>& v) { j[key] = v; }
+  void head_type(const char* key, HeadType t) { j[key] = head_type_name(t); }
+  void rope(const char* key, const Rope& r) {
+    ordered_json sub;
+    JsonWriter w{sub, key};
+    visit_rope_fields(w, r);
+    j[key] = std::move(sub);
+  }
+  void taps(const char* key, const std::vector<Tap>& taps) {
+    ordered_json out = ordered_json::array();
+    for (const auto& t : taps) {
+      ordered_json tap;
+      if (t.layer == -1) {
+        tap["layer"] = kFinalLayer;
+      } else {
+        tap["layer"] = t.layer;
+      }
+      tap["norm"] = t.norm;
+      out.push_back(std::move(tap));
+    }
+    j[key] = std::move(out);
+  }
+};
 
 ordered_json header_to_json(const HeadHeader& h) {
   ordered_json j;
-  j["name"] = h.name;
-  ordered_json taps = ordered_json::array();
-  for (const auto& t : h.taps) {
-    ordered_json tap;
-    if (t.layer == -1) {
-      tap["layer"] = kFinalLayer;
-    } else {
-      tap["layer"] = t.layer;
-    }
-    tap["norm"] = t.norm;
-    taps.push_back(std::move(tap));
-  }
-  j["taps"] = std::move(taps);
-  j["target_hidden"] = h.target_hidden;
-  j["hidden"] = h.hidden;
-  j["heads"] = h.heads;
-  j["kv_heads"] = h.kv_heads;
-  j["head_dim"] = h.head_dim;
-  j["ffn"] = h.ffn;
-  j["vocab"] = h.vocab;
-  j["draft_vocab"] = h.draft_vocab;
-  j["window"] = h.window;
-  j["rope"] = rope_to_json(h.rope);
-  j["rms_eps"] = readable("rms_eps", h.rms_eps);
-  j["qk_norm"] = h.qk_norm;
-  j["head_type"] = head_type_name(h.head_type);
-  j["cand_k"] = h.cand_k;
-  j["lowrank"] = h.lowrank;
-  j["fp8"] = h.fp8;
+  JsonWriter w{j, ""};
+  visit_header_fields(w, h);
   return j;
 }
 
@@ -156,72 +153,70 @@ constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
-Rope rope_from_json(const json& j) {
-  FieldReader f(j, "rope");
-  Rope r;
-  r.theta = f.number("theta");
-  r.llama3 = f.boolean("llama3");
-  r.factor = f.number("factor");
-  r.low_freq_factor = f.number("low_freq_factor");
-  r.high_freq_factor = f.number("high_freq_factor");
-  r.original_max_positions = static_cast<int>(f.integer("original_max_positions", kIntMin, kIntMax));
-  f.finish();
-  return r;
-}
+// Reads the fields (plan/header_fields.h) from a JSON object through a FieldReader.
+struct JsonReader {
+  FieldReader& f;
+
+  void integer(const char* key, int64_t& out) { out = f.integer(key, kInt64Min, kInt64Max); }
+  void integer(const char* key, int& out) { out = static_cast<int>(f.integer(key, kIntMin, kIntMax)); }
+  void real(const char* key, float& out) { out = f.number(key); }
+  void flag(const char* key, bool& out) { out = f.boolean(key); }
+  void text(const char* key, std::string& out) { out = f.string(key); }
+  void rope(const char* key, Rope& r) {
+    FieldReader sub(f.object(key), f.path(key));
+    JsonReader read{sub};
+    visit_rope_fields(read, r);
+    sub.finish();
+  }
+  void head_type(const char* key, HeadType& out) {
+    const std::string type = f.string(key);
+    if (type == head_type_name(HeadType::dense)) {
+      out = HeadType::dense;
+    } else if (type == head_type_name(HeadType::two_stage)) {
+      out = HeadType::two_stage;
+    } else {
+      fail("head header: field `{}` = \"{}\" must be \"dense\" or \"two_stage\"", f.path(key), type);
+    }
+  }
+  void names(const char* key, std::vector<std::string>& out) {
+    const json& a = f.array(key);
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!a[i].is_string())
+        fail("head header: field `{}[{}]` must be a string naming a linear (got {})", f.path(key), i, describe(a[i]));
+      out.push_back(a[i].get<std::string>());
+    }
+  }
+  void taps(const char* key, std::vector<Tap>& out) {
+    const json& taps = f.array(key);
+    for (size_t i = 0; i < taps.size(); ++i) {
+      const std::string where = fmt::format("{}[{}]", f.path(key), i);
+      if (!taps[i].is_object())
+        fail("head header: field `{}` must be an object (got {})", where, taps[i].type_name());
+      FieldReader t(taps[i], where);
+      Tap tap;
+      const json& layer = t.at("layer");
+      if (layer.is_string()) {
+        if (layer.get<std::string>() != kFinalLayer)
+          fail("head header: field `{}.layer` = {} must be an integer >= 0 or \"final\"", where, describe(layer));
+        tap.layer = -1;
+      } else {
+        // -1 is how a Tap says `final`; the file spells it out, so a negative number is never a tap.
+        tap.layer = static_cast<int>(FieldReader::integer_value(layer, where + ".layer", 0, kIntMax));
+      }
+      tap.norm = t.boolean("norm");
+      t.finish();
+      out.push_back(tap);
+    }
+  }
+};
 
 HeadHeader header_from_json(const json& j, int format_version) {
   if (!j.is_object()) fail("head header: `tfe.header` must be a JSON object (got {})", j.type_name());
   FieldReader f(j, "");
   HeadHeader h;
   h.format_version = format_version;
-  h.name = f.string("name");
-  const json& taps = f.array("taps");
-  for (size_t i = 0; i < taps.size(); ++i) {
-    const std::string where = fmt::format("taps[{}]", i);
-    if (!taps[i].is_object()) fail("head header: field `{}` must be an object (got {})", where, taps[i].type_name());
-    FieldReader t(taps[i], where);
-    Tap tap;
-    const json& layer = t.at("layer");
-    if (layer.is_string()) {
-      if (layer.get<std::string>() != kFinalLayer)
-        fail("head header: field `{}.layer` = {} must be an integer >= 0 or \"final\"", where, describe(layer));
-      tap.layer = -1;
-    } else {
-      // -1 is how a Tap says `final`; the file spells it out, so a negative number is never a tap.
-      tap.layer = static_cast<int>(FieldReader::integer_value(layer, where + ".layer", 0, kIntMax));
-    }
-    tap.norm = t.boolean("norm");
-    t.finish();
-    h.taps.push_back(tap);
-  }
-  h.target_hidden = f.integer("target_hidden", kInt64Min, kInt64Max);
-  h.hidden = f.integer("hidden", kInt64Min, kInt64Max);
-  h.heads = f.integer("heads", kInt64Min, kInt64Max);
-  h.kv_heads = f.integer("kv_heads", kInt64Min, kInt64Max);
-  h.head_dim = f.integer("head_dim", kInt64Min, kInt64Max);
-  h.ffn = f.integer("ffn", kInt64Min, kInt64Max);
-  h.vocab = f.integer("vocab", kInt64Min, kInt64Max);
-  h.draft_vocab = f.integer("draft_vocab", kInt64Min, kInt64Max);
-  h.window = static_cast<int>(f.integer("window", kIntMin, kIntMax));
-  h.rope = rope_from_json(f.object("rope"));
-  h.rms_eps = f.number("rms_eps");
-  h.qk_norm = f.boolean("qk_norm");
-  const std::string type = f.string("head_type");
-  if (type == head_type_name(HeadType::dense)) {
-    h.head_type = HeadType::dense;
-  } else if (type == head_type_name(HeadType::two_stage)) {
-    h.head_type = HeadType::two_stage;
-  } else {
-    fail("head header: field `head_type` = \"{}\" must be \"dense\" or \"two_stage\"", type);
-  }
-  h.cand_k = static_cast<int>(f.integer("cand_k", kIntMin, kIntMax));
-  h.lowrank = f.integer("lowrank", kInt64Min, kInt64Max);
-  const json& fp8 = f.array("fp8");
-  for (size_t i = 0; i < fp8.size(); ++i) {
-    if (!fp8[i].is_string())
-      fail("head header: field `fp8[{}]` must be a string naming a linear (got {})", i, describe(fp8[i]));
-    h.fp8.push_back(fp8[i].get<std::string>());
-  }
+  JsonReader read{f};
+  visit_header_fields(read, h);
   f.finish();
   return h;
 }
