@@ -1,4 +1,5 @@
-// bench_gemv: the gemv kernel alone at the llama3-8b-eagle3 linears, against the memory floor.
+// bench_gemv: the gemv kernel alone at the llama3-8b-eagle3 linears (and, with --linears, tfe-two-stage's
+// lr_a and lr_b), against the memory floor.
 //
 // Each specialization is compiled through tfe's compiler and kernel cache and launched as the runtime
 // launches it (compiler/launch_shapes.cpp, one 8-byte slot per registry parameter). Per (shape, weight
@@ -11,8 +12,8 @@
 //   floor   weight bytes / copy bandwidth, the copy bandwidth being a cudaMemcpyAsync device-to-device of
 //           1 GiB counted as bytes read + written (median of 10).
 // Per (shape, weight kind, ROWS, COLS), with --cols choosing COLS (output columns per CTA; SwiGLU runs at 16
-// only). The last table sums the five linears per (weight kind, ROWS, COLS): one draft step's gemv time
-// against its floor. Exit status 1 when a check failed.
+// only). The last table sums the chosen linears per (weight kind, ROWS, COLS): for the default five, one
+// draft step's gemv time against its floor. Exit status 1 when a check failed.
 //
 // --source NAME=FILE replaces an embedded kernel source (e.g. gemv.cuh) with a file's text, so that a
 // candidate kernel is measured without rebuilding the library (its launch shape must not change).
@@ -46,13 +47,16 @@ struct Shape {
   int64_t k, n, epilogue;
 };
 
-// The linears of one llama3-8b-eagle3 draft step (N = output columns; SwiGLU reads 2N weight rows).
-const std::vector<Shape> kShapes = {
+// The linears of a llama3-8b-eagle3 draft step (N = output columns; SwiGLU reads 2N weight rows), and
+// the low-rank scorer of tfe-two-stage (lr_a, lr_b), which --linears may add.
+const std::vector<Shape> kCatalog = {
     {"wqkv", 8192, 6144, kc::kEpilogueBF16},
     {"wo", 4096, 4096, kc::kEpilogueResidual},
     {"w_gate_up", 4096, 14336, kc::kEpilogueSwiGLU},
     {"w_down", 14336, 4096, kc::kEpilogueResidual},
     {"lm_head", 4096, 32000, kc::kEpilogueF32},
+    {"lr_a", 4096, 512, kc::kEpilogueBF16},
+    {"lr_b", 512, 32000, kc::kEpilogueF32},
 };
 
 constexpr int kLaunches = 200;
@@ -311,10 +315,14 @@ std::vector<int64_t> parse_list(const std::string& text, const char* what) {
 int main(int argc, char** argv) {
   CLI::App app{"gemv alone at the llama3-8b-eagle3 linears: time, bandwidth against copy speed, and a check"};
   std::string rows_text = "1,2,4,8,16", weights_text = "bf16,fp8", cols_text = "16", label = "gemv";
+  std::string linears_text = "wqkv,wo,w_gate_up,w_down,lm_head";
   std::vector<std::string> sources;
   app.add_option("--rows", rows_text, "ROWS values (rows = ROWS), comma-separated");
   app.add_option("--weights", weights_text, "weight kinds: bf16, fp8, comma-separated");
   app.add_option("--cols", cols_text, "COLS values (output columns per CTA: 16, 32), comma-separated");
+  app.add_option("--linears", linears_text,
+                 "linears to time, comma-separated: wqkv, wo, w_gate_up, w_down, lm_head (the default: one llama3 "
+                 "step), lr_a, lr_b");
   app.add_option("--source", sources, "NAME=FILE: replace the embedded kernel source NAME with FILE's text");
   app.add_option("--label", label, "names this run in the summary lines");
   CLI11_PARSE(app, argc, argv);
@@ -326,6 +334,13 @@ int main(int argc, char** argv) {
     const std::vector<int64_t> row_tiles = parse_list(rows_text, "rows");
     for (int64_t r : row_tiles)
       if (r < 1 || r > 16) fail("--rows: ROWS {} is outside 1..16", r);
+    std::vector<Shape> shapes;
+    std::stringstream ls(linears_text);
+    for (std::string item; std::getline(ls, item, ',');) {
+      const auto it = std::find_if(kCatalog.begin(), kCatalog.end(), [&](const Shape& s) { return s.name == item; });
+      if (it == kCatalog.end()) fail("--linears: no linear `{}` (wqkv, wo, w_gate_up, w_down, lm_head, lr_a, lr_b)", item);
+      shapes.push_back(*it);
+    }
     const std::vector<int64_t> col_tiles = parse_list(cols_text, "cols");
     for (int64_t c : col_tiles)
       if (c != 16 && c != 32) fail("--cols: COLS {} is neither 16 nor 32", c);
@@ -369,7 +384,7 @@ int main(int argc, char** argv) {
     const auto cols_of = [](const Shape& s, int64_t cols) { return s.epilogue == kc::kEpilogueSwiGLU ? 16 : cols; };
     std::vector<Job> jobs;
     for (int64_t weight : weights)
-      for (const Shape& s : kShapes)
+      for (const Shape& s : shapes)
         for (int64_t rows : row_tiles)
           for (int64_t cols : col_tiles) {
             if (cols != cols_of(s, cols)) continue;
@@ -399,14 +414,14 @@ int main(int argc, char** argv) {
     }
 
     // One draft step's linears per (weight kind, rows).
-    fmt::print("\n{}: one step's five linears\n{:>5} {:>5} {:>5} {:>9} {:>9} {:>7}\n", label, "w", "rows", "cols", "us",
+    fmt::print("\n{}: the linears summed\n{:>5} {:>5} {:>5} {:>9} {:>9} {:>7}\n", label, "w", "rows", "cols", "us",
                "floor us", "ratio");
     for (int64_t weight : weights)
       for (int64_t rows : row_tiles)
         for (int64_t cols : col_tiles) {
           double us = 0, bytes = 0;
           for (const Result& r : results)
-            for (const Shape& s : kShapes)
+            for (const Shape& s : shapes)
               if (r.shape == s.name && r.rows == rows && r.cols == cols_of(s, cols) &&
                   r.weight == (weight == kc::kWeightFP8 ? "fp8" : "bf16"))
                 us += r.us, bytes += r.bytes;

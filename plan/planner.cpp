@@ -353,12 +353,14 @@ class Planner {
 
   // Output columns per gemv CTA. 32 halves the x traffic per weight byte, which above 8 rows costs as
   // much L2 and shared-memory traffic as the weights (twice as much in FP8); it also halves the CTAs,
-  // which slows every linear with fewer than about 4 CTAs per SM left (kernels/README.md, COLS). So: 32
-  // above 8 rows where at least kGemvWideCtas remain, which at the shapes of today's heads is the
-  // vocabulary head alone.
-  static constexpr int64_t kGemvWideCtas = 512;
-  static int64_t gemv_cols(int64_t tile_rows, int64_t n, int64_t epilogue) {
-    const bool wide = tile_rows > 8 && epilogue != kc::kEpilogueSwiGLU && (n + 31) / 32 >= kGemvWideCtas;
+  // which slows every linear with fewer than about 4 CTAs per SM left, and a short K (lr_b, K = 512),
+  // whose CTAs are too brief to gain (kernels/README.md, COLS). So: 32 above 8 rows where at least
+  // kGemvWideCtas remain and K is at least kGemvWideMinK, which at the shapes of today's heads is the
+  // dense vocabulary head (lm_head) alone.
+  static constexpr int64_t kGemvWideCtas = 512, kGemvWideMinK = 2048;
+  static int64_t gemv_cols(int64_t tile_rows, int64_t k, int64_t n, int64_t epilogue) {
+    const bool wide = tile_rows > 8 && epilogue != kc::kEpilogueSwiGLU && (n + 31) / 32 >= kGemvWideCtas &&
+                      k >= kGemvWideMinK;
     return wide ? 32 : 16;
   }
 
@@ -368,7 +370,7 @@ class Planner {
             int64_t n_out = 0) {
     const int64_t n = n_out ? n_out : (epilogue == kc::kEpilogueSwiGLU ? m.n / 2 : m.n);
     auto spec = make_spec("gemv", {{"ROWS", tile_rows}, {"K", m.k}, {"N", n}, {"WEIGHT", m.weight_kind()},
-                                   {"EPILOGUE", epilogue}, {"COLS", gemv_cols(tile_rows, n, epilogue)}});
+                                   {"EPILOGUE", epilogue}, {"COLS", gemv_cols(tile_rows, m.k, n, epilogue)}});
     return kernel(std::move(name), step, spec, rows, launch_rows,
                   {m.w(first_row), m.scale(first_row), buf("x", std::move(x)), buf("y", std::move(y)),
                    std::move(residual),
@@ -567,9 +569,9 @@ class Planner {
       if (spec.kernel == "gemv" && spec.constant("COLS") == 32)
         wide.push_back(fmt::format("N {} ROWS {}", spec.constant("N"), spec.constant("ROWS")));
     choose("gemv columns per CTA", wide.empty() ? "16" : fmt::format("32 at {}; 16 elsewhere", fmt::join(wide, ", ")),
-           fmt::format("32 above 8 rows where at least {} CTAs remain: it halves the x traffic per weight byte and "
-                       "the CTAs",
-                       kGemvWideCtas));
+           fmt::format("32 above 8 rows where at least {} CTAs remain and K >= {}: it halves the x traffic per "
+                       "weight byte and the CTAs",
+                       kGemvWideCtas, kGemvWideMinK));
     for (auto& [uri, spec] : specs_) p_.specs.push_back(spec);  // std::map: sorted by uri
     if (gemms_ == 0) {
       p_.cublaslt_workspace = 0;
