@@ -296,11 +296,17 @@ struct Bench {
   }
 };
 
+// The items of a comma-separated option.
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+  return out;
+}
+
 std::vector<int64_t> parse_list(const std::string& text, const char* what) {
   std::vector<int64_t> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
+  for (const std::string& item : split_list(text)) {
     try {
       out.push_back(std::stoll(item));
     } catch (const std::exception&) {
@@ -335,18 +341,17 @@ int main(int argc, char** argv) {
     for (int64_t r : row_tiles)
       if (r < 1 || r > 16) fail("--rows: ROWS {} is outside 1..16", r);
     std::vector<Shape> shapes;
-    std::stringstream ls(linears_text);
-    for (std::string item; std::getline(ls, item, ',');) {
+    for (const std::string& item : split_list(linears_text)) {
       const auto it = std::find_if(kCatalog.begin(), kCatalog.end(), [&](const Shape& s) { return s.name == item; });
-      if (it == kCatalog.end()) fail("--linears: no linear `{}` (wqkv, wo, w_gate_up, w_down, lm_head, lr_a, lr_b)", item);
+      if (it == kCatalog.end())
+        fail("--linears: no linear `{}` (wqkv, wo, w_gate_up, w_down, lm_head, lr_a, lr_b)", item);
       shapes.push_back(*it);
     }
     const std::vector<int64_t> col_tiles = parse_list(cols_text, "cols");
     for (int64_t c : col_tiles)
       if (c != 16 && c != 32) fail("--cols: COLS {} is neither 16 nor 32", c);
     std::vector<int64_t> weights;
-    std::stringstream ws(weights_text);
-    for (std::string item; std::getline(ws, item, ',');) {
+    for (const std::string& item : split_list(weights_text)) {
       if (item == "bf16") weights.push_back(kc::kWeightBF16);
       else if (item == "fp8") weights.push_back(kc::kWeightFP8);
       else fail("--weights: `{}` is neither bf16 nor fp8", item);
@@ -407,7 +412,8 @@ int main(int argc, char** argv) {
       const Result r = bench.run(*job.shape, job.weight, job.rows, job.cols, compiled);
       const double floor_us = r.bytes / copy_bw * 1e6;
       fmt::print("{:<10} {:>5} {:>5} {:>5} {:>9.2f} {:>9.2f} {:>8.0f} {:>6.1f}% {:>9.2e}  {}\n", r.shape, r.weight,
-                 r.rows, r.cols, r.us, floor_us, r.bytes / (r.us * 1e-6) * 1e-9, 100.0 * floor_us / r.us, r.err, r.ok ? "ok" : "FAIL");
+                 r.rows, r.cols, r.us, floor_us, r.bytes / (r.us * 1e-6) * 1e-9, 100.0 * floor_us / r.us, r.err,
+                 r.ok ? "ok" : "FAIL");
       std::fflush(stdout);
       all_ok = all_ok && r.ok;
       results.push_back(r);

@@ -5,8 +5,9 @@
 // j0..j0+COLS-1 and KSPLIT warps; warp w takes the K steps w, w + KSPLIT, ... Each step is one mma.sync
 // m16n8k16 tile row per 16 weight rows: lane (g = lane / 4, t = lane % 4) loads one 16-byte chunk of
 // weight rows j0+g and j0+g+8 (and j0+16+g, j0+24+g at COLS 32) at k0 = step * 4E + t * E, and the
-// 16-byte chunk of x at the same k0 for input row g (+8 per n tile). A dot product is invariant under a permutation of k shared by both operands, so the
-// contiguous chunks are fed to the mma as if they were its k columns. Each weight byte is read once
+// 16-byte chunk of x at the same k0 for input row g (+8 per n tile). A dot product is invariant under a
+// permutation of k shared by both operands, so the contiguous chunks are fed to the mma as if they were
+// its k columns. Each weight byte is read once
 // (streaming, no L1 allocation); each x chunk serves 16 weight rows (32 for SwiGLU and at COLS 32). The
 // KSPLIT partial tiles are summed in warp order through shared memory, so the result does not depend on
 // scheduling. A column's sum is the same at COLS 16 and 32: the second 16 columns only share x's loads,

@@ -1,18 +1,15 @@
 // Seeds for fuzz_head_file: valid heads of a few shapes (dense, two-stage, with FP8 forms, and a micro
 // head whose file is mostly header, where the rules are) and truncations of one of them.
-#include <cstdio>
 #include <string>
 
 #include "plan/presets.h"
 #include "test_util.h"
+#include "seed_corpus.h"
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
-    return 2;
-  }
-  const std::filesystem::path dir = argv[1];
-  std::filesystem::create_directories(dir);
+  const auto corpus = corpus_dir(argc, argv);
+  if (!corpus) return 2;
+  const std::filesystem::path& dir = *corpus;
   auto save = [&](const std::vector<std::byte>& bytes, const std::string& name) {
     std::ofstream f(dir / name, std::ios::binary | std::ios::trunc);
     f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));

@@ -1,6 +1,5 @@
 // Seeds for fuzz_plan_yaml: dumped plans of the tiny presets (dense and two-stage, a single bucket and
 // one step so each seed stays small enough for the fuzzer to mutate quickly), with and without FP8.
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -8,14 +7,12 @@
 #include "plan/plan.h"
 #include "plan/plan_yaml.h"
 #include "plan/presets.h"
+#include "seed_corpus.h"
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
-    return 2;
-  }
-  const std::filesystem::path dir = argv[1];
-  std::filesystem::create_directories(dir);
+  const auto corpus = corpus_dir(argc, argv);
+  if (!corpus) return 2;
+  const std::filesystem::path& dir = *corpus;
   for (const char* preset : {"tiny", "tiny-two-stage"}) {
     for (bool fp8 : {false, true}) {
       tfe::HeadHeader h = tfe::preset_header(preset);
