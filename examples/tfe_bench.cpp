@@ -68,6 +68,7 @@ struct Options {
   std::string head;
   std::string artifact;
   std::string fp8 = "auto";
+  std::string dependent_launch = "plan";
   std::string streams = "1,2,4,8,16";
   std::string steps = "1..8";
   int iters = 50;
@@ -407,6 +408,10 @@ int run(const Options& o) {
     open.plan = p;
   }
   open.capture = tfe::OpenOptions::Capture::lazy;
+  using Dependent = tfe::OpenOptions::DependentLaunch;
+  open.dependent_launch = o.dependent_launch == "all"   ? Dependent::all
+                          : o.dependent_launch == "off" ? Dependent::off
+                                                        : Dependent::plan;
 
   std::optional<tfe::Runtime> rt;
   parts.run("open", [&] {
@@ -414,6 +419,7 @@ int run(const Options& o) {
     rt.emplace(tfe::Runtime::open(o.head, open));
     out["open_ms"] = ms_since(t0);
     out["open_capture"] = "lazy";
+    out["dependent_launch"] = o.dependent_launch;
   });
   if (!rt) {
     out["errors"] = errors;
@@ -710,6 +716,9 @@ int main(int argc, char** argv) {
   app.add_option("--artifact", o.artifact, "deploy artifact directory (tfe-plan compile); else plan and compile now");
   app.add_option("--fp8", o.fp8, "FP8 mode without an artifact: auto, off, require")
       ->check(CLI::IsMember({"auto", "off", "require"}));
+  app.add_option("--dependent-launch", o.dependent_launch,
+                 "programmatic dependent launch of the draft kernels: plan (where the plan marks it), off, all")
+      ->check(CLI::IsMember({"plan", "off", "all"}));
   app.add_option("--streams", o.streams, "slots per draft call: a list (1,2,4) or range (1..4)");
   app.add_option("--steps", o.steps, "draft steps per call: a list or range");
   app.add_option("--iters", o.iters, "timed calls per (streams, steps)");

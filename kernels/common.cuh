@@ -23,6 +23,15 @@ __host__ __device__ constexpr long long ceil_div(long long a, long long b) { ret
 __host__ __device__ constexpr long long min_ll(long long a, long long b) { return a < b ? a : b; }
 __host__ __device__ constexpr long long max_ll(long long a, long long b) { return a > b ? a : b; }
 
+// Programmatic dependent launch (sm_90). A kernel launched with the programmatic-serialization attribute
+// may start while its predecessor in the stream is still running; it must not read anything an earlier
+// node wrote, nor write anything, before `wait_for_predecessors()` returns (the predecessor has then
+// completed and its writes are visible). Weights are read-only for a pass, so a GEMV may start loading
+// them before the wait. `release_dependents()` lets the next kernel launch once every CTA of this one
+// has called it or exited; without the attribute both are no-ops.
+__device__ __forceinline__ void wait_for_predecessors() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void release_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 // -inf without <cmath> (NVRTC has no INFINITY).
 __device__ __forceinline__ float neg_inf() { return __int_as_float(static_cast<int>(0xff800000u)); }
 

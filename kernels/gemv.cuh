@@ -27,6 +27,10 @@
 // with plain loads. Shapes whose chunks straddle a row's end, and bf16 SwiGLU (see RING), use the
 // direct-load loop instead: UNROLL steps of loads into registers, then their mmas. Both loops run the
 // same per-step arithmetic in the same per-warp step order, so they give the same bits.
+//
+// Dependent launch: the ring's first weight stages are issued before the wait for the predecessor (the
+// weights are constant during a pass), x after it; the successor may launch once every CTA has read its
+// weights. Without the launch attribute both points are no-ops and the order is the plain one.
 #pragma once
 #include "common.cuh"
 
@@ -312,19 +316,24 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILO
     // Step i of this warp (k step warp + i * KSPLIT) into ring stage `stage`: cp.async when the rows are
     // 16-byte aligned, else plain loads stored into the ring one chunk at a time (a rare path, kept from
     // adding to the registers of the common one).
-    auto fill = [&](int i, int stage) {
+    // `weights` / `xs`: which of the step's chunks to copy (the prologue copies the weights of its first
+    // stages before the wait for the predecessor, their x after it).
+    const bool async_fill = w_vec && (x_vec || !S::X_RING);
+    auto fill = [&](int i, int stage, bool weights = true, bool xs = true) {
       const long long k0 = (warp + static_cast<long long>(i) * S::KSPLIT) * S::STEP + t * S::E;
       const unsigned dst = ring_lane + stage * STAGE_BYTES;
-      if (w_vec && (x_vec || !S::X_RING)) {
+      if (async_fill) {
         const long long at = k0 * S::WBYTES;
         const unsigned bytes = at < W_ROW_BYTES ? 16u : 0u;
+        if (weights) {
 #pragma unroll
-        for (int m = 0; m < S::MT; ++m)
+          for (int m = 0; m < S::MT; ++m)
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            copy_async_16<false>(dst + (2 * m + h) * SLOT_BYTES, wrow[m][h] && bytes ? wrow[m][h] + at : w,
-                                 wrow[m][h] ? bytes : 0u);
-        if constexpr (S::X_RING) {
+            for (int h = 0; h < 2; ++h)
+              copy_async_16<false>(dst + (2 * m + h) * SLOT_BYTES, wrow[m][h] && bytes ? wrow[m][h] + at : w,
+                                   wrow[m][h] ? bytes : 0u);
+        }
+        if (S::X_RING && xs) {
 #pragma unroll
           for (int n = 0; n < S::NT; ++n)
 #pragma unroll
@@ -365,9 +374,20 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILO
                              : make_uint4(0u, 0u, 0u, 0u);
     };
 
+    // Prologue: the first STAGES - 1 steps. Their weights (one commit group) go before the wait for the
+    // predecessor, so that under programmatic launch they stream while it finishes; their x (a group per
+    // step) after it. Step i's chunks are then complete once all but the latest STAGES - 2 groups are,
+    // the same count as in the loop.
+    if (async_fill) {
+#pragma unroll
+      for (int i = 0; i < S::STAGES - 1; ++i)
+        if (i < nsteps) fill(i, i, true, false);
+    }
+    copy_async_commit();
+    wait_for_predecessors();
 #pragma unroll
     for (int i = 0; i < S::STAGES - 1; ++i) {
-      if (i < nsteps) fill(i, i);
+      if (i < nsteps) fill(i, i, !async_fill, true);
       copy_async_commit();  // empty groups keep the count of groups per step fixed
     }
     uint4 xa[S::NT][S::XCHUNKS], xb[S::NT][S::XCHUNKS];
@@ -403,10 +423,13 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILO
       step(i, xa, xb);
       if (i + 1 < nsteps) step(i + 1, xb, xa);
     }
+    release_dependents();  // this CTA's weights are read: the next kernel may start on its own
     copy_async_wait<0>();  // only empty groups remain; the ring is free for the join
     writer = join([&](int v) { return reinterpret_cast<float*>(&ring[v][0][0][0]); });
   } else {
+    wait_for_predecessors();
     direct_loop();
+    release_dependents();
     __shared__ float part[S::KSPLIT > 1 ? S::KSPLIT - 1 : 1][ACC * 32];
     writer = join([&](int v) { return part[v - 1]; });
   }

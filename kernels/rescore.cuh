@@ -77,6 +77,8 @@ __device__ __forceinline__ float rescore_chunk_dot(const uint4 c, const uint4* x
 
 template <typename Cfg>
 __global__ void __launch_bounds__(32 * kRescoreWarps) rescore_logits(const RescoreLogitsParams p) {
+  wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
+  release_dependents();     // short: the next kernel may start loading its weights now
   constexpr long long H = Cfg::HIDDEN, KC = Cfg::CAND_K;
   constexpr bool FP8 = Cfg::WEIGHT == kWeightFP8;
   constexpr int E = FP8 ? 16 : 8;  // elements per 16-byte weight chunk
@@ -124,6 +126,8 @@ __global__ void __launch_bounds__(32 * kRescoreWarps) rescore_logits(const Resco
 
 template <typename Cfg>
 __global__ void __launch_bounds__(32) rescore_join(const RescoreJoinParams p) {
+  wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
+  release_dependents();     // short: the next kernel may start loading its weights now
   constexpr long long KC = Cfg::CAND_K;
   const int lane = threadIdx.x;
   const long long r = blockIdx.x;

@@ -165,6 +165,8 @@ __device__ __forceinline__ void take_in_order(const KeyAt& key_at, int n, unsign
 
 template <typename Cfg>
 __global__ void __launch_bounds__(kTopkThreads) topk_partial(const TopkPartialParams p) {
+  wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
+  release_dependents();     // short: the next kernel may start loading its weights now
   using S = TopkShape<Cfg>;
   constexpr int PER_THREAD = static_cast<int>(ceil_div(S::CHUNK, kTopkThreads));
   __shared__ unsigned keys[S::CHUNK];
@@ -195,6 +197,8 @@ __global__ void __launch_bounds__(kTopkThreads) topk_partial(const TopkPartialPa
 
 template <typename Cfg>
 __global__ void __launch_bounds__(kTopkThreads) topk_join(const TopkJoinParams p) {
+  wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
+  release_dependents();     // short: the next kernel may start loading its weights now
   using S = TopkShape<Cfg>;
   constexpr int N = static_cast<int>(S::JOIN_N);
   constexpr bool STAGED = S::JOIN_N <= kTopkJoinStaged;

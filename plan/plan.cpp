@@ -207,6 +207,8 @@ void check_node(const Node& n, const std::map<std::string, const Buffer*>& buffe
     fail("plan: node {} has an invalid launch shape", n.name);
   for (int64_t g : n.launch.grid)
     if (g < 1) fail("plan: node {} has a grid dimension {} < 1", n.name, g);
+  if (n.dependent && n.step < 1)
+    fail("plan: node {} is marked dependent, but only the kernels of a draft pass launch that way", n.name);
   if (n.rows != Node::Rows::fixed && n.launch.rows_axis < 0)
     fail("plan: node {} runs on rows set at launch but its launch has no rows axis", n.name);
 }

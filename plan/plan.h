@@ -14,7 +14,7 @@
 namespace tfe {
 
 // Version of the plan schema (YAML and struct). Loading another version is refused.
-inline constexpr int kPlanSchemaVersion = 2;
+inline constexpr int kPlanSchemaVersion = 3;
 
 enum class Fp8Mode : uint8_t { automatic, off, require };  // YAML / CLI: auto, off, require
 std::string_view fp8_mode_name(Fp8Mode m);
@@ -90,6 +90,10 @@ struct Node {
   Kind kind = Kind::kernel;
   std::string spec;  // kernel: KernelSpec::uri() of a spec in Plan::specs
   LaunchShape launch;
+  // Launched with programmatic stream serialization: the kernel may start while its predecessor
+  // finishes (every kernel waits in-kernel before it touches an earlier node's output; a GEMV streams
+  // its first weights before that wait). Kernel nodes of a draft pass only.
+  bool dependent = false;
   std::vector<Arg> args;  // kernel: one per KernelDef param, in order
   Gemm gemm;              // gemm
   // The rows a node runs on. `fixed`: a draft node, for its bucket's streams (baked into its args and

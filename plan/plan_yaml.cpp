@@ -107,6 +107,7 @@ YAML::Node node_yaml(const Node& node) {
     l["smem"] = node.launch.smem;
     l["rows_axis"] = node.launch.rows_axis;
     l["rows_per_block"] = node.launch.rows_per_block;
+    l["dependent"] = node.dependent;
     n["launch"] = l;
     YAML::Node args(YAML::NodeType::Sequence);
     for (const auto& a : node.args) args.push_back(arg_yaml(a));
@@ -218,6 +219,7 @@ Node load_node(const yaml::Field& f) {
     n.launch.smem = l.at("smem").i64(0, kI64Max);
     n.launch.rows_axis = l.at("rows_axis").i32(-1, 2);
     n.launch.rows_per_block = l.at("rows_per_block").i64(1, kI64Max);
+    n.dependent = l.at("dependent").boolean();
     l.done();
     for (const auto& a : m.at("args").seq(kMaxArgs)) n.args.push_back(load_arg(a));
   } else {

@@ -33,8 +33,8 @@ constexpr size_t kMaxParams = 16;  // the largest registry kernel has 12 slots
 }
 
 KernelLaunch::KernelLaunch(const Node& node, const LoadedKernel& kernel, const ArenaBases& bases,
-                           int64_t max_rows)
-    : node_(node.name), kernel_(kernel.kernel), shape_(node.launch), max_rows_(max_rows) {
+                           int64_t max_rows, bool dependent)
+    : node_(node.name), kernel_(kernel.kernel), shape_(node.launch), max_rows_(max_rows), dependent_(dependent) {
   if (node.kind != Node::Kind::kernel) fail("node {}: not a kernel node", node.name);
   const KernelSpec& spec = bases.plan->spec(node.spec);
   const KernelDef& def = kernel_def(spec.kernel);
@@ -104,9 +104,19 @@ void KernelLaunch::launch(int64_t rows, cudaStream_t stream) const {
   for (size_t i : rows_slots_) slots[i] = static_cast<uint64_t>(rows);
   void* args[] = {slots.data()};
   const dim3 grid = grid_for_rows(shape_, rows);
-  const cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(kernel_), grid,
-                                         dim3(static_cast<unsigned>(shape_.block)), args,
-                                         static_cast<size_t>(shape_.smem), stream);
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(shape_.block));
+  config.dynamicSmemBytes = static_cast<size_t>(shape_.smem);
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (dependent_) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  const cudaError_t e = cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel_), args);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     fail("launching node {} ({} x {} x {} blocks of {}, {} B shared, {} rows) failed: {} ({})", node_, grid.x, grid.y,

@@ -40,7 +40,10 @@ class KernelLaunch {
  public:
   // Packs `node` (kind kernel) against the registry's parameter list for up to `max_rows` rows; checks
   // names, kinds and the launch shape against the kernel's limits.
-  KernelLaunch(const Node& node, const LoadedKernel& kernel, const ArenaBases& bases, int64_t max_rows);
+  // `dependent`: launch with programmatic stream serialization (the kernel may start before its
+  // predecessor completes; it waits in-kernel).
+  KernelLaunch(const Node& node, const LoadedKernel& kernel, const ArenaBases& bases, int64_t max_rows,
+               bool dependent = false);
 
   // Enqueues the kernel for `rows` rows (1..max_rows).
   void launch(int64_t rows, cudaStream_t stream) const;
@@ -53,6 +56,7 @@ class KernelLaunch {
   cudaKernel_t kernel_ = nullptr;
   LaunchShape shape_;
   int64_t max_rows_ = 0;
+  bool dependent_ = false;
   std::vector<uint64_t> params_;
   std::vector<size_t> rows_slots_;
 };

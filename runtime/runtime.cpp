@@ -383,7 +383,10 @@ void Runtime::Impl::prepare_nodes() {
                              : n.rows == Node::Rows::chunk_rows ? plan.options.extend_rows
                                                                 : plan.options.max_slots;
     if (n.kind == Node::Kind::kernel) {
-      p.kernel.emplace(n, kernels.at(n.spec), bases, max_rows);
+      using Dependent = OpenOptions::DependentLaunch;
+      const Dependent d = options.dependent_launch;
+      const bool dependent = d == Dependent::plan ? n.dependent : d == Dependent::all && n.step >= 1;
+      p.kernel.emplace(n, kernels.at(n.spec), bases, max_rows, dependent);
     } else {
       if (plan.cublaslt_workspace <= 0) fail("plan: node {} is a GEMM but the plan reserves no cuBLASLt workspace", n.name);
       const Gemm& g = n.gemm;

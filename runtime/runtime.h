@@ -51,6 +51,10 @@ struct OpenOptions {
   bool check_bindings = true;    // before each replay: the graph's captured addresses are the live ones
   size_t graph_capacity = 0;     // executors kept; 0: one per (bucket, steps)
   bool verify_sha256 = false;    // hash every tensor of the head file against its recorded sha256
+  // Programmatic dependent launch of the draft passes' kernels (Node::dependent): plan: where the plan
+  // marks it; off: nowhere; all: every kernel node of every draft pass (to measure or test it).
+  enum class DependentLaunch : uint8_t { plan, off, all };
+  DependentLaunch dependent_launch = DependentLaunch::plan;
 };
 
 struct RuntimeStats {

@@ -530,6 +530,26 @@ TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows, with 512 
   }
 }
 
+TEST_CASE("make_plan: draft kernels launch dependent in buckets of up to 2 streams, extend kernels never") {
+  for (const char* preset : {"llama3-8b-eagle3", "tfe-two-stage", "tiny"}) {
+    CAPTURE(preset);
+    Plan p = make_plan(preset_header(preset), golden_options());
+    for (const auto& b : p.buckets) {
+      CAPTURE(b.streams);
+      for (const auto& n : b.nodes) CHECK(n.dependent == (b.streams <= 2));
+    }
+    for (const auto& n : p.extend) CHECK_FALSE(n.dependent);
+    // The flag is plan data: it survives the YAML, and an extend node carrying it is refused by name.
+    CHECK(load_plan_yaml(dump_plan_yaml(p)) == p);
+    Node& extend_kernel = *std::find_if(p.extend.begin(), p.extend.end(),
+                                        [](const Node& n) { return n.kind == Node::Kind::kernel; });
+    extend_kernel.dependent = true;
+    const std::string refusal = fmt::format("plan: node {} is marked dependent", extend_kernel.name);
+    CHECK_THROWS_WITH_AS(validate(p), doctest::Contains(refusal.c_str()), Error);
+    CHECK_THROWS_WITH_AS(load_plan_yaml(dump_plan_yaml(p)), doctest::Contains(refusal.c_str()), Error);
+  }
+}
+
 TEST_CASE("plan YAML: another schema_version is refused naming both versions") {
   const std::string text = dump_plan_yaml(make_plan(preset_header("tiny"), golden_options()));
   const std::string now = fmt::format("schema_version: {}", kPlanSchemaVersion);

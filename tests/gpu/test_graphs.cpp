@@ -13,13 +13,19 @@ namespace {
 // Two runtimes on one head, one replaying graphs and one launching node by node, fed the same calls:
 // every output and every state buffer must match to the bit, for each bucket and step count. Outputs and
 // activations are filled with 0xFF (NaN in bf16 and fp32, -1 as int32) before each pass, so a pass that
-// leaves a value unwritten cannot match by leftover.
-void graph_vs_eager(const std::string& preset, Fp8Mode fp8) {
+// leaves a value unwritten cannot match by leftover. `dependent`: how the graph runtime launches; the
+// eager one never overlaps kernels, so programmatic launch is held to the plain order's bits.
+void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
+                    OpenOptions::DependentLaunch dependent = OpenOptions::DependentLaunch::plan) {
   auto head = random_head_image(preset, 11, fp8 != Fp8Mode::off);
   const HeadHeader& h = head->file.header();
   const PlanOptions po = test_plan_options(fp8);
-  Runtime graph = Runtime::open(head->file, test_open_options(po, true));
-  Runtime eager = Runtime::open(head->file, test_open_options(po, false));
+  OpenOptions go = test_open_options(po, true);
+  go.dependent_launch = dependent;
+  Runtime graph = Runtime::open(head->file, go);
+  OpenOptions eo = test_open_options(po, false);
+  eo.dependent_launch = OpenOptions::DependentLaunch::off;
+  Runtime eager = Runtime::open(head->file, eo);
   REQUIRE(graph.graphs_enabled());
   REQUIRE_FALSE(eager.graphs_enabled());
 
@@ -68,6 +74,12 @@ TFE_GPU_TEST_CASE("graphs: replay equals eager bit for bit, tiny dense, every bu
 }
 TFE_GPU_TEST_CASE("graphs: replay equals eager bit for bit, tiny two_stage FP8") {
   graph_vs_eager("tiny-two-stage", Fp8Mode::require);
+}
+TFE_GPU_TEST_CASE("graphs: replay with dependent launch on every node equals plain eager, tiny dense bf16") {
+  graph_vs_eager("tiny", Fp8Mode::off, OpenOptions::DependentLaunch::all);
+}
+TFE_GPU_TEST_CASE("graphs: replay with dependent launch on every node equals plain eager, tiny two_stage FP8") {
+  graph_vs_eager("tiny-two-stage", Fp8Mode::require, OpenOptions::DependentLaunch::all);
 }
 
 TFE_GPU_TEST_CASE("graphs: lazy capture captures each key once, at its first replay") {
