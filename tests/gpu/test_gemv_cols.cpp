@@ -1,0 +1,125 @@
+// The gemv's output width per CTA (COLS 16 or 32) changes which CTA computes a column, never its bits:
+// at either width a column is the same per-warp step sums joined in the same warp order. The planner
+// picks the width for speed alone (plan/planner.cpp gemv_cols), so both specializations of one shape
+// must write identical outputs. Each runs on the same fresh random x, weights and residual, into outputs
+// filled with NaN first; N is not a multiple of 32 (the last COLS 32 CTA has a partial second tile) and
+// the row counts cover a full and a partial 8-row input tile.
+#include <cstring>
+
+#include "compiler/cache.h"
+#include "compiler/kernel_registry.h"
+#include "compiler/nvrtc.h"
+#include "runtime/cuda_check.h"
+#include "runtime/device_handles.h"
+#include "runtime/device_kernels.h"
+#include "tests/gpu/gpu_test.h"
+
+namespace tfe::test {
+namespace {
+
+struct Inputs {
+  std::vector<uint8_t> w;  // [N, K] bf16 or e4m3 bytes
+  std::vector<float> scale;
+  std::vector<uint16_t> x, residual;
+};
+
+Inputs random_inputs(std::mt19937_64& rng, int64_t rows, int64_t k, int64_t n, bool fp8) {
+  Inputs in;
+  if (fp8) {
+    std::uniform_int_distribution<int> byte(0, 255);
+    in.w.resize(static_cast<size_t>(n * k));
+    for (auto& b : in.w) {
+      do b = static_cast<uint8_t>(byte(rng));
+      while ((b & 0x7f) == 0x7f);  // e4m3 NaN
+    }
+    std::uniform_real_distribution<float> s(0.001f, 0.01f);
+    for (int64_t j = 0; j < n; ++j) in.scale.push_back(s(rng));
+  } else {
+    const auto w = random_bf16(rng, static_cast<size_t>(n * k), 0.05f);
+    in.w.resize(w.size() * 2);
+    std::memcpy(in.w.data(), w.data(), in.w.size());
+    in.scale.assign(static_cast<size_t>(n), 1.0f);
+  }
+  in.x = random_bf16(rng, static_cast<size_t>(rows * k), 2.0f);
+  in.residual = random_bf16(rng, static_cast<size_t>(rows * n), 1.0f);
+  return in;
+}
+
+template <typename T>
+cuda::DeviceMemory upload(const std::vector<T>& v, cudaStream_t s) {
+  auto d = cuda::allocate_device(v.size() * sizeof(T), "test input");
+  TFE_CUDA(cudaMemcpyAsync(d.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+  return d;
+}
+
+// y of one gemv specialization on `in`, as bytes.
+std::vector<uint8_t> run_gemv(const KernelSpec& spec, const std::string& arch, const Inputs& in, int64_t rows,
+                              cudaStream_t s) {
+  CompileOptions options;
+  options.arch = arch;
+  const CachedKernel compiled = KernelCache::from_environment().get(make_compile_unit(spec), options);
+  auto library = cuda::load_library(compiled.kernel.cubin.data(), compiled.kernel.uri.c_str());
+  cudaKernel_t kernel = nullptr;
+  TFE_CUDA(cudaLibraryGetKernel(&kernel, library.get(), compiled.kernel.lowered_name.c_str()));
+
+  const int64_t n = spec.constant("N");
+  const size_t y_bytes = static_cast<size_t>(rows * n) * (spec.constant("EPILOGUE") == kc::kEpilogueF32 ? 4 : 2);
+  auto w = upload(in.w, s), scale = upload(in.scale, s), x = upload(in.x, s), residual = upload(in.residual, s);
+  auto y = cuda::allocate_device(y_bytes, "y");
+  TFE_CUDA(cudaMemsetAsync(y.data(), 0xFF, y_bytes, s));  // NaN in bf16 and f32
+  uint64_t slots[6] = {reinterpret_cast<uint64_t>(w.data()),        reinterpret_cast<uint64_t>(scale.data()),
+                       reinterpret_cast<uint64_t>(x.data()),        reinterpret_cast<uint64_t>(y.data()),
+                       reinterpret_cast<uint64_t>(residual.data()), static_cast<uint64_t>(rows)};
+  void* args[] = {slots};
+  const LaunchShape shape = launch_shape(spec, rows);
+  TFE_CUDA(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), cuda::grid_for_rows(shape, rows),
+                            dim3(static_cast<unsigned>(shape.block)), args, static_cast<size_t>(shape.smem), s));
+  std::vector<uint8_t> out(y_bytes);
+  TFE_CUDA(cudaMemcpyAsync(out.data(), y.data(), y_bytes, cudaMemcpyDeviceToHost, s));
+  TFE_CUDA(cudaStreamSynchronize(s));
+  return out;
+}
+
+TFE_GPU_TEST_CASE("gemv: COLS 16 and COLS 32 write the same bits, bf16 and FP8, f32 and residual outputs") {
+  int device = 0;
+  cudaDeviceProp prop{};
+  TFE_CUDA(cudaGetDevice(&device));
+  TFE_CUDA(cudaGetDeviceProperties(&prop, device));
+  const std::string arch = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+  auto stream = cuda::create_stream();
+  std::mt19937_64 rng(2026);
+  constexpr int64_t K = 2048, N = 1000;  // 1000 = 31 x 32 + 8: the last COLS 32 CTA holds 8 columns
+  for (const int64_t weight : {kc::kWeightBF16, kc::kWeightFP8})
+    for (const int64_t epilogue : {kc::kEpilogueF32, kc::kEpilogueResidual})
+      for (const int64_t rows : {int64_t{16}, int64_t{11}}) {
+        CAPTURE(weight);
+        CAPTURE(epilogue);
+        CAPTURE(rows);
+        const Inputs in = random_inputs(rng, rows, K, N, weight == kc::kWeightFP8);
+        std::vector<uint8_t> y[2];
+        for (int i = 0; i < 2; ++i) {
+          const KernelSpec spec = make_spec("gemv", {{"ROWS", 16}, {"K", K}, {"N", N}, {"WEIGHT", weight},
+                                                     {"EPILOGUE", epilogue}, {"COLS", i == 0 ? 16 : 32}});
+          y[i] = run_gemv(spec, arch, in, rows, stream.get());
+        }
+        CHECK(y[0] == y[1]);
+        // Every output was written: no NaN left from the fill.
+        size_t unwritten = 0;
+        if (epilogue == kc::kEpilogueF32) {
+          for (size_t e = 0; e < y[1].size(); e += 4) {
+            float v;
+            std::memcpy(&v, &y[1][e], 4);
+            unwritten += v != v;
+          }
+        } else {
+          for (size_t e = 0; e < y[1].size(); e += 2) {
+            const unsigned bits = y[1][e] | (y[1][e + 1] << 8);
+            unwritten += (bits & 0x7f80u) == 0x7f80u && (bits & 0x7fu) != 0;  // bf16 NaN
+          }
+        }
+        CHECK(unwritten == 0);
+      }
+}
+
+}  // namespace
+}  // namespace tfe::test
