@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# A/B of tfe-bench settings on whole draft steps, in one run on a machine with a CUDA device. Each named
+# setting (NAME='tfe-bench options') runs for every preset and dtype, the settings alternated AB_ROUNDS
+# times so that drift hits them alike. Prints us per step at 8 steps (graph replay) per (preset, dtype,
+# streams), one column per setting with every round's figure, and checks that every setting's drafts
+# equal the first setting's byte for byte (a setting may change speed, never tokens).
+#
+# Usage: scripts/ab.sh [BUILD_DIR] NAME='OPTIONS' [NAME='OPTIONS' ...]
+#   e.g. scripts/ab.sh build-gpu off='--dependent-launch off' all='--dependent-launch all'
+# Environment: OUT (default out/ab) receives build.log, per-run JSON and logs, and ab.txt (the table);
+#   BENCH_WORK (default /tmp/tfe-bench, shared with bench.sh) holds the random heads; AB_PRESETS (default
+#   "llama3-8b-eagle3 tfe-two-stage"); AB_STREAMS (default 1,2,4,8,16); AB_ITERS (default 30); AB_ROUNDS
+#   (default 2).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+build="build-gpu"
+if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then build=$1; shift; fi
+[ $# -ge 1 ] || { echo "usage: scripts/ab.sh [BUILD_DIR] NAME='OPTIONS' ..." >&2; exit 2; }
+out=${OUT:-out/ab}
+work=${BENCH_WORK:-/tmp/tfe-bench}
+presets=${AB_PRESETS:-"llama3-8b-eagle3 tfe-two-stage"}
+mkdir -p "$out" "$work"
+names=()
+declare -A options
+for arg in "$@"; do
+  name=${arg%%=*}
+  [[ "$name" =~ ^[A-Za-z0-9_.]+$ && "$arg" == *=* ]] || { echo "ab.sh: '$arg' is not NAME='OPTIONS'" >&2; exit 2; }
+  names+=("$name")
+  options[$name]=${arg#*=}
+done
+
+prefix=()
+[ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
+if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >"$out/build.log" 2>&1 ||
+   ! cmake --build "$build" -j "$(nproc)" --target tfe-bench tfe-plan >>"$out/build.log" 2>&1; then
+  tail -30 "$out/build.log"
+  exit 1
+fi
+export TFE_CACHE_DIR="$PWD/$build/kernel-cache"
+for preset in $presets; do
+  [ -s "$work/$preset.tfe" ] || "$build/tfe-plan" random --preset "$preset" --seed 1 --fp8 -o "$work/$preset.tfe" >/dev/null
+done
+
+status=0
+for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+  for name in "${names[@]}"; do
+    for preset in $presets; do
+      for dtype in bf16 fp8; do
+        mode=$([ "$dtype" = fp8 ] && echo auto || echo off)
+        run="$out/$name.$preset.$dtype.$round"
+        # shellcheck disable=SC2086  # the setting's options are words on purpose
+        if ! "$build/examples/tfe-bench" --head "$work/$preset.tfe" --fp8 "$mode" --streams "${AB_STREAMS:-1,2,4,8,16}" \
+            --steps 8 --iters "${AB_ITERS:-30}" --no-eager --json "$run.json" --drafts-out "$run.drafts" \
+            ${options[$name]} >"$run.log" 2>&1; then
+          echo "!! tfe-bench $name $preset $dtype round $round failed (log: $run.log)"
+          status=1
+        fi
+      done
+    done
+  done
+done
+
+python3 - "$out" "${names[@]}" <<'EOF' | tee "$out/ab.txt"
+import filecmp, glob, json, os, sys
+out, names = sys.argv[1], sys.argv[2:]
+cells, floor = {}, {}
+for path in sorted(glob.glob(os.path.join(out, "*.json"))):
+    name, preset, dtype, rnd = os.path.basename(path)[:-5].split(".")
+    if name not in names:
+        continue
+    j = json.load(open(path))
+    for d in j.get("draft", []):
+        key = (preset, dtype, d["streams"])
+        cells.setdefault(key, {}).setdefault(name, []).append(d["graph_us_per_step"])
+        floor[key] = d["floor_us_per_step"]
+print("us per step at 8 steps (graph replay), every round; floor = bytes / copy bandwidth")
+print(f"{'preset':18} {'dtype':5} {'streams':>7} " + " ".join(f"{n:>16}" for n in names) + f" {'floor':>7}")
+for key in sorted(cells):
+    row = " ".join(f"{' / '.join(f'{x:.1f}' for x in cells[key].get(n, [])) or '-':>16}" for n in names)
+    print(f"{key[0]:18} {key[1]:5} {key[2]:7} {row} {floor[key]:7.1f}")
+differ = []
+for path in sorted(glob.glob(os.path.join(out, names[0] + ".*.drafts"))):
+    for n in names[1:]:
+        other = path.replace(os.path.join(out, names[0] + "."), os.path.join(out, n + "."), 1)
+        if os.path.exists(other) and not filecmp.cmp(path, other, shallow=False):
+            differ.append(os.path.basename(other))
+print("drafts: every setting equals " + names[0] if not differ else "drafts DIFFER: " + ", ".join(differ))
+sys.exit(1 if differ else 0)
+EOF
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+exit $status
