@@ -27,6 +27,10 @@ struct PlanOptions {
   std::string arch = "sm_90";
   int max_slots = 64;      // sequences the runtime holds; one scratch slot is added for padding
   int extend_rows = 1024;  // rows one extend chunk takes; larger extends run in chunks
+  // Draft passes of buckets up to this many streams launch their kernels dependent (Node::dependent);
+  // 0: none. 2 measured best on the H200 (BENCHMARKS.md, "Programmatic dependent launch"): faster at 1
+  // and 2 streams, mixed at 4, slower at 8 and 16.
+  int dependent_streams = 2;  // 0..16
   bool operator==(const PlanOptions&) const = default;
 };
 
@@ -149,7 +153,7 @@ struct Plan {
 Plan make_plan(const HeadHeader& header, const PlanOptions& options, std::string head_sha256 = "");
 
 // Checks options against their limits (buckets ascending, unique, 1..16; max_steps 1..16; max_slots
-// 1..4096; extend_rows 16..8192; arch sm_<digits>); throws naming the option, its value and the limit.
+// 1..4096; extend_rows 16..8192; dependent_streams 0..16; arch sm_<digits>); throws naming the option, its value and the limit.
 void validate(const PlanOptions& options);
 
 // The compute capability of a validated arch as one number: "sm_90" -> 90.

@@ -258,6 +258,7 @@ std::string dump_plan_yaml(const Plan& p) {
   o["arch"] = p.options.arch;
   o["max_slots"] = p.options.max_slots;
   o["extend_rows"] = p.options.extend_rows;
+  o["dependent_streams"] = p.options.dependent_streams;
   root["options"] = o;
   root["ring_rows"] = p.ring_rows;
   root["fp8"] = p.fp8;
@@ -337,6 +338,7 @@ Plan load_plan_yaml(std::string_view text) {
     p.options.arch = o.at("arch").str();
     p.options.max_slots = o.at("max_slots").i32(1, 4096);
     p.options.extend_rows = o.at("extend_rows").i32(16, 8192);
+    p.options.dependent_streams = o.at("dependent_streams").i32(0, 16);
     o.done();
     try {
       validate(p.options);

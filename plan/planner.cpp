@@ -108,9 +108,13 @@ class Planner {
     lay_out_weights();
     lay_out_arena();
     for (int b : p_.options.buckets) p_.buckets.push_back(draft_bucket(b));
-    choose("dependent launch", fmt::format("draft passes of buckets up to {} streams", kDependentMaxStreams),
-           "programmatic dependent launch overlaps each kernel's start with its predecessor's end; measured "
-           "2-4 % faster at 1-2 streams, mixed at 4, slower at 8-16 (BENCHMARKS.md)");
+    choose("dependent launch",
+           p_.options.dependent_streams == 0
+               ? std::string("none")
+               : fmt::format("draft passes of buckets up to {} streams", p_.options.dependent_streams),
+           "option dependent_streams: programmatic dependent launch overlaps each kernel's start with its "
+           "predecessor's end; measured on the H200 2-4 % faster at 1-2 streams, mixed at 4, slower at 8-16 "
+           "(BENCHMARKS.md)");
     plan_extend();
     finish();
     return std::move(p_);
@@ -480,17 +484,10 @@ class Planner {
                                 buf("next_token", "next_token"), i64("step", s), i64("rows", B)}));
       }
     }
-    if (streams <= kDependentMaxStreams)
+    if (streams <= p_.options.dependent_streams)
       for (Node& n : nodes) n.dependent = true;
     return bucket;
   }
-
-  // Programmatic dependent launch for the draft passes of buckets up to this many streams: each kernel
-  // may start while its predecessor finishes, and a GEMV streams its first weights before it waits.
-  // Measured on whole steps, every kernel dependent against none (BENCHMARKS.md): 2-4 % faster at 1
-  // and 2 streams, mixed at 4, slower at 8 and 16, where more rows keep every kernel busier with x and
-  // K/V traffic and the early CTAs only compete with it.
-  static constexpr int kDependentMaxStreams = 2;
 
   // A linear of the extend: cuBLASLt for bf16 (a chunk is up to extend_rows rows: compute-bound, the
   // tensor-core GEMM's ground), the FP8 GEMV tiled over rows otherwise.

@@ -174,6 +174,7 @@ TEST_CASE("plan YAML: round trip under varied options and FP8 forms") {
     o.fp8 = rng() % 2 ? Fp8Mode::automatic : Fp8Mode::off;
     o.max_slots = 16 + static_cast<int>(rng() % 100);
     o.extend_rows = 16 + static_cast<int>(rng() % 2000);
+    o.dependent_streams = static_cast<int>(rng() % 17);
     o.arch = rng() % 2 ? "sm_90" : "sm_100";
     const std::string sha = fmt::format("{:016x}", rng());
     const Plan p = make_plan(h, o, sha);
@@ -204,6 +205,8 @@ TEST_CASE("make_plan: options outside their limits are refused by name") {
   refused([](PlanOptions& o) { o.max_slots = 8; }, "bucket 16 exceeds max_slots = 8");
   refused([](PlanOptions& o) { o.extend_rows = 15; }, "extend_rows = 15 is outside 16..8192");
   refused([](PlanOptions& o) { o.extend_rows = 8193; }, "extend_rows = 8193 is outside 16..8192");
+  refused([](PlanOptions& o) { o.dependent_streams = -1; }, "dependent_streams = -1 is outside 0..16");
+  refused([](PlanOptions& o) { o.dependent_streams = 17; }, "dependent_streams = 17 is outside 0..16");
   refused([](PlanOptions& o) { o.arch = "90"; }, "arch `90` is not of the form sm_<digits>");
   refused([](PlanOptions& o) { o.arch = "sm_90x"; }, "arch `sm_90x`");
   refused([](PlanOptions& o) { o.arch = "sm_75"; }, "arch sm_75 is below sm_80");
@@ -530,15 +533,20 @@ TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows, with 512 
   }
 }
 
-TEST_CASE("make_plan: draft kernels launch dependent in buckets of up to 2 streams, extend kernels never") {
+TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (default 2), extend kernels never") {
+  CHECK(PlanOptions{}.dependent_streams == 2);
   for (const char* preset : {"llama3-8b-eagle3", "tfe-two-stage", "tiny"}) {
     CAPTURE(preset);
-    Plan p = make_plan(preset_header(preset), golden_options());
-    for (const auto& b : p.buckets) {
-      CAPTURE(b.streams);
-      for (const auto& n : b.nodes) CHECK(n.dependent == (b.streams <= 2));
+    for (const int limit : {0, 2, 4, 16}) {
+      CAPTURE(limit);
+      PlanOptions o = golden_options();
+      o.dependent_streams = limit;
+      const Plan p = make_plan(preset_header(preset), o);
+      for (const auto& b : p.buckets)
+        for (const auto& n : b.nodes) CHECK(n.dependent == (b.streams <= limit));
+      for (const auto& n : p.extend) CHECK_FALSE(n.dependent);
     }
-    for (const auto& n : p.extend) CHECK_FALSE(n.dependent);
+    Plan p = make_plan(preset_header(preset), golden_options());
     // The flag is plan data: it survives the YAML, and an extend node carrying it is refused by name.
     CHECK(load_plan_yaml(dump_plan_yaml(p)) == p);
     Node& extend_kernel = *std::find_if(p.extend.begin(), p.extend.end(),

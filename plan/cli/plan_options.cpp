@@ -33,6 +33,9 @@ void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
   cmd->add_option("--arch", args->options.arch, "target architecture, sm_<digits>")->capture_default_str();
   cmd->add_option("--max-slots", args->options.max_slots, "sequences held at once (1..4096)")->capture_default_str();
   cmd->add_option("--extend-rows", args->options.extend_rows, "rows of one extend chunk (16..8192)")->capture_default_str();
+  cmd->add_option("--dependent-streams", args->options.dependent_streams,
+                  "draft passes of buckets up to this many streams launch their kernels dependent (0..16, 0: none)")
+      ->capture_default_str();
 }
 
 Plan plan_from_args(const PlanArgs& args) {
