@@ -41,6 +41,9 @@ for preset in $presets; do
   [ -s "$work/$preset.tfe" ] || "$build/tfe-plan" random --preset "$preset" --seed 1 --fp8 -o "$work/$preset.tfe" >/dev/null
 done
 
+# This run's files only: a setting's results from an earlier run in the same OUT would join its rows.
+for name in "${names[@]}"; do rm -f "$out/$name".*; done
+
 status=0
 for round in $(seq 1 "${AB_ROUNDS:-2}"); do
   for name in "${names[@]}"; do
@@ -78,14 +81,27 @@ print(f"{'preset':18} {'dtype':5} {'streams':>7} " + " ".join(f"{n:>16}" for n i
 for key in sorted(cells):
     row = " ".join(f"{' / '.join(f'{x:.1f}' for x in cells[key].get(n, [])) or '-':>16}" for n in names)
     print(f"{key[0]:18} {key[1]:5} {key[2]:7} {row} {floor[key]:7.1f}")
-differ = []
-for path in sorted(glob.glob(os.path.join(out, names[0] + ".*.drafts"))):
+# Every other setting's drafts against the first's, run by run; a missing file (a failed run) is a failure.
+differ, missing, compared = [], [], 0
+for path in sorted(glob.glob(os.path.join(out, names[0] + ".*.json"))):
+    base = path[:-5].replace(os.path.join(out, names[0] + "."), "", 1)
+    for n in names:
+        if not os.path.exists(os.path.join(out, f"{n}.{base}.drafts")):
+            missing.append(f"{n}.{base}.drafts")
+    first = os.path.join(out, f"{names[0]}.{base}.drafts")
     for n in names[1:]:
-        other = path.replace(os.path.join(out, names[0] + "."), os.path.join(out, n + "."), 1)
-        if os.path.exists(other) and not filecmp.cmp(path, other, shallow=False):
-            differ.append(os.path.basename(other))
-print("drafts: every setting equals " + names[0] if not differ else "drafts DIFFER: " + ", ".join(differ))
-sys.exit(1 if differ else 0)
+        other = os.path.join(out, f"{n}.{base}.drafts")
+        if os.path.exists(first) and os.path.exists(other):
+            compared += 1
+            if not filecmp.cmp(first, other, shallow=False):
+                differ.append(os.path.basename(other))
+if differ:
+    print("drafts DIFFER: " + ", ".join(differ))
+if missing:
+    print("drafts missing: " + ", ".join(sorted(set(missing))))
+if not differ and not missing:
+    print(f"drafts: every setting equals {names[0]} ({compared} runs compared)")
+sys.exit(1 if differ or missing else 0)
 EOF
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 exit $status
