@@ -60,20 +60,19 @@ std::vector<KernelDef> make_defs() {
        {{"logits", P::ptr}, {"part_max", P::ptr}, {"part_idx", P::ptr}, {"part_sum", P::ptr}, {"arrivals", P::ptr},
         {"d2t", P::ptr}, {"out_token", P::ptr}, {"out_conf", P::ptr}, {"next_token", P::ptr}, {"step", P::i64},
         {"rows", P::i64}}},
-      // two_stage candidates, first half: per (row, chunk of CHUNK scores) the chunk's min(CAND_K, CHUNK)
-      // highest scores (ties: lower id) and their draft ids, ascending by id.
-      {"topk_partial", "topk.cuh", "tfe::kernels::topk_partial", {"VOCAB", "CHUNK", "CAND_K"},
-       {{"scores", P::ptr}, {"part_score", P::ptr}, {"part_id", P::ptr}, {"rows", P::i64}}},
-      // Second half: the CAND_K highest of a row's partials (ties: lower id), as draft ids ascending.
-      {"topk_join", "topk.cuh", "tfe::kernels::topk_join", {"VOCAB", "CHUNK", "CAND_K"},
-       {{"part_score", P::ptr}, {"part_id", P::ptr}, {"cand", P::ptr}, {"rows", P::i64}}},
-      // two_stage: exact fp32 logits target_head[d2t(c)] . n of the candidates, in candidate order.
-      {"rescore_logits", "rescore.cuh", "tfe::kernels::rescore_logits", {"HIDDEN", "CAND_K", "WEIGHT"},
+      // two_stage candidates: per (row, chunk of CHUNK scores) the chunk's min(CAND_K, CHUNK) highest scores
+      // (ties: lower id) and their draft ids, ascending by id, into part_score / part_id; the last CTA of a
+      // row to arrive (a ticket in `arrivals`, zero between passes) selects the CAND_K highest of the row's
+      // partials into cand, as draft ids ascending.
+      {"topk", "topk.cuh", "tfe::kernels::topk", {"VOCAB", "CHUNK", "CAND_K"},
+       {{"scores", P::ptr}, {"part_score", P::ptr}, {"part_id", P::ptr}, {"arrivals", P::ptr}, {"cand", P::ptr},
+        {"rows", P::i64}}},
+      // two_stage: exact fp32 logits target_head[d2t(c)] . n of the candidates into exact, in candidate
+      // order; the last CTA of a row to arrive (a ticket in `arrivals`) takes their argmax (ties: lower
+      // target id) and softmax confidence, and writes like top1.
+      {"rescore", "rescore.cuh", "tfe::kernels::rescore", {"HIDDEN", "CAND_K", "WEIGHT", "MAX_STEPS"},
        {{"target_head", P::ptr}, {"scale", P::ptr}, {"n", P::ptr}, {"cand", P::ptr}, {"d2t", P::ptr},
-        {"exact", P::ptr}, {"rows", P::i64}}},
-      // Their argmax (ties: lower target id) and softmax confidence; writes like top1.
-      {"rescore_join", "rescore.cuh", "tfe::kernels::rescore_join", {"CAND_K", "MAX_STEPS"},
-       {{"exact", P::ptr}, {"cand", P::ptr}, {"d2t", P::ptr}, {"out_token", P::ptr}, {"out_conf", P::ptr},
+        {"exact", P::ptr}, {"arrivals", P::ptr}, {"out_token", P::ptr}, {"out_conf", P::ptr},
         {"next_token", P::ptr}, {"step", P::i64}, {"rows", P::i64}}},
   };
 }

@@ -11,11 +11,13 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // gemv (kernels/gemv.cuh, GemvShape): a CTA owns COLS output columns (for SwiGLU: 16 gate rows and the
-// 16 matching up rows) and KSPLIT warps that split K in steps of 4 lanes x one 16-byte weight chunk.
-int64_t gemv_ksplit(int64_t k, int64_t weight) {
-  const int64_t step = weight == kc::kWeightFP8 ? 64 : 32;
-  const int64_t steps = ceil_div(k, step);
-  return steps < 8 ? steps : 8;
+// 16 matching up rows) and KSPLIT warps that split K in steps of 4 lanes x one 16-byte weight chunk: 8, or
+// 16 for a narrow output (fewer than 64 tiles of 16 columns).
+int64_t gemv_ksplit(const KernelSpec& spec) {
+  const int64_t step = spec.constant("WEIGHT") == kc::kWeightFP8 ? 64 : 32;
+  const int64_t steps = ceil_div(spec.constant("K"), step);
+  const int64_t most = ceil_div(spec.constant("N"), 16) < 64 ? 16 : 8;
+  return steps < most ? steps : most;
 }
 
 // ring_attention (kernels/ring_attention.cuh, AttnShape): a CTA per (key chunk, kv head, row), the SPLIT
@@ -32,8 +34,7 @@ int64_t attention_smem(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_
 // qk_rope_kv (kernels/qk_rope_kv.cuh): a warp per head.
 constexpr int64_t kRopeHeadsPerCta = 4;
 
-// topk_partial / topk_join (kernels/topk.cuh, kTopkThreads) and rescore_logits (kernels/rescore.cuh,
-// kRescoreWarps).
+// topk (kernels/topk.cuh, kTopkThreads) and rescore (kernels/rescore.cuh, kRescoreWarps).
 constexpr int64_t kTopkThreads = 512;
 constexpr int64_t kRescoreWarps = 4;
 
@@ -60,7 +61,7 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
       fail("launch_shape {}: COLS is {}; gemv takes 16, or 32 with an epilogue other than SwiGLU", spec.uri(), cols);
     s.grid[0] = ceil_div(spec.constant("N"), cols);
     s.grid[1] = ceil_div(rows, row_tile);
-    s.block = 32 * gemv_ksplit(spec.constant("K"), spec.constant("WEIGHT"));
+    s.block = 32 * gemv_ksplit(spec);
     s.rows_axis = 1;
     s.rows_per_block = row_tile;
   } else if (k == "qk_rope_kv") {
@@ -85,27 +86,18 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
     s.grid[1] = rows;
     s.block = 256;
     s.rows_axis = 1;
-  } else if (k == "topk_partial") {
-    // A CTA per (chunk of CHUNK scores, row).
+  } else if (k == "topk") {
+    // A CTA per (chunk of CHUNK scores, row); the last of a row joins.
     s.grid[0] = ceil_div(spec.constant("VOCAB"), spec.constant("CHUNK"));
     s.grid[1] = rows;
     s.block = kTopkThreads;
     s.rows_axis = 1;
-  } else if (k == "topk_join") {
-    s.grid[0] = rows;
-    s.block = kTopkThreads;
-    s.rows_axis = 0;
-  } else if (k == "rescore_logits") {
-    // A warp per candidate, kRescoreWarps candidates per CTA.
+  } else if (k == "rescore") {
+    // A warp per candidate, kRescoreWarps candidates per CTA; the last CTA of a row joins.
     s.grid[0] = ceil_div(spec.constant("CAND_K"), kRescoreWarps);
     s.grid[1] = rows;
     s.block = 32 * kRescoreWarps;
     s.rows_axis = 1;
-  } else if (k == "rescore_join") {
-    // One warp per row.
-    s.grid[0] = rows;
-    s.block = 32;
-    s.rows_axis = 0;
   } else {
     fail("launch_shape: no launch shape for kernel `{}`", k);
   }

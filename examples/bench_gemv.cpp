@@ -15,6 +15,10 @@
 // only). The last table sums the chosen linears per (weight kind, ROWS, COLS): for the default five, one
 // draft step's gemv time against its floor. Exit status 1 when a check failed.
 //
+// --shape NAME:K:N:EPILOGUE adds a linear of any shape (e.g. to see how the time follows the CTA count
+// against the CTAs resident at once); --dependent launches every GEMV with programmatic dependent launch,
+// as the runtime launches a pass's nodes, so that a launch's ring prologue overlaps its predecessor's tail.
+//
 // --source NAME=FILE replaces an embedded kernel source (e.g. gemv.cuh) with a file's text, so that a
 // candidate kernel is measured without rebuilding the library (its launch shape must not change).
 #include <algorithm>
@@ -150,6 +154,7 @@ struct Bench {
   CompileOptions options;
   KernelCache cache;
   uint64_t seed = 1;
+  bool dependent = false;  // programmatic dependent launch between consecutive GEMVs
 
   // Fresh random weights of one (shape, kind), shared by its ROWS values. splitmix64 rather than a normal
   // distribution: the largest head's weights are 262 MB, and the check needs values, not a distribution.
@@ -247,8 +252,17 @@ struct Bench {
                            reinterpret_cast<uint64_t>(y_dev.data()), reinterpret_cast<uint64_t>(residual_dev.data()),
                            static_cast<uint64_t>(rows)};
       void* args[] = {slots};
-      TFE_CUDA(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(static_cast<unsigned>(shape.block)),
-                                args, static_cast<size_t>(shape.smem), stream));
+      cudaLaunchConfig_t config{};
+      config.gridDim = grid;
+      config.blockDim = dim3(static_cast<unsigned>(shape.block));
+      config.dynamicSmemBytes = static_cast<size_t>(shape.smem);
+      config.stream = stream;
+      cudaLaunchAttribute attribute{};
+      attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attribute.val.programmaticStreamSerializationAllowed = 1;
+      config.attrs = &attribute;
+      config.numAttrs = dependent ? 1 : 0;
+      TFE_CUDA(cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), args));
     };
 
     // Check first: the output of one launch (y does not alias the residual here).
@@ -322,13 +336,18 @@ int main(int argc, char** argv) {
   CLI::App app{"gemv alone at the llama3-8b-eagle3 linears: time, bandwidth against copy speed, and a check"};
   std::string rows_text = "1,2,4,8,16", weights_text = "bf16,fp8", cols_text = "16", label = "gemv";
   std::string linears_text = "wqkv,wo,w_gate_up,w_down,lm_head";
-  std::vector<std::string> sources;
+  std::vector<std::string> sources, extra_shapes;
+  bool dependent = false;
   app.add_option("--rows", rows_text, "ROWS values (rows = ROWS), comma-separated");
   app.add_option("--weights", weights_text, "weight kinds: bf16, fp8, comma-separated");
   app.add_option("--cols", cols_text, "COLS values (output columns per CTA: 16, 32), comma-separated");
   app.add_option("--linears", linears_text,
                  "linears to time, comma-separated: wqkv, wo, w_gate_up, w_down, lm_head (the default: one llama3 "
                  "step), lr_a, lr_b");
+  app.add_option("--shape", extra_shapes,
+                 "NAME:K:N:EPILOGUE: a linear of that shape (EPILOGUE: bf16, f32, residual, swiglu), timed with "
+                 "--linears'");
+  app.add_flag("--dependent", dependent, "launch with programmatic dependent launch, as a pass's nodes are");
   app.add_option("--source", sources, "NAME=FILE: replace the embedded kernel source NAME with FILE's text");
   app.add_option("--label", label, "names this run in the summary lines");
   CLI11_PARSE(app, argc, argv);
@@ -341,6 +360,17 @@ int main(int argc, char** argv) {
     for (int64_t r : row_tiles)
       if (r < 1 || r > 16) fail("--rows: ROWS {} is outside 1..16", r);
     std::vector<Shape> shapes;
+    for (const std::string& text : extra_shapes) {
+      std::vector<std::string> f;
+      std::stringstream ss(text);
+      for (std::string item; std::getline(ss, item, ':');) f.push_back(item);
+      const std::vector<std::string> epilogues = {"bf16", "f32", "residual", "swiglu"};
+      const auto e = f.size() == 4 ? std::find(epilogues.begin(), epilogues.end(), f[3]) : epilogues.end();
+      if (e == epilogues.end()) fail("--shape: `{}` is not NAME:K:N:EPILOGUE (bf16, f32, residual, swiglu)", text);
+      const std::vector<int64_t> kn = parse_list(f[1] + "," + f[2], "shape");
+      if (kn[0] < 1 || kn[1] < 1) fail("--shape: `{}`: K and N must be positive", text);
+      shapes.push_back({f[0], kn[0], kn[1], static_cast<int64_t>(e - epilogues.begin())});
+    }
     for (const std::string& item : split_list(linears_text)) {
       const auto it = std::find_if(kCatalog.begin(), kCatalog.end(), [&](const Shape& s) { return s.name == item; });
       if (it == kCatalog.end())
@@ -376,7 +406,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     TFE_CUDA(cudaGetDeviceProperties(&prop, 0));
     auto stream = cuda::create_stream();
-    Bench bench{stream.get(), prop.l2CacheSize, options, KernelCache::from_environment(), 1, {}};
+    Bench bench{stream.get(), prop.l2CacheSize, options, KernelCache::from_environment(), 1, dependent, {}};
 
     // Compile every specialization up front, in parallel (the cache is thread-safe).
     struct Job {

@@ -47,7 +47,7 @@ struct GemvParams {
 };
 static_assert(sizeof(GemvParams) == 8 * 6, "one 8-byte slot per registry parameter");
 
-template <long long K, long long WEIGHT, long long EPILOGUE, long long ROWS, long long COLS>
+template <long long K, long long N, long long WEIGHT, long long EPILOGUE, long long ROWS, long long COLS>
 struct GemvShape {
   static_assert(COLS == 16 || (COLS == 32 && EPILOGUE != kEpilogueSwiGLU),
                 "gemv: COLS is 16, or 32 without SwiGLU (whose two tiles are gate and up)");
@@ -56,9 +56,15 @@ struct GemvShape {
   static constexpr int E = FP8 ? 16 : 8;  // k elements in one lane's 16-byte weight chunk
   static constexpr long long STEP = 4 * E;  // k covered by one warp step (4 lanes per weight row)
   static constexpr long long STEPS = ceil_div(K, STEP);
-  static constexpr int KSPLIT = static_cast<int>(min_ll(8, STEPS));  // = launch_shapes.cpp gemv_ksplit
   static constexpr int MT = EPILOGUE == kEpilogueSwiGLU ? 2 : static_cast<int>(COLS / 16);  // 16-row weight tiles
   static constexpr int NT = static_cast<int>(ceil_div(ROWS, 8));       // 8-row input tiles
+  // A narrow output (fewer than 64 tiles of 16 columns, e.g. two_stage's lr_a: 512 columns, 32 CTAs) leaves
+  // most SMs idle, and each CTA's K then streams at the rate of its own loads in flight. There a CTA takes
+  // 16 warps, twice the loads in flight (at 1024 threads the registers would not hold two weight tiles).
+  // The count depends on N alone, not on COLS, so that a column's sum stays the same at COLS 16 and 32.
+  // Mirrored by launch_shapes.cpp gemv_ksplit.
+  static constexpr bool NARROW = ceil_div(N, 16) < 64;
+  static constexpr int KSPLIT = static_cast<int>(min_ll(NARROW ? 16 : 8, STEPS));
   static constexpr int XCHUNKS = E / 8;                                 // 16-byte x chunks per k0
   static constexpr int MMAS = E / 4;                                    // k16 mmas per chunk
   static constexpr bool W_VEC = (K * WBYTES) % 16 == 0;
@@ -66,7 +72,9 @@ struct GemvShape {
   // The ring (below) serves every shape with 16-byte chunks that never straddle a row's end, except bf16
   // at two weight tiles (SwiGLU, COLS 32): 2 x 16 weight rows leave room for 2 stages only, and the direct
   // loop measured faster there.
-  static constexpr bool RING = W_VEC && X_VEC && (FP8 || MT == 1);
+  // A narrow output loads directly: UNROLL steps in flight per warp, more than the stages that fit in 48 KB
+  // beside 16 warps.
+  static constexpr bool RING = W_VEC && X_VEC && (FP8 || MT == 1) && !NARROW;
   // A ring slot is one 16-byte chunk per lane (a warp's 512 bytes); the rings of the KSPLIT warps share the
   // 48 KB of static shared memory. x goes through the ring too (its L2 latency then hides behind the
   // weights') wherever two stages of weights and x fit; else (FP8 SwiGLU at two n tiles) x is loaded into
@@ -82,9 +90,10 @@ struct GemvShape {
   // Steps per batch of the direct-load loop, measured: 4 for bf16 at one n tile; 2 for FP8 and for two n
   // tiles, where deeper unrolling costs occupancy and measured slower.
   static constexpr int UNROLL = (FP8 || NT > 1) ? 2 : 4;
-  // CTAs per SM the registers must allow (__launch_bounds__). Left to itself, ptxas cut the ring loop to
-  // 40-64 registers with a few bytes of spills; these bounds leave it what it needs without a spill.
-  static constexpr int MIN_CTAS = !RING || (MT == 2 && NT == 2) ? 2 : NT == 1 ? 4 : 3;
+  // CTAs per SM the registers must allow (__launch_bounds__; a narrow output has fewer CTAs than SMs). Left
+  // to itself, ptxas cut the ring loop to 40-64 registers with a few bytes of spills; these bounds leave it
+  // what it needs without a spill.
+  static constexpr int MIN_CTAS = NARROW ? 1 : !RING || (MT == 2 && NT == 2) ? 2 : NT == 1 ? 4 : 3;
 };
 
 // The 16 bytes at byte offset `at` of a row of `len` bytes: a 16-byte load when allowed, else bytewise
@@ -197,10 +206,10 @@ __device__ __forceinline__ void copy_async_wait() {
 }
 
 template <typename Cfg>
-__global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::KSPLIT,
-                                  GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::MIN_CTAS)
+__global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::KSPLIT,
+                                  GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::MIN_CTAS)
     gemv(const GemvParams p) {
-  using S = GemvShape<Cfg::K, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>;
+  using S = GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>;
   constexpr long long K = Cfg::K, N = Cfg::N, EPI = Cfg::EPILOGUE;
   constexpr long long W_ROW_BYTES = K * S::WBYTES, X_ROW_BYTES = K * 2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

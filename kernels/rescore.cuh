@@ -1,43 +1,39 @@
 // two_stage: exact logits of the candidates against the target's output head, their argmax (ties: lower
-// target id) and the softmax over the CAND_K exact logits at it, in two kernels so that the candidate rows
-// (CAND_K rows of HIDDEN weights per row: 512 KB at H 4096, cand_k 64, bf16) stream through many SMs.
-//   rescore_logits: grid (ceil(CAND_K / kRescoreWarps), rows), a warp per candidate (compiler/
-//     launch_shapes.cpp mirrors it). The warp streams the candidate's target_head row with 16-byte
-//     loads, up to 16 in flight per lane (a row of HIDDEN bf16, or e4m3 widened exactly and times its
-//     row scale), against n[r] read through L1 (the CTA's warps share it), lanes over k, then the fixed
-//     warp tree. Writes exact [rows, CAND_K] in candidate order.
-//   rescore_join: one warp per row: argmax over (logit, target id), sum exp(l - max) lane-strided then
-//     the warp tree, conf = 1 / sum. Writes the target id and conf of `step` and the next step's token.
+// target id) and the softmax over the CAND_K exact logits at it, in one kernel whose CTAs split the
+// candidate rows (CAND_K rows of HIDDEN weights per row: 512 KB at H 4096, cand_k 64, bf16) so that they
+// stream through many SMs. Grid (ceil(CAND_K / kRescoreWarps), rows), a warp per candidate
+// (compiler/launch_shapes.cpp mirrors it).
+//   Each warp streams its candidate's target_head row with 16-byte loads, up to 16 in flight per lane (a
+//   row of HIDDEN bf16, or e4m3 widened exactly and times its row scale), against n[r] read through L1 (the
+//   CTA's warps share it), lanes over k, then the fixed warp tree; it writes exact [rows, CAND_K] in
+//   candidate order.
+//   Then the CTA takes an integer ticket from arrivals[r]; in the last CTA of the row, warp 0 joins:
+//   argmax over (logit, target id), sum exp(l - max) lane-strided then the warp tree, conf = 1 / sum. It
+//   writes the target id and conf of `step` and the next step's token, and returns the counter to zero.
+//   The join reads the logits in candidate order whichever CTA runs it.
 #pragma once
 #include "common.cuh"
 
 namespace tfe {
 namespace kernels {
 
-struct RescoreLogitsParams {
+struct RescoreParams {
   const void* target_head;  // [vocab, HIDDEN]: bf16, or e4m3 when WEIGHT is kWeightFP8
   const float* scale;       // FP8: [vocab] per row; unused for bf16
   const bf16* n;            // [rows, HIDDEN]: the final-normed hidden state
   const int* cand;          // [rows, CAND_K] draft ids
   const int* d2t;           // [draft vocab]: target id = draft id + d2t[draft id]
   float* exact;             // [rows, CAND_K]
+  int* arrivals;            // [rows], zero between passes
+  int* out_token;           // [rows, MAX_STEPS]
+  float* out_conf;          // [rows, MAX_STEPS]
+  int* next_token;          // [rows]
+  long long step;           // 1-based
   long long rows;
 };
-static_assert(sizeof(RescoreLogitsParams) == 8 * 7, "one 8-byte slot per registry parameter");
+static_assert(sizeof(RescoreParams) == 8 * 12, "one 8-byte slot per registry parameter");
 
-struct RescoreJoinParams {
-  const float* exact;  // [rows, CAND_K]
-  const int* cand;     // [rows, CAND_K] draft ids
-  const int* d2t;      // [draft vocab]
-  int* out_token;      // [rows, MAX_STEPS]
-  float* out_conf;     // [rows, MAX_STEPS]
-  int* next_token;     // [rows]
-  long long step;      // 1-based
-  long long rows;
-};
-static_assert(sizeof(RescoreJoinParams) == 8 * 8, "one 8-byte slot per registry parameter");
-
-constexpr int kRescoreWarps = 4;  // candidates per CTA of rescore_logits
+constexpr int kRescoreWarps = 4;  // candidates per CTA
 
 // A 16-byte weight chunk read once: no L1 allocation, so n keeps the L1.
 __device__ __forceinline__ uint4 rescore_stream(const unsigned char* p) {
@@ -75,21 +71,15 @@ __device__ __forceinline__ float rescore_chunk_dot(const uint4 c, const uint4* x
   return acc;
 }
 
+// Candidate c of row r: its exact logit into p.exact, by one warp.
 template <typename Cfg>
-__global__ void __launch_bounds__(32 * kRescoreWarps) rescore_logits(const RescoreLogitsParams p) {
-  wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
-  release_dependents();     // short: the next kernel may start loading its weights now
+__device__ __forceinline__ void exact_logit(const RescoreParams p, long long r, long long c, int lane) {
   constexpr long long H = Cfg::HIDDEN, KC = Cfg::CAND_K;
   constexpr bool FP8 = Cfg::WEIGHT == kWeightFP8;
   constexpr int E = FP8 ? 16 : 8;  // elements per 16-byte weight chunk
   constexpr long long ROW_BYTES = H * (FP8 ? 1 : 2);
   // 16-byte chunks need every weight row and every row of n 16-byte aligned (the buffers are 256-aligned).
   constexpr bool VEC = H % E == 0;
-  static_assert(KC >= 1, "rescore: CAND_K must be at least 1");
-
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const long long r = blockIdx.y, c = static_cast<long long>(blockIdx.x) * kRescoreWarps + warp;
-  if (r >= p.rows || c >= KC) return;  // whole warps; the kernel has no barrier
   const int draft = p.cand[r * KC + c];
   const int t = draft + p.d2t[draft];
   const unsigned char* row = static_cast<const unsigned char*>(p.target_head) + static_cast<long long>(t) * ROW_BYTES;
@@ -124,25 +114,45 @@ __global__ void __launch_bounds__(32 * kRescoreWarps) rescore_logits(const Resco
   if (lane == 0) p.exact[r * KC + c] = FP8 ? acc * p.scale[t] : acc;
 }
 
+// Four CTAs per SM (up to 128 registers): without a minimum, ptxas held the kernel to 32-56 registers,
+// too few for a lane's 16 chunks in flight (64 registers), and spilled at HIDDEN 8192.
 template <typename Cfg>
-__global__ void __launch_bounds__(32) rescore_join(const RescoreJoinParams p) {
+__global__ void __launch_bounds__(32 * kRescoreWarps, 4) rescore(const RescoreParams p) {
   wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
   release_dependents();     // short: the next kernel may start loading its weights now
   constexpr long long KC = Cfg::CAND_K;
-  const int lane = threadIdx.x;
-  const long long r = blockIdx.x;
-  if (r >= p.rows) return;
+  static_assert(KC >= 1, "rescore: CAND_K must be at least 1");
+
+  constexpr long long PARTS = ceil_div(KC, kRescoreWarps);  // CTAs per row
+  __shared__ bool joins;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long r = blockIdx.y, c = static_cast<long long>(blockIdx.x) * kRescoreWarps + warp;
+  if (r >= p.rows) return;  // the whole CTA
+  if (c < KC) exact_logit<Cfg>(p, r, c, lane);
+
+  // The last CTA of the row to arrive joins its logits.
+  __threadfence();  // this CTA's logits are visible device-wide before its ticket announces them
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int ticket = atomicAdd(p.arrivals + r, 1);
+    joins = ticket == PARTS - 1;
+    if (joins) p.arrivals[r] = 0;  // every CTA of the row has its ticket: ready for the next pass
+  }
+  __syncthreads();
+  if (!joins || warp > 0) return;
+  __threadfence();
   const float* logit = p.exact + r * KC;
   const int* cand = p.cand + r * KC;
   ArgMax best{neg_inf(), 0x7fffffff};
-  for (long long c = lane; c < KC; c += 32) {
-    const int draft = cand[c];
+  for (long long i = lane; i < KC; i += 32) {
+    const int draft = cand[i];
     const int t = draft + p.d2t[draft];
-    if (better(logit[c], t, best.v, best.i)) best = ArgMax{logit[c], t};
+    const float l = __ldcg(logit + i);
+    if (better(l, t, best.v, best.i)) best = ArgMax{l, t};
   }
   best = warp_argmax(best);
   float sum = 0.0f;
-  for (long long c = lane; c < KC; c += 32) sum += expf(logit[c] - best.v);
+  for (long long i = lane; i < KC; i += 32) sum += expf(__ldcg(logit + i) - best.v);
   sum = warp_sum(sum);
   if (lane == 0) {
     const long long at = r * Cfg::MAX_STEPS + (p.step - 1);

@@ -1,17 +1,18 @@
-// two_stage candidates: the CAND_K highest scores of a row, ties to the lower id, as draft ids, in two
-// kernels so that a row's scores are read by many CTAs (TopkShape; compiler/launch_shapes.cpp mirrors it).
-//   topk_partial: grid (PARTS = ceil(VOCAB / CHUNK), rows), 512 threads. A CTA stages its chunk's keys in
-//     shared memory and writes the chunk's KP = min(CAND_K, CHUNK) best (all of a shorter last chunk)
-//     to part_score / part_id [rows, PARTS * KP] at part * KP, ascending by id.
-//   topk_join: grid (rows), 512 threads. The same selection over the row's JOIN_N partials, written to
-//     cand [rows, CAND_K] ascending by id.
+// two_stage candidates: the CAND_K highest scores of a row, ties to the lower id, as draft ids, in one
+// kernel whose CTAs split a row's scores (TopkShape; compiler/launch_shapes.cpp mirrors it).
+//   Grid (PARTS = ceil(VOCAB / CHUNK), rows), 512 threads. A CTA stages its chunk's keys in shared memory
+//   and writes the chunk's KP = min(CAND_K, CHUNK) best (all of a shorter last chunk) to part_score /
+//   part_id [rows, PARTS * KP] at part * KP, ascending by id. Then it takes an integer ticket from
+//   arrivals[r]; the last CTA of the row runs the same selection over the row's JOIN_N partials, writes
+//   cand [rows, CAND_K] ascending by id, and returns the counter to zero for the next pass.
 // The two levels select the global set: an element of the row's top CAND_K has fewer than CAND_K elements
 // of its own chunk ranked above it (each of them ranks above it in the row too), so its chunk keeps it.
 // Only the last part can be short, so the join's valid entries are the prefix [0, JOIN_N) of a row's
 // partials, and ascending position there is ascending id: ties resolved by position are ties to the
-// lower id, the same rule as within a chunk.
+// lower id, the same rule as within a chunk. The join reads the partials in position order whichever CTA
+// runs it, so the result does not depend on the order of arrival.
 //
-// Selection (both kernels): scores map to order-preserving 32-bit keys (-0 folded onto +0 so that they
+// Selection (both levels): scores map to order-preserving 32-bit keys (-0 folded onto +0 so that they
 // tie, as floats compare). A radix select, 8 bits per pass from the top, narrows to the bucket (prefix
 // under mask) that holds the k-th largest key and how many of its keys are taken (`need`); it stops
 // early once that bucket is taken whole. Histograms use integer shared-memory atomics, one per group of
@@ -25,25 +26,19 @@
 namespace tfe {
 namespace kernels {
 
-struct TopkPartialParams {
+struct TopkParams {
   const float* scores;  // [rows, VOCAB]
   float* part_score;    // [rows, PARTS * KP]
   int* part_id;         // [rows, PARTS * KP] draft ids
+  int* arrivals;        // [rows], zero between passes
+  int* cand;            // [rows, CAND_K] draft ids, ascending
   long long rows;
 };
-static_assert(sizeof(TopkPartialParams) == 8 * 4, "one 8-byte slot per registry parameter");
-
-struct TopkJoinParams {
-  const float* part_score;  // [rows, PARTS * KP]
-  const int* part_id;       // [rows, PARTS * KP]
-  int* cand;                // [rows, CAND_K] draft ids, ascending
-  long long rows;
-};
-static_assert(sizeof(TopkJoinParams) == 8 * 4, "one 8-byte slot per registry parameter");
+static_assert(sizeof(TopkParams) == 8 * 6, "one 8-byte slot per registry parameter");
 
 constexpr int kTopkThreads = 512, kTopkWarps = kTopkThreads / 32;
-// Largest chunk the partial stages (4 bytes a key of static shared memory), and largest join input it
-// stages; a larger join reads its keys from global memory (L2) on every pass.
+// Largest chunk a CTA stages (4 bytes a key of static shared memory), and largest join input the joining
+// CTA stages (in the same array); a larger join reads its keys from global memory (L2) on every pass.
 constexpr long long kTopkMaxChunk = 8192, kTopkJoinStaged = 8192;
 
 template <typename Cfg>
@@ -163,17 +158,24 @@ __device__ __forceinline__ void take_in_order(const KeyAt& key_at, int n, unsign
   }
 }
 
+// Two CTAs per SM: without a minimum, ptxas held the kernel to 40 registers and spilled.
 template <typename Cfg>
-__global__ void __launch_bounds__(kTopkThreads) topk_partial(const TopkPartialParams p) {
+__global__ void __launch_bounds__(kTopkThreads, 2) topk(const TopkParams p) {
   wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
   release_dependents();     // short: the next kernel may start loading its weights now
   using S = TopkShape<Cfg>;
   constexpr int PER_THREAD = static_cast<int>(ceil_div(S::CHUNK, kTopkThreads));
-  __shared__ unsigned keys[S::CHUNK];
+  constexpr int N = static_cast<int>(S::JOIN_N);
+  constexpr bool STAGED = S::JOIN_N <= kTopkJoinStaged;
+  constexpr long long KEYS = STAGED && S::JOIN_N > S::CHUNK ? S::JOIN_N : S::CHUNK;
+  __shared__ unsigned keys[KEYS];
   __shared__ TopkSmem sm;
+  __shared__ bool joins;
   const int tid = threadIdx.x;
   const long long part = blockIdx.x, r = blockIdx.y;
   if (r >= p.rows) return;
+
+  // This CTA's chunk: its KP best into the row's partials.
   const long long begin = part * S::CHUNK;
   const int len = static_cast<int>(min_ll(S::CHUNK, S::VOCAB - begin));
   const float* s = p.scores + r * S::VOCAB + begin;
@@ -183,45 +185,44 @@ __global__ void __launch_bounds__(kTopkThreads) topk_partial(const TopkPartialPa
     if (i < len) keys[i] = order_key(s[i]);
   }
   __syncthreads();
+  {
+    const auto key_at = [&](int i) { return keys[i]; };
+    unsigned prefix, mask, need = static_cast<unsigned>(min_ll(S::KP, len));
+    radix_bucket(key_at, len, prefix, mask, need, sm);
+    float* out_score = p.part_score + r * S::STRIDE + part * S::KP;
+    int* out_id = p.part_id + r * S::STRIDE + part * S::KP;
+    take_in_order(key_at, len, prefix, mask, need, sm, [&](int i, int slot) {
+      out_score[slot] = s[i];
+      out_id[slot] = static_cast<int>(begin + i);
+    });
+  }
 
-  const auto key_at = [&](int i) { return keys[i]; };
-  unsigned prefix, mask, need = static_cast<unsigned>(min_ll(S::KP, len));
-  radix_bucket(key_at, len, prefix, mask, need, sm);
-  float* out_score = p.part_score + r * S::STRIDE + part * S::KP;
-  int* out_id = p.part_id + r * S::STRIDE + part * S::KP;
-  take_in_order(key_at, len, prefix, mask, need, sm, [&](int i, int slot) {
-    out_score[slot] = s[i];
-    out_id[slot] = static_cast<int>(begin + i);
-  });
-}
+  // The last CTA of the row to arrive joins its partials.
+  __threadfence();  // this CTA's partials are visible device-wide before its ticket announces them
+  __syncthreads();
+  if (tid == 0) {
+    const int ticket = atomicAdd(p.arrivals + r, 1);
+    joins = ticket == S::PARTS - 1;
+    if (joins) p.arrivals[r] = 0;  // every CTA of the row has its ticket: ready for the next pass
+  }
+  __syncthreads();
+  if (!joins) return;
+  __threadfence();
 
-template <typename Cfg>
-__global__ void __launch_bounds__(kTopkThreads) topk_join(const TopkJoinParams p) {
-  wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
-  release_dependents();     // short: the next kernel may start loading its weights now
-  using S = TopkShape<Cfg>;
-  constexpr int N = static_cast<int>(S::JOIN_N);
-  constexpr bool STAGED = S::JOIN_N <= kTopkJoinStaged;
-  __shared__ unsigned keys[STAGED ? N : 1];
-  __shared__ TopkSmem sm;
-  const int tid = threadIdx.x;
-  const long long r = blockIdx.x;
-  if (r >= p.rows) return;
   const float* score = p.part_score + r * S::STRIDE;
   const int* id = p.part_id + r * S::STRIDE;
   if constexpr (STAGED) {
-    for (int i = tid; i < N; i += kTopkThreads) keys[i] = order_key(score[i]);
+    for (int i = tid; i < N; i += kTopkThreads) keys[i] = order_key(__ldcg(score + i));
     __syncthreads();
   }
-
   const auto key_at = [&](int i) -> unsigned {
     if constexpr (STAGED) return keys[i];
-    else return order_key(score[i]);
+    else return order_key(__ldcg(score + i));
   };
   unsigned prefix, mask, need = static_cast<unsigned>(S::CAND_K);
   radix_bucket(key_at, N, prefix, mask, need, sm);
   int* out = p.cand + r * S::CAND_K;
-  take_in_order(key_at, N, prefix, mask, need, sm, [&](int i, int slot) { out[slot] = id[i]; });
+  take_in_order(key_at, N, prefix, mask, need, sm, [&](int i, int slot) { out[slot] = __ldcg(id + i); });
 }
 
 }  // namespace kernels

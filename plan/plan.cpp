@@ -97,10 +97,8 @@ bool param_writes(std::string_view kernel, std::string_view param) {
       {"qk_rope_kv", {"q_out", "ring_k", "ring_v"}},
       {"ring_attention", {"o"}},
       {"top1", {"part_max", "part_idx", "part_sum", "arrivals", "out_token", "out_conf", "next_token"}},
-      {"topk_partial", {"part_score", "part_id"}},
-      {"topk_join", {"cand"}},
-      {"rescore_logits", {"exact"}},
-      {"rescore_join", {"out_token", "out_conf", "next_token"}},
+      {"topk", {"part_score", "part_id", "arrivals", "cand"}},
+      {"rescore", {"exact", "arrivals", "out_token", "out_conf", "next_token"}},
   };
   const auto it = writes.find(kernel);
   if (it == writes.end()) fail("param_writes: no kernel named `{}`", kernel);

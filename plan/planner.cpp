@@ -8,7 +8,7 @@
 //   final_norm h2 -> n; vocabulary head n -> out_token/out_conf[:, step - 1] and next_token
 // Buffer reuse across steps is safe because every read of a step-(j-1) value precedes the step-j write
 // that replaces it: step j's prepare_x and wo read h2 before step j's w_down overwrites it, and step j's
-// prepare_x reads next_token before step j's top1 / rescore_join overwrites it. Hence the graph of
+// prepare_x reads next_token before step j's top1 / rescore overwrites it. Hence the graph of
 // (B, s) is exactly the prefix of nodes with step <= s.
 #include <algorithm>
 #include <cmath>
@@ -294,6 +294,9 @@ class Planner {
       add(a, "part_id", BufferRole::activation, DType::I32, {B, topk_parts() * topk_part_slots()});
       add(a, "cand", BufferRole::activation, DType::I32, {B, int64_t{hh.cand_k}});
       add(a, "exact", BufferRole::activation, DType::F32, {B, int64_t{hh.cand_k}});
+      // topk's and rescore's per-row tickets: zero at open, and every pass returns them to zero.
+      add(a, "topk_arrivals", BufferRole::activation, DType::I32, {B});
+      add(a, "rescore_arrivals", BufferRole::activation, DType::I32, {B});
     }
     add(a, "next_token", BufferRole::activation, DType::I32, {B});
     // Extend activations, for one chunk.
@@ -321,13 +324,13 @@ class Planner {
   }
   int64_t top1_parts(int64_t rows) const { return (h().draft_vocab + top1_chunk(rows) - 1) / top1_chunk(rows); }
 
-  // topk_partial chunk: 2048 scores (4 per thread of its CTA: 16 CTAs for a 32000-score row), 4096 above
+  // topk chunk: 2048 scores (4 per thread of its CTA: 16 CTAs for a 32000-score row), 4096 above
   // cand_k 256 so that a chunk still drops at least seven eighths of its scores before the join.
   int64_t topk_chunk() const { return h().cand_k > 256 ? 4096 : 2048; }
   int64_t topk_parts() const { return (h().draft_vocab + topk_chunk() - 1) / topk_chunk(); }
   int64_t topk_part_slots() const { return std::min<int64_t>(h().cand_k, topk_chunk()); }
-  KernelSpec topk_spec(const char* kernel) const {
-    return make_spec(kernel, {{"VOCAB", h().draft_vocab}, {"CHUNK", topk_chunk()}, {"CAND_K", int64_t{h().cand_k}}});
+  KernelSpec topk_spec() const {
+    return make_spec("topk", {{"VOCAB", h().draft_vocab}, {"CHUNK", topk_chunk()}, {"CAND_K", int64_t{h().cand_k}}});
   }
 
   // A kernel node: the args are checked against the kernel's parameters (a mismatch is a planner bug).
@@ -464,24 +467,20 @@ class Planner {
                              fixed, B));
         nodes.push_back(gemv(pre + "lr_b", s, matrices_.at("lr_b"), B, kc::kEpilogueF32, "u", "scores",
                              none("residual"), fixed, B));
-        nodes.push_back(kernel(pre + "topk_partial", s, topk_spec("topk_partial"), fixed, B,
+        nodes.push_back(kernel(pre + "topk", s, topk_spec(), fixed, B,
                                {buf("scores", "scores"), buf("part_score", "part_score"), buf("part_id", "part_id"),
-                                i64("rows", B)}));
-        nodes.push_back(kernel(pre + "topk_join", s, topk_spec("topk_join"), fixed, B,
-                               {buf("part_score", "part_score"), buf("part_id", "part_id"), buf("cand", "cand"),
-                                i64("rows", B)}));
-        nodes.push_back(kernel(pre + "rescore_logits", s,
-                               make_spec("rescore_logits",
-                                         {{"HIDDEN", H}, {"CAND_K", int64_t{hh.cand_k}}, {"WEIGHT", th.weight_kind()}}),
+                                buf("arrivals", "topk_arrivals"), buf("cand", "cand"), i64("rows", B)}));
+        nodes.push_back(kernel(pre + "rescore", s,
+                               make_spec("rescore", {{"HIDDEN", H},
+                                                     {"CAND_K", int64_t{hh.cand_k}},
+                                                     {"WEIGHT", th.weight_kind()},
+                                                     {"MAX_STEPS", ms}}),
                                fixed, B,
                                {buf("target_head", th.name), th.fp8 ? buf("scale", th.name + ".scale") : none("scale"),
                                 buf("n", "n"), buf("cand", "cand"), buf("d2t", "d2t"), buf("exact", "exact"),
+                                buf("arrivals", "rescore_arrivals"), buf("out_token", "out_token"),
+                                buf("out_conf", "out_conf"), buf("next_token", "next_token"), i64("step", s),
                                 i64("rows", B)}));
-        nodes.push_back(kernel(pre + "rescore_join", s,
-                               make_spec("rescore_join", {{"CAND_K", int64_t{hh.cand_k}}, {"MAX_STEPS", ms}}), fixed, B,
-                               {buf("exact", "exact"), buf("cand", "cand"), buf("d2t", "d2t"),
-                                buf("out_token", "out_token"), buf("out_conf", "out_conf"),
-                                buf("next_token", "next_token"), i64("step", s), i64("rows", B)}));
       }
     }
     if (streams <= p_.options.dependent_streams)
@@ -565,12 +564,12 @@ class Planner {
                          top1_parts(b0), top1_chunk(b0), b0, top1_parts(b1), top1_chunk(b1), b1));
     } else {
       choose("lr_a draft", "gemv", draft_reason);
-      choose("lr_b draft", "gemv f32 scores + topk_partial/topk_join",
-             fmt::format("{} partials of the best {} of {} scores per row, joined by one CTA", topk_parts(),
-                         topk_part_slots(), topk_chunk()));
-      choose("target_head draft", "rescore_logits + rescore_join",
-             fmt::format("only the {} candidate rows of target_head are read per row, a warp each; one warp "
-                         "per row joins",
+      choose("lr_b draft", "gemv f32 scores + topk",
+             fmt::format("{} partials of the best {} of {} scores per row, joined by the last CTA to arrive",
+                         topk_parts(), topk_part_slots(), topk_chunk()));
+      choose("target_head draft", "rescore",
+             fmt::format("only the {} candidate rows of target_head are read per row, a warp each; a warp of "
+                         "the last CTA to arrive joins",
                          hh.cand_k));
     }
     std::vector<std::string> wide;

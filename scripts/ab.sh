@@ -7,6 +7,9 @@
 #
 # Usage: scripts/ab.sh [BUILD_DIR] NAME='OPTIONS' [NAME='OPTIONS' ...]
 #   e.g. scripts/ab.sh build-gpu off='--dependent-launch off' all='--dependent-launch all'
+# NAME@DIR='OPTIONS' runs the tfe-bench of DIR, a build already made (of another source tree, say), instead
+# of BUILD_DIR's: kernel changes are measured that way, the older tree's build against this one's. Where
+# two builds differ in arithmetic their drafts may differ at near-ties, and the check below says so.
 # Environment: OUT (default out/ab) receives build.log, per-run JSON and logs, and ab.txt (the table);
 #   BENCH_WORK (default /tmp/tfe-bench, shared with bench.sh) holds the random heads; AB_PRESETS (default
 #   "llama3-8b-eagle3 tfe-two-stage"); AB_STREAMS (default 1,2,4,8,16); AB_ITERS (default 30); AB_ROUNDS
@@ -21,12 +24,18 @@ work=${BENCH_WORK:-/tmp/tfe-bench}
 presets=${AB_PRESETS:-"llama3-8b-eagle3 tfe-two-stage"}
 mkdir -p "$out" "$work"
 names=()
-declare -A options
+declare -A options builds
 for arg in "$@"; do
   name=${arg%%=*}
-  [[ "$name" =~ ^[A-Za-z0-9_.]+$ && "$arg" == *=* ]] || { echo "ab.sh: '$arg' is not NAME='OPTIONS'" >&2; exit 2; }
+  dir=$build
+  if [[ "$name" == *@* ]]; then
+    dir=${name#*@}
+    name=${name%%@*}
+  fi
+  [[ "$name" =~ ^[A-Za-z0-9_]+$ && "$arg" == *=* ]] || { echo "ab.sh: '$arg' is not NAME[@DIR]='OPTIONS'" >&2; exit 2; }
   names+=("$name")
   options[$name]=${arg#*=}
+  builds[$name]=$dir
 done
 
 prefix=()
@@ -52,7 +61,7 @@ for round in $(seq 1 "${AB_ROUNDS:-2}"); do
         mode=$([ "$dtype" = fp8 ] && echo auto || echo off)
         run="$out/$name.$preset.$dtype.$round"
         # shellcheck disable=SC2086  # the setting's options are words on purpose
-        if ! "$build/examples/tfe-bench" --head "$work/$preset.tfe" --fp8 "$mode" --streams "${AB_STREAMS:-1,2,4,8,16}" \
+        if ! "${builds[$name]}/examples/tfe-bench" --head "$work/$preset.tfe" --fp8 "$mode" --streams "${AB_STREAMS:-1,2,4,8,16}" \
             --steps 8 --iters "${AB_ITERS:-30}" --no-eager --json "$run.json" --drafts-out "$run.drafts" \
             ${options[$name]} >"$run.log" 2>&1; then
           echo "!! tfe-bench $name $preset $dtype round $round failed (log: $run.log)"

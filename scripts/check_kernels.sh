@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 work=${1:-build-kernels-check}
+rm -rf "$work/tu"  # units of kernels since renamed or removed would fail the build
 mkdir -p "$work/tu"
 cuda=${CUDA_HOME:-/usr/local/cuda}
 nvcc=${NVCC:-$cuda/bin/nvcc}
@@ -60,12 +61,10 @@ for vocab, chunk, steps in [(32000, 256, 8), (32000, 2048, 8), (128256, 4096, 8)
 # join too large to stage in shared memory (262144 / 4096 x 512).
 for vocab, chunk, k in [(32000, 2048, 64), (32000, 4096, 512), (262144, 4096, 512), (300, 2048, 16),
                         (1000, 100, 300), (5000, 2048, 1)]:
-    for kernel in ["topk_partial", "topk_join"]:
-        add(kernel, "topk.cuh", VOCAB=vocab, CHUNK=chunk, CAND_K=k)
+    add("topk", "topk.cuh", VOCAB=vocab, CHUNK=chunk, CAND_K=k)
 for hidden, k in [(4096, 64), (8192, 512), (64, 16), (100, 5)]:
     for weight in [0, 1]:
-        add("rescore_logits", "rescore.cuh", HIDDEN=hidden, CAND_K=k, WEIGHT=weight)
-    add("rescore_join", "rescore.cuh", CAND_K=k, MAX_STEPS=8)
+        add("rescore", "rescore.cuh", HIDDEN=hidden, CAND_K=k, WEIGHT=weight, MAX_STEPS=8)
 open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 EOF
 

@@ -194,7 +194,7 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
     ref::linear_f32(st.linear("lr_b"), first_rows(u, h.lowrank), sw, st.threads);
     CHECK(f32_error(std::span<const float>(scores).first(sw.size()), sw) < 1e-4);
     const auto th = st.linear("target_head");
-    const int64_t K = h.cand_k, chunk = node_spec(plan, "s1.topk_partial").constant("CHUNK");
+    const int64_t K = h.cand_k, chunk = node_spec(plan, "s1.topk").constant("CHUNK");
     const int64_t parts = (Vd + chunk - 1) / chunk, kp = std::min(K, chunk);
     // The best `count` of s (ties: lower id) as ids ascending, offset by `first`: the order both topk
     // kernels write.
@@ -207,7 +207,7 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
     for (int64_t r = 0; r < rows; ++r) {
       CAPTURE(r);
       const auto s = row(scores, r, Vd);
-      // topk_partial and topk_join select on the GPU's scores without arithmetic: exact, ties included.
+      // topk selects, at both levels, on the GPU's scores without arithmetic: exact, ties included.
       for (int64_t part = 0; part < parts; ++part) {
         CAPTURE(part);
         const int64_t begin = part * chunk, len = std::min(chunk, Vd - begin), count = std::min(kp, len);
@@ -219,7 +219,7 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
       }
       const auto got = row(cand, r, K);
       CHECK(std::vector<int32_t>(got.begin(), got.end()) == best_ascending(s, K, 0));
-      // rescore_logits on the GPU's candidates.
+      // rescore's logits on the GPU's candidates.
       std::vector<float> want;
       std::vector<int32_t> target;
       const auto nf = ref::widen(row(n, r, H));
@@ -229,7 +229,7 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
       }
       const auto logits = row(exact, r, K);
       CHECK(f32_error(logits, want) < 1e-4);
-      // rescore_join on the GPU's exact logits: the pick is exact, the confidence differs in summation
+      // rescore's join on the GPU's exact logits: the pick is exact, the confidence differs in summation
       // order only.
       const ref::Rescored rs = ref::rescore(logits, target);
       CHECK(out_token[r * ms] == rs.target_id);
