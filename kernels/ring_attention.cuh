@@ -63,7 +63,9 @@ struct AttnShape {
   static constexpr long long CPL = ceil_div(KC, LPK);              // loads per lane per row
   static constexpr long long KPP = THREADS / LPK;                  // keys per pass
   static constexpr long long PASSES = ceil_div(CHUNK, KPP);
-  static constexpr long long BATCH = min_ll(PASSES, 8);            // passes whose loads are in flight together
+  // Passes whose loads are in flight together: 8, or 4 where a lane's G query heads times E elements
+  // exceed 32 (8 per GQA group at HEAD_DIM 256: 8 passes there spill registers).
+  static constexpr long long BATCH = min_ll(PASSES, G * E > 32 ? 4 : 8);
   static constexpr long long PART = G * (HEAD_DIM + 2);            // one partial: m[G], l[G], o_c[G][HD]
   // Float offsets into dynamic shared memory (= launch_shapes.cpp attention_smem).
   static constexpr long long E_AT = 0, O_AT = E_AT + G * CHUNK, P_AT = O_AT + WARPS * G * HEAD_DIM;

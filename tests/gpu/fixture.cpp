@@ -10,7 +10,11 @@
 namespace tfe::test {
 
 std::unique_ptr<HeadImage> random_head_image(const std::string& preset, uint64_t seed, bool fp8) {
-  const HeadWriter w = random_head(preset_header(preset), seed, fp8);
+  return random_head_image(preset_header(preset), seed, fp8);
+}
+
+std::unique_ptr<HeadImage> random_head_image(const HeadHeader& header, uint64_t seed, bool fp8) {
+  const HeadWriter w = random_head(header, seed, fp8);
   std::vector<std::byte> bytes = w.serialize();
   HeadFile file = HeadFile::from_bytes(bytes);
   // The file views `bytes`: moving the vector keeps its buffer in place.

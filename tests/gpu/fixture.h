@@ -21,7 +21,8 @@ struct HeadImage {
   std::vector<std::byte> bytes;  // the whole .tfe image; `file` views it
   HeadFile file;
 };
-// A random head of `preset` (with FP8 forms of every linear when `fp8`), built in memory.
+// A random head of `preset`, or of any header (with FP8 forms of every linear when `fp8`), built in memory.
+std::unique_ptr<HeadImage> random_head_image(const HeadHeader& header, uint64_t seed, bool fp8);
 std::unique_ptr<HeadImage> random_head_image(const std::string& preset, uint64_t seed, bool fp8);
 
 // Small limits that still cover every bucket and step: 20 slots, extend chunks of 16 rows (so a

@@ -10,8 +10,10 @@
 // Selections made without arithmetic on the GPU's own values (topk partials and candidates, the
 // two_stage pick) are exact, ties to the lower id included.
 #include <algorithm>
+#include <functional>
 #include <thread>
 
+#include "plan/presets.h"
 #include "runtime/reference_ops.h"
 #include "tests/gpu/fixture.h"
 #include "tests/gpu/gpu_test.h"
@@ -238,25 +240,40 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
   }
 }
 
-void kernels_vs_reference(const std::string& preset, bool fp8, std::vector<int> buckets, int max_steps) {
-  auto head = random_head_image(preset, 81, fp8);
-  const HeadHeader& h = head->file.header();
-  PlanOptions po = test_plan_options(fp8 ? Fp8Mode::require : Fp8Mode::off);
-  po.buckets = buckets;
-  po.max_slots = buckets.back();
-  po.max_steps = max_steps;
-  Runtime rt = Runtime::open(head->file, test_open_options(po));
-  std::mt19937_64 rng(17);
-  std::vector<Rows> rows;
-  for (int s = 0; s < buckets.back(); ++s) rows.push_back(random_rows(rng, h, s, 0, 1 + (s * 3) % 20));
-  rt.extend(requests(rows));
+// The second half of kernels_vs_reference: one step of each bucket, checked kernel by kernel.
+void check_buckets(Runtime& rt, const HeadImage& head, const std::vector<int>& buckets) {
   for (int b : buckets) {
     CAPTURE(b);
     std::vector<int> slots(static_cast<size_t>(b));
     std::iota(slots.begin(), slots.end(), 0);
     (void)rt.draft(slots, 1);  // step 1 leaves its intermediates in the arena
-    check_step(rt, head->file, b);
+    check_step(rt, head.file, b);
   }
+}
+
+// Slot s holds prefix(s) rows from position 0, extended in requests of at most `per_request` rows.
+void kernels_vs_reference(const HeadImage& head, bool fp8, std::vector<int> buckets, int max_steps,
+                          const std::function<int64_t(int)>& prefix, int64_t per_request = 1 << 30) {
+  const HeadHeader& h = head.file.header();
+  PlanOptions po = test_plan_options(fp8 ? Fp8Mode::require : Fp8Mode::off);
+  po.buckets = buckets;
+  po.max_slots = buckets.back();
+  po.max_steps = max_steps;
+  Runtime rt = Runtime::open(head.file, test_open_options(po));
+  std::mt19937_64 rng(17);
+  for (int64_t at = 0;; at += per_request) {
+    std::vector<Rows> rows;
+    for (int s = 0; s < buckets.back(); ++s)
+      if (prefix(s) > at) rows.push_back(random_rows(rng, h, s, at, std::min(per_request, prefix(s) - at)));
+    if (rows.empty()) break;
+    rt.extend(requests(rows));
+  }
+  check_buckets(rt, head, buckets);
+}
+
+void kernels_vs_reference(const std::string& preset, bool fp8, std::vector<int> buckets, int max_steps) {
+  auto head = random_head_image(preset, 81, fp8);
+  kernels_vs_reference(*head, fp8, buckets, max_steps, [](int s) { return 1 + (s * 3) % 20; });
 }
 
 TFE_GPU_TEST_CASE("kernels: tiny, bf16 and FP8, every bucket") {
@@ -270,6 +287,19 @@ TFE_GPU_TEST_CASE("kernels: llama3-8b-eagle3 shapes (random weights in memory), 
 }
 TFE_GPU_TEST_CASE("kernels: tfe-two-stage shapes (random weights in memory), bf16 and FP8") {
   for (bool fp8 : {false, true}) kernels_vs_reference("tfe-two-stage", fp8, {1, 16}, 8);
+}
+// 16 query heads of 256 over 2 kv heads (8 per group): ring_attention keeps 4 key passes in flight instead of
+// 8 there (its registers would spill at 8), so the window must span many passes: a window of 511 keys, full
+// after prefixes of 600 and 530 rows (in requests of 100, under the ring's 520 rows).
+TFE_GPU_TEST_CASE("kernels: 16 query heads of 256 over 2 kv heads, a full window of 511 keys, bf16") {
+  HeadHeader h = preset_header("tiny");
+  h.name = "tiny-wide-heads";
+  h.heads = 16;
+  h.kv_heads = 2;
+  h.head_dim = 256;
+  h.window = 511;
+  auto head = random_head_image(h, 83, false);
+  kernels_vs_reference(*head, false, {1, 2}, 2, [](int s) { return s == 0 ? 600 : 530; }, 100);
 }
 
 }  // namespace
