@@ -69,6 +69,7 @@ struct Options {
   std::string artifact;
   std::string fp8 = "auto";
   std::string dependent_launch = "plan";
+  int dependent_streams = -1;  // the plan option when planning here; -1: its default
   std::string streams = "1,2,4,8,16";
   std::string steps = "1..8";
   int iters = 50;
@@ -402,9 +403,12 @@ int run(const Options& o) {
 
   tfe::OpenOptions open;
   open.artifact_dir = o.artifact;
+  if (!o.artifact.empty() && o.dependent_streams >= 0)
+    tfe::fail("--dependent-streams plans here; an artifact's plan is fixed (tfe-plan compile --dependent-streams)");
   if (o.artifact.empty()) {
     tfe::PlanOptions p;
     p.fp8 = tfe::fp8_mode_from_name(o.fp8);
+    if (o.dependent_streams >= 0) p.dependent_streams = o.dependent_streams;
     open.plan = p;
   }
   open.capture = tfe::OpenOptions::Capture::lazy;
@@ -420,6 +424,7 @@ int run(const Options& o) {
     out["open_ms"] = ms_since(t0);
     out["open_capture"] = "lazy";
     out["dependent_launch"] = o.dependent_launch;
+    out["dependent_streams"] = rt->plan().options.dependent_streams;
   });
   if (!rt) {
     out["errors"] = errors;
@@ -719,6 +724,9 @@ int main(int argc, char** argv) {
   app.add_option("--dependent-launch", o.dependent_launch,
                  "programmatic dependent launch of the draft kernels: plan (where the plan marks it), off, all")
       ->check(CLI::IsMember({"plan", "off", "all"}));
+  app.add_option("--dependent-streams", o.dependent_streams,
+                 "plan option without an artifact: dependent launch in buckets up to N streams (0..16)")
+      ->check(CLI::Range(0, 16));
   app.add_option("--streams", o.streams, "slots per draft call: a list (1,2,4) or range (1..4)");
   app.add_option("--steps", o.steps, "draft steps per call: a list or range");
   app.add_option("--iters", o.iters, "timed calls per (streams, steps)");

@@ -533,20 +533,36 @@ TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows, with 512 
   }
 }
 
-TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (default 2), extend kernels never") {
+TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (default 2), but an FP8 GEMV "
+          "right after a GEMV, and extend kernels never") {
   CHECK(PlanOptions{}.dependent_streams == 2);
-  for (const char* preset : {"llama3-8b-eagle3", "tfe-two-stage", "tiny"}) {
-    CAPTURE(preset);
+  for (const auto& [name, header] : golden_heads()) {
+    CAPTURE(name);
     for (const int limit : {0, 2, 4, 16}) {
       CAPTURE(limit);
       PlanOptions o = golden_options();
       o.dependent_streams = limit;
-      const Plan p = make_plan(preset_header(preset), o);
+      const Plan p = make_plan(header, o);
+      int plain_fp8 = 0;
       for (const auto& b : p.buckets)
-        for (const auto& n : b.nodes) CHECK(n.dependent == (b.streams <= limit));
+        for (size_t i = 0; i < b.nodes.size(); ++i) {
+          const Node& n = b.nodes[i];
+          CAPTURE(n.name);
+          const auto gemv = [&](const Node& m) { return p.spec(m.spec).kernel == "gemv"; };
+          const bool fp8_after_gemv =
+              i > 0 && gemv(b.nodes[i - 1]) && gemv(n) && p.spec(n.spec).constant("WEIGHT") == kc::kWeightFP8;
+          plain_fp8 += b.streams <= limit && fp8_after_gemv;
+          CHECK(n.dependent == (b.streams <= limit && !fp8_after_gemv));
+        }
+      // w_down (and two_stage's lr_b) in every FP8 bucket that launches dependent.
+      const bool fp8 = name.ends_with("-fp8");
+      const int dependent_buckets = static_cast<int>(
+          std::count_if(p.buckets.begin(), p.buckets.end(), [&](const Bucket& b) { return b.streams <= limit; }));
+      const int per_step = name.starts_with("tfe-two-stage") ? 2 : 1;
+      CHECK(plain_fp8 == (fp8 ? dependent_buckets * p.options.max_steps * per_step : 0));
       for (const auto& n : p.extend) CHECK_FALSE(n.dependent);
     }
-    Plan p = make_plan(preset_header(preset), golden_options());
+    Plan p = make_plan(header, golden_options());
     // The flag is plan data: it survives the YAML, and an extend node carrying it is refused by name.
     CHECK(load_plan_yaml(dump_plan_yaml(p)) == p);
     Node& extend_kernel = *std::find_if(p.extend.begin(), p.extend.end(),
