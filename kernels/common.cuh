@@ -31,6 +31,12 @@ __host__ __device__ constexpr long long max_ll(long long a, long long b) { retur
 // has called it or exited; without the attribute both are no-ops.
 __device__ __forceinline__ void wait_for_predecessors() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void release_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+// The first statement of every kernel but gemv: it reads earlier nodes' outputs from the start, and it is
+// short, so the next kernel may launch (and start loading its weights) at once.
+__device__ __forceinline__ void start_after_predecessors() {
+  wait_for_predecessors();
+  release_dependents();
+}
 
 // -inf without <cmath> (NVRTC has no INFINITY).
 __device__ __forceinline__ float neg_inf() { return __int_as_float(static_cast<int>(0xff800000u)); }

@@ -17,8 +17,7 @@ static_assert(sizeof(CopyRowsParams) == 8 * 5, "one 8-byte slot per registry par
 
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS) copy_rows(const CopyRowsParams p) {
-  wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
-  release_dependents();     // short: the next kernel may start loading its weights now
+  start_after_predecessors();
   constexpr long long W = Cfg::WIDTH;
   const long long r = blockIdx.x;
   if (r >= p.rows) return;

@@ -22,8 +22,7 @@ static_assert(sizeof(PrepareXParams) == 8 * 8, "one 8-byte slot per registry par
 
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS) prepare_x(const PrepareXParams p) {
-  wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
-  release_dependents();     // short: the next kernel may start loading its weights now
+  start_after_predecessors();
   constexpr long long H = Cfg::HIDDEN;
   __shared__ float scratch[32];
   const long long r = blockIdx.y;

@@ -33,8 +33,7 @@ static_assert(sizeof(QkRopeKvParams) == 8 * 12, "one 8-byte slot per registry pa
 
 template <typename Cfg>
 __global__ void __launch_bounds__(128) qk_rope_kv(const QkRopeKvParams p) {
-  wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
-  release_dependents();     // short: the next kernel may start loading its weights now
+  start_after_predecessors();
   constexpr long long HD = Cfg::HEAD_DIM, HALF = HD / 2, KVH = Cfg::KV_HEADS;
   constexpr long long QH = Cfg::WRITE_Q ? Cfg::HEADS : 0;
   constexpr long long IN_HEADS = QH + 2 * KVH;

@@ -118,8 +118,7 @@ __device__ __forceinline__ void exact_logit(const RescoreParams p, long long r, 
 // too few for a lane's 16 chunks in flight (64 registers), and spilled at HIDDEN 8192.
 template <typename Cfg>
 __global__ void __launch_bounds__(32 * kRescoreWarps, 4) rescore(const RescoreParams p) {
-  wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
-  release_dependents();     // short: the next kernel may start loading its weights now
+  start_after_predecessors();
   constexpr long long KC = Cfg::CAND_K;
   static_assert(KC >= 1, "rescore: CAND_K must be at least 1");
 

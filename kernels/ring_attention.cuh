@@ -116,8 +116,7 @@ __device__ __forceinline__ float load_peer(const float* local, unsigned rank) {
 
 template <typename Cfg>
 __global__ void TFE_ATTENTION_CLUSTER(Cfg::SPLIT) __launch_bounds__(128) ring_attention(const RingAttentionParams p) {
-  wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
-  release_dependents();     // short: the next kernel may start loading its weights now
+  start_after_predecessors();
   using S = AttnShape<Cfg::HEADS, Cfg::KV_HEADS, Cfg::HEAD_DIM, Cfg::WINDOW, Cfg::SPLIT>;
   constexpr long long HD = Cfg::HEAD_DIM, KVH = Cfg::KV_HEADS, G = S::G, SPLIT = Cfg::SPLIT;
   extern __shared__ float4 smem_raw[];

@@ -61,8 +61,7 @@ __device__ __forceinline__ void rms_row(const bf16* x, const bf16* w, bf16* y, f
 
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS) rmsnorm(const RmsnormParams p) {
-  wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
-  release_dependents();     // short: the next kernel may start loading its weights now
+  start_after_predecessors();
   __shared__ float scratch[32];
   const long long r = blockIdx.x;
   if (r >= p.rows) return;

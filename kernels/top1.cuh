@@ -46,8 +46,7 @@ __device__ __forceinline__ ArgMax block_argmax(ArgMax best, float* sv, int* si) 
 
 template <typename Cfg>
 __global__ void __launch_bounds__(256) top1(const Top1Params p) {
-  wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
-  release_dependents();     // short: the next kernel may start loading its weights now
+  start_after_predecessors();
   constexpr long long V = Cfg::VOCAB, CHUNK = Cfg::CHUNK, PARTS = ceil_div(V, CHUNK);
   constexpr long long THREADS = 256, PER = ceil_div(CHUNK, THREADS);  // = launch_shapes.cpp (block 256)
   __shared__ float sv[32], scratch[32];

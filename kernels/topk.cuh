@@ -161,8 +161,7 @@ __device__ __forceinline__ void take_in_order(const KeyAt& key_at, int n, unsign
 // Two CTAs per SM: without a minimum, ptxas held the kernel to 40 registers and spilled.
 template <typename Cfg>
 __global__ void __launch_bounds__(kTopkThreads, 2) topk(const TopkParams p) {
-  wait_for_predecessors();  // reads earlier nodes' outputs from the first statement on
-  release_dependents();     // short: the next kernel may start loading its weights now
+  start_after_predecessors();
   using S = TopkShape<Cfg>;
   constexpr int PER_THREAD = static_cast<int>(ceil_div(S::CHUNK, kTopkThreads));
   constexpr int N = static_cast<int>(S::JOIN_N);
