@@ -1,0 +1,119 @@
+// topk against the reference on score rows made to reach both of its selects: the bounded select (random
+// scores: few keys above the smallest group maximum) and the radix select it falls back to (ascending
+// scores put every large key in one group, so nearly all keys pass the bound; equal and few-valued scores
+// tie across groups; CAND_K above the bounded select's limit). The selection is exact (no arithmetic on
+// the scores), so the candidates must equal the reference's, ties to the lower id included. Each shape
+// runs twice on the same rows: the row tickets must be back at zero after a pass.
+#include <algorithm>
+#include <cstring>
+
+#include "compiler/cache.h"
+#include "compiler/kernel_registry.h"
+#include "compiler/nvrtc.h"
+#include "runtime/cuda_check.h"
+#include "runtime/device_handles.h"
+#include "runtime/device_kernels.h"
+#include "runtime/reference_ops.h"
+#include "tests/gpu/gpu_test.h"
+
+namespace tfe::test {
+namespace {
+
+enum class Pattern { random, ascending, equal, few_values, signed_zeros };
+
+std::vector<float> score_row(std::mt19937_64& rng, Pattern pattern, int64_t vocab) {
+  std::vector<float> row(static_cast<size_t>(vocab));
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::uniform_int_distribution<int> three(0, 2);
+  for (int64_t i = 0; i < vocab; ++i) {
+    float& v = row[static_cast<size_t>(i)];
+    switch (pattern) {
+      case Pattern::random: v = normal(rng); break;
+      case Pattern::ascending: v = 0.001f * static_cast<float>(i); break;
+      case Pattern::equal: v = 1.5f; break;
+      case Pattern::few_values: v = static_cast<float>(three(rng)); break;
+      case Pattern::signed_zeros: v = three(rng) == 0 ? -0.0f : three(rng) == 1 ? 0.0f : -1.0f; break;
+    }
+  }
+  return row;
+}
+
+// cand [rows, CAND_K] of one topk specialization on `scores` [rows, VOCAB], launched `passes` times.
+std::vector<std::vector<int32_t>> run_topk(const KernelSpec& spec, const std::string& arch,
+                                           const std::vector<float>& scores, int64_t rows, int passes,
+                                           cudaStream_t s) {
+  CompileOptions options;
+  options.arch = arch;
+  const CachedKernel compiled = KernelCache::from_environment().get(make_compile_unit(spec), options);
+  auto library = cuda::load_library(compiled.kernel.cubin.data(), compiled.kernel.uri.c_str());
+  cudaKernel_t kernel = nullptr;
+  TFE_CUDA(cudaLibraryGetKernel(&kernel, library.get(), compiled.kernel.lowered_name.c_str()));
+
+  const int64_t vocab = spec.constant("VOCAB"), chunk = spec.constant("CHUNK"), k = spec.constant("CAND_K");
+  const int64_t parts = (vocab + chunk - 1) / chunk, stride = parts * std::min(k, chunk);
+  auto d_scores = cuda::allocate_device(scores.size() * 4, "scores");
+  auto part_score = cuda::allocate_device(static_cast<size_t>(rows * stride) * 4, "part_score");
+  auto part_id = cuda::allocate_device(static_cast<size_t>(rows * stride) * 4, "part_id");
+  auto arrivals = cuda::allocate_device(static_cast<size_t>(rows) * 4, "arrivals");
+  auto cand = cuda::allocate_device(static_cast<size_t>(rows * k) * 4, "cand");
+  TFE_CUDA(cudaMemcpyAsync(d_scores.data(), scores.data(), scores.size() * 4, cudaMemcpyHostToDevice, s));
+  TFE_CUDA(cudaMemsetAsync(arrivals.data(), 0, static_cast<size_t>(rows) * 4, s));
+  uint64_t slots[6] = {reinterpret_cast<uint64_t>(d_scores.data()), reinterpret_cast<uint64_t>(part_score.data()),
+                       reinterpret_cast<uint64_t>(part_id.data()),  reinterpret_cast<uint64_t>(arrivals.data()),
+                       reinterpret_cast<uint64_t>(cand.data()),     static_cast<uint64_t>(rows)};
+  void* args[] = {slots};
+  const LaunchShape shape = launch_shape(spec, rows);
+  std::vector<std::vector<int32_t>> out;
+  for (int pass = 0; pass < passes; ++pass) {
+    TFE_CUDA(cudaMemsetAsync(cand.data(), 0xFF, static_cast<size_t>(rows * k) * 4, s));  // -1: unwritten
+    TFE_CUDA(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), cuda::grid_for_rows(shape, rows),
+                              dim3(static_cast<unsigned>(shape.block)), args, static_cast<size_t>(shape.smem), s));
+    std::vector<int32_t> got(static_cast<size_t>(rows * k));
+    TFE_CUDA(cudaMemcpyAsync(got.data(), cand.data(), got.size() * 4, cudaMemcpyDeviceToHost, s));
+    TFE_CUDA(cudaStreamSynchronize(s));
+    out.push_back(std::move(got));
+  }
+  return out;
+}
+
+TFE_GPU_TEST_CASE("topk: bounded and radix selects equal the reference on random, ascending and tied scores") {
+  int device = 0;
+  cudaDeviceProp prop{};
+  TFE_CUDA(cudaGetDevice(&device));
+  TFE_CUDA(cudaGetDeviceProperties(&prop, device));
+  const std::string arch = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+  auto stream = cuda::create_stream();
+  std::mt19937_64 rng(4242);
+  const std::vector<Pattern> patterns = {Pattern::random, Pattern::ascending, Pattern::equal, Pattern::few_values,
+                                         Pattern::signed_zeros, Pattern::random};
+  const int64_t rows = static_cast<int64_t>(patterns.size());
+  // (vocab, chunk, cand_k): tfe-two-stage's; cand_k above the bounded select's 256 (radix at both levels);
+  // one short part.
+  for (const auto& [vocab, chunk, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {32000, 2048, 64}, {5000, 1024, 300}, {300, 2048, 16}}) {
+    CAPTURE(vocab);
+    CAPTURE(chunk);
+    CAPTURE(k);
+    std::vector<float> scores;
+    for (const Pattern p : patterns) {
+      const auto row = score_row(rng, p, vocab);
+      scores.insert(scores.end(), row.begin(), row.end());
+    }
+    const KernelSpec spec = make_spec("topk", {{"VOCAB", vocab}, {"CHUNK", chunk}, {"CAND_K", k}});
+    const auto passes = run_topk(spec, arch, scores, rows, 2, stream.get());
+    for (int64_t r = 0; r < rows; ++r) {
+      CAPTURE(r);
+      std::vector<int32_t> want =
+          ref::topk(std::span<const float>(scores).subspan(static_cast<size_t>(r * vocab), static_cast<size_t>(vocab)),
+                    static_cast<int>(k));
+      std::sort(want.begin(), want.end());
+      for (const auto& got : passes) {
+        const std::vector<int32_t> row(got.begin() + r * k, got.begin() + (r + 1) * k);
+        CHECK(row == want);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tfe::test
