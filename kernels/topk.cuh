@@ -13,11 +13,9 @@
 // runs it, so the result does not depend on the order of arrival.
 //
 // Selection (both levels): scores map to order-preserving 32-bit keys (-0 folded onto +0 so that they
-// tie, as floats compare). First a bounded select (select_top): the smallest of CAND_K group maxima bounds
-// the CAND_K-th largest key from below, and only the few keys above the bound are ranked. Where too many
-// keys pass the bound, or CAND_K is large, a radix select, 8 bits per pass from the top, narrows to the
-// bucket (prefix under mask) that holds the k-th largest key and how many of its keys are taken (`need`);
-// it stops early once that bucket is taken whole. Histograms use integer shared-memory atomics, one per group of
+// tie, as floats compare). A radix select, 8 bits per pass from the top, narrows to the bucket (prefix
+// under mask) that holds the k-th largest key and how many of its keys are taken (`need`); it stops
+// early once that bucket is taken whole. Histograms use integer shared-memory atomics, one per group of
 // equal digits in a warp (__match_any_sync: the top digits of a score row are few, and same-address
 // atomics would serialize); their result does not depend on order. A final pass in position order
 // takes every key above the bucket and the first `need` keys in it; an element's output slot is the
@@ -61,20 +59,11 @@ __device__ __forceinline__ unsigned order_key(float v) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// The bounded select (select_top, below) keeps up to kTopkBoundK group maxima and kTopkSurvivors keys.
-// At most kTopkSurvivors, a survivor's rank costs one pass over them per thread.
-constexpr int kTopkBoundK = 256, kTopkSurvivors = 512;
-
 struct TopkSmem {
   unsigned hist[256];
   unsigned warp_total[kTopkWarps];
   unsigned found_digit, found_need, found_count;
   unsigned tile_gt[2][kTopkWarps], tile_eq[2][kTopkWarps];
-  // Bounded select.
-  unsigned group_max[kTopkBoundK];
-  unsigned long long survivor[kTopkSurvivors];  // key << 32 | ~position: larger is better
-  int chosen_pos[kTopkBoundK];
-  unsigned survivors, chosen;
 };
 
 // The bucket of the need-th largest of key_at(0 .. n-1) (1 <= need <= n): on return, the keys k with
@@ -169,78 +158,6 @@ __device__ __forceinline__ void take_in_order(const KeyAt& key_at, int n, unsign
   }
 }
 
-// Calls take(i, slot) for the `need` best of key_at(0 .. n-1) (larger key first, ties to the lower
-// position), slot = the number of taken positions below i: what radix_bucket + take_in_order select, with
-// a handful of barriers instead of about four per radix pass. The positions are cut into `need` groups;
-// the smallest of the group maxima, T, is a lower bound of the need-th largest key (the `need` maxima are
-// distinct elements, each >= T), so only the keys >= T (the survivors) can be taken. Each survivor's rank
-// among them, counted in the order above, decides; a taken one's slot is counted among the taken. Where
-// need exceeds kTopkBoundK or more than kTopkSurvivors keys survive (scores bunched against the order of
-// positions), the radix select runs instead. Every thread of the CTA calls it with the same arguments.
-template <typename KeyAt, typename Take>
-__device__ __forceinline__ void select_top(const KeyAt& key_at, int n, unsigned need, TopkSmem& sm, const Take& take) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int groups = static_cast<int>(need);
-  if (groups <= kTopkBoundK) {
-    // Group maxima, a warp per group; group g holds positions [g n / groups, (g + 1) n / groups).
-    for (int g = warp; g < groups; g += kTopkWarps) {
-      const int lo = static_cast<int>(static_cast<long long>(g) * n / groups);
-      const int hi = static_cast<int>(static_cast<long long>(g + 1) * n / groups);
-      unsigned m = 0;
-      for (int i = lo + lane; i < hi; i += 32) m = max(m, key_at(i));
-      m = __reduce_max_sync(0xffffffffu, m);
-      if (lane == 0) sm.group_max[g] = m;
-    }
-    if (tid == 0) {
-      sm.survivors = 0;
-      sm.chosen = 0;
-    }
-    __syncthreads();
-    unsigned bound = 0xffffffffu;
-    for (int g = lane; g < groups; g += 32) bound = min(bound, sm.group_max[g]);
-    bound = __reduce_min_sync(0xffffffffu, bound);
-    // The survivors, appended in any order (a warp's at once): only their set matters below.
-    for (int base = 0; base < n; base += kTopkThreads) {
-      const int i = base + tid;
-      const unsigned k = i < n ? key_at(i) : 0u;
-      const bool keep = i < n && k >= bound;
-      const unsigned ballot = __ballot_sync(0xffffffffu, keep);
-      unsigned first = 0;
-      if (lane == 0 && ballot) first = atomicAdd(&sm.survivors, static_cast<unsigned>(__popc(ballot)));
-      first = __shfl_sync(0xffffffffu, first, 0);
-      const unsigned at = first + __popc(ballot & ((1u << lane) - 1u));
-      if (keep && at < kTopkSurvivors)
-        sm.survivor[at] = static_cast<unsigned long long>(k) << 32 | (0xffffffffu - static_cast<unsigned>(i));
-    }
-    __syncthreads();
-    const int count = static_cast<int>(sm.survivors);
-    if (count <= kTopkSurvivors) {
-      // A survivor is taken when fewer than `need` survivors come before it. Keys and positions are
-      // packed so that one comparison orders them; the count runs to the end, without an early exit, so
-      // that its loads pipeline.
-      for (int s = tid; s < count; s += kTopkThreads) {
-        const unsigned long long mine = sm.survivor[s];
-        unsigned before = 0;
-#pragma unroll 8
-        for (int t = 0; t < count; ++t) before += sm.survivor[t] > mine;
-        if (before < need) sm.chosen_pos[atomicAdd(&sm.chosen, 1u)] = static_cast<int>(0xffffffffu - static_cast<unsigned>(mine));
-      }
-      __syncthreads();
-      for (int c = tid; c < groups; c += kTopkThreads) {
-        const int pos = sm.chosen_pos[c];
-        int slot = 0;
-#pragma unroll 8
-        for (int d = 0; d < groups; ++d) slot += sm.chosen_pos[d] < pos;
-        take(pos, slot);
-      }
-      return;
-    }
-  }
-  unsigned prefix, mask, left = need;
-  radix_bucket(key_at, n, prefix, mask, left, sm);
-  take_in_order(key_at, n, prefix, mask, left, sm, take);
-}
-
 // Two CTAs per SM: without a minimum, ptxas held the kernel to 40 registers and spilled.
 template <typename Cfg>
 __global__ void __launch_bounds__(kTopkThreads, 2) topk(const TopkParams p) {
@@ -269,9 +186,11 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk(const TopkParams p) {
   __syncthreads();
   {
     const auto key_at = [&](int i) { return keys[i]; };
+    unsigned prefix, mask, need = static_cast<unsigned>(min_ll(S::KP, len));
+    radix_bucket(key_at, len, prefix, mask, need, sm);
     float* out_score = p.part_score + r * S::STRIDE + part * S::KP;
     int* out_id = p.part_id + r * S::STRIDE + part * S::KP;
-    select_top(key_at, len, static_cast<unsigned>(min_ll(S::KP, len)), sm, [&](int i, int slot) {
+    take_in_order(key_at, len, prefix, mask, need, sm, [&](int i, int slot) {
       out_score[slot] = s[i];
       out_id[slot] = static_cast<int>(begin + i);
     });
@@ -299,8 +218,10 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk(const TopkParams p) {
     if constexpr (STAGED) return keys[i];
     else return order_key(__ldcg(score + i));
   };
+  unsigned prefix, mask, need = static_cast<unsigned>(S::CAND_K);
+  radix_bucket(key_at, N, prefix, mask, need, sm);
   int* out = p.cand + r * S::CAND_K;
-  select_top(key_at, N, static_cast<unsigned>(S::CAND_K), sm, [&](int i, int slot) { out[slot] = __ldcg(id + i); });
+  take_in_order(key_at, N, prefix, mask, need, sm, [&](int i, int slot) { out[slot] = __ldcg(id + i); });
 }
 
 }  // namespace kernels

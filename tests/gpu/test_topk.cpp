@@ -1,9 +1,10 @@
-// topk against the reference on score rows made to reach both of its selects: the bounded select (random
-// scores: few keys above the smallest group maximum) and the radix select it falls back to (ascending
-// scores put every large key in one group, so nearly all keys pass the bound; equal and few-valued scores
-// tie across groups; CAND_K above the bounded select's limit). The selection is exact (no arithmetic on
-// the scores), so the candidates must equal the reference's, ties to the lower id included. Each shape
-// runs twice on the same rows: the row tickets must be back at zero after a pass.
+// topk against the reference on score rows made to reach every path of its radix select: random scores,
+// ascending ones (every large key in one chunk, so the join's partials arrive in score order), equal and
+// few-valued scores (ties across chunks and within a radix bucket, which the early exit takes whole), and
+// signed zeros (which must tie); shapes with CAND_K below and above a chunk's candidates and with one short
+// part. The selection is exact (no arithmetic on the scores), so the candidates must equal the reference's,
+// ties to the lower id included. Each shape runs twice on the same rows: the row tickets must be back at
+// zero after a pass.
 #include <algorithm>
 #include <cstring>
 
@@ -76,7 +77,7 @@ std::vector<std::vector<int32_t>> run_topk(const KernelSpec& spec, const std::st
   return out;
 }
 
-TFE_GPU_TEST_CASE("topk: bounded and radix selects equal the reference on random, ascending and tied scores") {
+TFE_GPU_TEST_CASE("topk: equals the reference on random, ascending, tied and signed-zero scores, run twice") {
   int device = 0;
   cudaDeviceProp prop{};
   TFE_CUDA(cudaGetDevice(&device));
@@ -87,8 +88,8 @@ TFE_GPU_TEST_CASE("topk: bounded and radix selects equal the reference on random
   const std::vector<Pattern> patterns = {Pattern::random, Pattern::ascending, Pattern::equal, Pattern::few_values,
                                          Pattern::signed_zeros, Pattern::random};
   const int64_t rows = static_cast<int64_t>(patterns.size());
-  // (vocab, chunk, cand_k): tfe-two-stage's; cand_k above the bounded select's 256 (radix at both levels);
-  // one short part.
+  // (vocab, chunk, cand_k): tfe-two-stage's; 300 of each 1024-score chunk, 1500 partials joined (three
+  // tiles of the CTA's threads); one short part.
   for (const auto& [vocab, chunk, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
            {32000, 2048, 64}, {5000, 1024, 300}, {300, 2048, 16}}) {
     CAPTURE(vocab);
