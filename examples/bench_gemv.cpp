@@ -251,18 +251,7 @@ struct Bench {
                            reinterpret_cast<uint64_t>(scale_dev.data()), reinterpret_cast<uint64_t>(x_dev.data()),
                            reinterpret_cast<uint64_t>(y_dev.data()), reinterpret_cast<uint64_t>(residual_dev.data()),
                            static_cast<uint64_t>(rows)};
-      void* args[] = {slots};
-      cudaLaunchConfig_t config{};
-      config.gridDim = grid;
-      config.blockDim = dim3(static_cast<unsigned>(shape.block));
-      config.dynamicSmemBytes = static_cast<size_t>(shape.smem);
-      config.stream = stream;
-      cudaLaunchAttribute attribute{};
-      attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attribute.val.programmaticStreamSerializationAllowed = 1;
-      config.attrs = &attribute;
-      config.numAttrs = dependent ? 1 : 0;
-      TFE_CUDA(cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), args));
+      TFE_CUDA(cuda::launch_kernel(kernel, grid, shape, slots, stream, dependent));
     };
 
     // Check first: the output of one launch (y does not alias the residual here).

@@ -28,6 +28,24 @@ dim3 grid_for_rows(const LaunchShape& shape, int64_t rows) {
   return dim3(static_cast<unsigned>(g[0]), static_cast<unsigned>(g[1]), static_cast<unsigned>(g[2]));
 }
 
+cudaError_t launch_kernel(cudaKernel_t kernel, dim3 grid, const LaunchShape& shape, uint64_t* slots,
+                          cudaStream_t stream, bool dependent) {
+  void* args[] = {slots};
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(shape.block));
+  config.dynamicSmemBytes = static_cast<size_t>(shape.smem);
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (dependent) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), args);
+}
+
 namespace {
 constexpr size_t kMaxParams = 16;  // the largest registry kernel has 12 slots
 }
@@ -102,21 +120,8 @@ void KernelLaunch::launch(int64_t rows, cudaStream_t stream) const {
   std::array<uint64_t, kMaxParams> slots{};
   std::memcpy(slots.data(), params_.data(), params_.size() * sizeof(uint64_t));
   for (size_t i : rows_slots_) slots[i] = static_cast<uint64_t>(rows);
-  void* args[] = {slots.data()};
   const dim3 grid = grid_for_rows(shape_, rows);
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(static_cast<unsigned>(shape_.block));
-  config.dynamicSmemBytes = static_cast<size_t>(shape_.smem);
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (dependent_) {
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
-  const cudaError_t e = cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel_), args);
+  const cudaError_t e = launch_kernel(kernel_, grid, shape_, slots.data(), stream, dependent_);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     fail("launching node {} ({} x {} x {} blocks of {}, {} B shared, {} rows) failed: {} ({})", node_, grid.x, grid.y,

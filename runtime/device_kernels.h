@@ -64,4 +64,10 @@ class KernelLaunch {
 // Grid of `shape` for `rows` rows: grid[rows_axis] = ceil(rows / rows_per_block).
 dim3 grid_for_rows(const LaunchShape& shape, int64_t rows);
 
+// Enqueues `kernel` on `grid` with the block and dynamic shared memory of `shape`, its parameter slots
+// packed in `slots` (one 8-byte slot per registry parameter); `dependent`: with programmatic stream
+// serialization (the kernel may start before its predecessor completes; it waits in-kernel).
+cudaError_t launch_kernel(cudaKernel_t kernel, dim3 grid, const LaunchShape& shape, uint64_t* slots,
+                          cudaStream_t stream, bool dependent);
+
 }  // namespace tfe::cuda

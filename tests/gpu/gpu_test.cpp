@@ -5,7 +5,10 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include "compiler/cache.h"
+#include "compiler/nvrtc.h"
 #include "plan/numeric.h"
+#include "runtime/cuda_check.h"
 
 namespace tfe::test {
 
@@ -35,6 +38,19 @@ const Probe& probe() {
 
 bool no_gpu() { return probe().none; }
 const std::string& no_gpu_reason() { return probe().reason; }
+
+TestKernel load_test_kernel(const KernelSpec& spec) {
+  int device = 0;
+  cudaDeviceProp prop{};
+  TFE_CUDA(cudaGetDevice(&device));
+  TFE_CUDA(cudaGetDeviceProperties(&prop, device));
+  CompileOptions options;
+  options.arch = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+  const CachedKernel compiled = KernelCache::from_environment().get(make_compile_unit(spec), options);
+  TestKernel t{cuda::load_library(compiled.kernel.cubin.data(), compiled.kernel.uri.c_str()), nullptr};
+  TFE_CUDA(cudaLibraryGetKernel(&t.kernel, t.library.get(), compiled.kernel.lowered_name.c_str()));
+  return t;
+}
 
 std::vector<uint16_t> random_bf16(std::mt19937_64& rng, size_t n, float scale) {
   std::uniform_real_distribution<float> d(-scale, scale);

@@ -9,7 +9,18 @@
 
 #include <doctest/doctest.h>
 
+#include "compiler/kernel_registry.h"
+#include "runtime/device_handles.h"
+
 namespace tfe::test {
+
+// One specialization compiled (through the kernel cache, for the current device's arch) and loaded on its
+// own, for the tests that launch a kernel directly.
+struct TestKernel {
+  cuda::Library library;
+  cudaKernel_t kernel = nullptr;
+};
+TestKernel load_test_kernel(const KernelSpec& spec);
 
 // True when cudaGetDeviceCount fails or finds no device (probed once, at registration).
 bool no_gpu();

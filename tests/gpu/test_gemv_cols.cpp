@@ -6,9 +6,7 @@
 // the row counts cover a full and a partial 8-row input tile.
 #include <cstring>
 
-#include "compiler/cache.h"
 #include "compiler/kernel_registry.h"
-#include "compiler/nvrtc.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_handles.h"
 #include "runtime/device_kernels.h"
@@ -53,14 +51,8 @@ cuda::DeviceMemory upload(const std::vector<T>& v, cudaStream_t s) {
 }
 
 // y of one gemv specialization on `in`, as bytes.
-std::vector<uint8_t> run_gemv(const KernelSpec& spec, const std::string& arch, const Inputs& in, int64_t rows,
-                              cudaStream_t s) {
-  CompileOptions options;
-  options.arch = arch;
-  const CachedKernel compiled = KernelCache::from_environment().get(make_compile_unit(spec), options);
-  auto library = cuda::load_library(compiled.kernel.cubin.data(), compiled.kernel.uri.c_str());
-  cudaKernel_t kernel = nullptr;
-  TFE_CUDA(cudaLibraryGetKernel(&kernel, library.get(), compiled.kernel.lowered_name.c_str()));
+std::vector<uint8_t> run_gemv(const KernelSpec& spec, const Inputs& in, int64_t rows, cudaStream_t s) {
+  const TestKernel kernel = load_test_kernel(spec);
 
   const int64_t n = spec.constant("N");
   const size_t y_bytes = static_cast<size_t>(rows * n) * (spec.constant("EPILOGUE") == kc::kEpilogueF32 ? 4 : 2);
@@ -70,10 +62,8 @@ std::vector<uint8_t> run_gemv(const KernelSpec& spec, const std::string& arch, c
   uint64_t slots[6] = {reinterpret_cast<uint64_t>(w.data()),        reinterpret_cast<uint64_t>(scale.data()),
                        reinterpret_cast<uint64_t>(x.data()),        reinterpret_cast<uint64_t>(y.data()),
                        reinterpret_cast<uint64_t>(residual.data()), static_cast<uint64_t>(rows)};
-  void* args[] = {slots};
   const LaunchShape shape = launch_shape(spec, rows);
-  TFE_CUDA(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), cuda::grid_for_rows(shape, rows),
-                            dim3(static_cast<unsigned>(shape.block)), args, static_cast<size_t>(shape.smem), s));
+  TFE_CUDA(cuda::launch_kernel(kernel.kernel, cuda::grid_for_rows(shape, rows), shape, slots, s, false));
   std::vector<uint8_t> out(y_bytes);
   TFE_CUDA(cudaMemcpyAsync(out.data(), y.data(), y_bytes, cudaMemcpyDeviceToHost, s));
   TFE_CUDA(cudaStreamSynchronize(s));
@@ -81,11 +71,6 @@ std::vector<uint8_t> run_gemv(const KernelSpec& spec, const std::string& arch, c
 }
 
 TFE_GPU_TEST_CASE("gemv: COLS 16 and COLS 32 write the same bits, bf16 and FP8, f32 and residual outputs") {
-  int device = 0;
-  cudaDeviceProp prop{};
-  TFE_CUDA(cudaGetDevice(&device));
-  TFE_CUDA(cudaGetDeviceProperties(&prop, device));
-  const std::string arch = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
   auto stream = cuda::create_stream();
   std::mt19937_64 rng(2026);
   constexpr int64_t K = 2048, N = 1000;  // 1000 = 31 x 32 + 8: the last COLS 32 CTA holds 8 columns
@@ -100,7 +85,7 @@ TFE_GPU_TEST_CASE("gemv: COLS 16 and COLS 32 write the same bits, bf16 and FP8, 
         for (int i = 0; i < 2; ++i) {
           const KernelSpec spec = make_spec("gemv", {{"ROWS", 16}, {"K", K}, {"N", N}, {"WEIGHT", weight},
                                                      {"EPILOGUE", epilogue}, {"COLS", i == 0 ? 16 : 32}});
-          y[i] = run_gemv(spec, arch, in, rows, stream.get());
+          y[i] = run_gemv(spec, in, rows, stream.get());
         }
         CHECK(y[0] == y[1]);
         // Every output was written: no NaN left from the fill.

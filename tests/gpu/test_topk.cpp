@@ -7,10 +7,9 @@
 // zero after a pass.
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
-#include "compiler/cache.h"
 #include "compiler/kernel_registry.h"
-#include "compiler/nvrtc.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_handles.h"
 #include "runtime/device_kernels.h"
@@ -40,15 +39,9 @@ std::vector<float> score_row(std::mt19937_64& rng, Pattern pattern, int64_t voca
 }
 
 // cand [rows, CAND_K] of one topk specialization on `scores` [rows, VOCAB], launched `passes` times.
-std::vector<std::vector<int32_t>> run_topk(const KernelSpec& spec, const std::string& arch,
-                                           const std::vector<float>& scores, int64_t rows, int passes,
-                                           cudaStream_t s) {
-  CompileOptions options;
-  options.arch = arch;
-  const CachedKernel compiled = KernelCache::from_environment().get(make_compile_unit(spec), options);
-  auto library = cuda::load_library(compiled.kernel.cubin.data(), compiled.kernel.uri.c_str());
-  cudaKernel_t kernel = nullptr;
-  TFE_CUDA(cudaLibraryGetKernel(&kernel, library.get(), compiled.kernel.lowered_name.c_str()));
+std::vector<std::vector<int32_t>> run_topk(const KernelSpec& spec, const std::vector<float>& scores, int64_t rows,
+                                           int passes, cudaStream_t s) {
+  const TestKernel kernel = load_test_kernel(spec);
 
   const int64_t vocab = spec.constant("VOCAB"), chunk = spec.constant("CHUNK"), k = spec.constant("CAND_K");
   const int64_t parts = (vocab + chunk - 1) / chunk, stride = parts * std::min(k, chunk);
@@ -62,13 +55,11 @@ std::vector<std::vector<int32_t>> run_topk(const KernelSpec& spec, const std::st
   uint64_t slots[6] = {reinterpret_cast<uint64_t>(d_scores.data()), reinterpret_cast<uint64_t>(part_score.data()),
                        reinterpret_cast<uint64_t>(part_id.data()),  reinterpret_cast<uint64_t>(arrivals.data()),
                        reinterpret_cast<uint64_t>(cand.data()),     static_cast<uint64_t>(rows)};
-  void* args[] = {slots};
   const LaunchShape shape = launch_shape(spec, rows);
   std::vector<std::vector<int32_t>> out;
   for (int pass = 0; pass < passes; ++pass) {
     TFE_CUDA(cudaMemsetAsync(cand.data(), 0xFF, static_cast<size_t>(rows * k) * 4, s));  // -1: unwritten
-    TFE_CUDA(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), cuda::grid_for_rows(shape, rows),
-                              dim3(static_cast<unsigned>(shape.block)), args, static_cast<size_t>(shape.smem), s));
+    TFE_CUDA(cuda::launch_kernel(kernel.kernel, cuda::grid_for_rows(shape, rows), shape, slots, s, false));
     std::vector<int32_t> got(static_cast<size_t>(rows * k));
     TFE_CUDA(cudaMemcpyAsync(got.data(), cand.data(), got.size() * 4, cudaMemcpyDeviceToHost, s));
     TFE_CUDA(cudaStreamSynchronize(s));
@@ -78,11 +69,6 @@ std::vector<std::vector<int32_t>> run_topk(const KernelSpec& spec, const std::st
 }
 
 TFE_GPU_TEST_CASE("topk: equals the reference on random, ascending, tied and signed-zero scores, run twice") {
-  int device = 0;
-  cudaDeviceProp prop{};
-  TFE_CUDA(cudaGetDevice(&device));
-  TFE_CUDA(cudaGetDeviceProperties(&prop, device));
-  const std::string arch = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
   auto stream = cuda::create_stream();
   std::mt19937_64 rng(4242);
   const std::vector<Pattern> patterns = {Pattern::random, Pattern::ascending, Pattern::equal, Pattern::few_values,
@@ -101,7 +87,7 @@ TFE_GPU_TEST_CASE("topk: equals the reference on random, ascending, tied and sig
       scores.insert(scores.end(), row.begin(), row.end());
     }
     const KernelSpec spec = make_spec("topk", {{"VOCAB", vocab}, {"CHUNK", chunk}, {"CAND_K", k}});
-    const auto passes = run_topk(spec, arch, scores, rows, 2, stream.get());
+    const auto passes = run_topk(spec, scores, rows, 2, stream.get());
     for (int64_t r = 0; r < rows; ++r) {
       CAPTURE(r);
       std::vector<int32_t> want =
