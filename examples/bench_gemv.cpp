@@ -299,11 +299,11 @@ struct Bench {
   }
 };
 
-// The items of a comma-separated option.
-std::vector<std::string> split_list(const std::string& text) {
+// The items of a `sep`-separated option.
+std::vector<std::string> split_list(const std::string& text, char sep = ',') {
   std::vector<std::string> out;
   std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+  for (std::string item; std::getline(ss, item, sep);) out.push_back(item);
   return out;
 }
 
@@ -350,15 +350,19 @@ int main(int argc, char** argv) {
       if (r < 1 || r > 16) fail("--rows: ROWS {} is outside 1..16", r);
     std::vector<Shape> shapes;
     for (const std::string& text : extra_shapes) {
-      std::vector<std::string> f;
-      std::stringstream ss(text);
-      for (std::string item; std::getline(ss, item, ':');) f.push_back(item);
-      const std::vector<std::string> epilogues = {"bf16", "f32", "residual", "swiglu"};
-      const auto e = f.size() == 4 ? std::find(epilogues.begin(), epilogues.end(), f[3]) : epilogues.end();
+      const std::vector<std::string> f = split_list(text, ':');
+      const std::vector<std::pair<std::string, int64_t>> epilogues = {{"bf16", kc::kEpilogueBF16},
+                                                                      {"f32", kc::kEpilogueF32},
+                                                                      {"residual", kc::kEpilogueResidual},
+                                                                      {"swiglu", kc::kEpilogueSwiGLU}};
+      const auto e = f.size() != 4 ? epilogues.end()
+                                   : std::find_if(epilogues.begin(), epilogues.end(),
+                                                  [&](const auto& named) { return named.first == f[3]; });
       if (e == epilogues.end()) fail("--shape: `{}` is not NAME:K:N:EPILOGUE (bf16, f32, residual, swiglu)", text);
-      const std::vector<int64_t> kn = parse_list(f[1] + "," + f[2], "shape");
-      if (kn[0] < 1 || kn[1] < 1) fail("--shape: `{}`: K and N must be positive", text);
-      shapes.push_back({f[0], kn[0], kn[1], static_cast<int64_t>(e - epilogues.begin())});
+      const std::vector<int64_t> k = parse_list(f[1], "shape K"), n = parse_list(f[2], "shape N");
+      if (k.size() != 1 || n.size() != 1 || k[0] < 1 || n[0] < 1)
+        fail("--shape: `{}`: K and N must be positive integers", text);
+      shapes.push_back({f[0], k[0], n[0], e->second});
     }
     for (const std::string& item : split_list(linears_text)) {
       const auto it = std::find_if(kCatalog.begin(), kCatalog.end(), [&](const Shape& s) { return s.name == item; });

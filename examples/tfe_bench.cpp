@@ -403,8 +403,6 @@ int run(const Options& o) {
 
   tfe::OpenOptions open;
   open.artifact_dir = o.artifact;
-  if (!o.artifact.empty() && o.dependent_streams >= 0)
-    tfe::fail("--dependent-streams plans here; an artifact's plan is fixed (tfe-plan compile --dependent-streams)");
   if (o.artifact.empty()) {
     tfe::PlanOptions p;
     p.fp8 = tfe::fp8_mode_from_name(o.fp8);
@@ -718,15 +716,18 @@ int main(int argc, char** argv) {
   CLI::App app{"tfe-bench: draft-pass time per (streams, steps) against the memory floor, eager vs graph, extend, "
                "open and capture"};
   app.add_option("--head", o.head, "head file (.tfe)")->required();
-  app.add_option("--artifact", o.artifact, "deploy artifact directory (tfe-plan compile); else plan and compile now");
+  CLI::Option* artifact =
+      app.add_option("--artifact", o.artifact, "deploy artifact directory (tfe-plan compile); else plan and compile now");
   app.add_option("--fp8", o.fp8, "FP8 mode without an artifact: auto, off, require")
       ->check(CLI::IsMember({"auto", "off", "require"}));
   app.add_option("--dependent-launch", o.dependent_launch,
                  "programmatic dependent launch of the draft kernels: plan (where the plan marks it), off, all")
       ->check(CLI::IsMember({"plan", "off", "all"}));
   app.add_option("--dependent-streams", o.dependent_streams,
-                 "plan option without an artifact: dependent launch in buckets up to N streams (0..16)")
-      ->check(CLI::Range(0, 16));
+                 "plan option without an artifact (whose plan is fixed: tfe-plan compile --dependent-streams): "
+                 "dependent launch in buckets up to N streams (0..16)")
+      ->check(CLI::Range(0, 16))
+      ->excludes(artifact);
   app.add_option("--streams", o.streams, "slots per draft call: a list (1,2,4) or range (1..4)");
   app.add_option("--steps", o.steps, "draft steps per call: a list or range");
   app.add_option("--iters", o.iters, "timed calls per (streams, steps)");
