@@ -38,6 +38,27 @@ __device__ __forceinline__ void start_after_predecessors() {
   release_dependents();
 }
 
+// The join of a row split over CTAs (top1, topk, rescore): each CTA writes its partials, then takes an
+// integer ticket from the row's counter; the CTA that draws the last ticket returns true in every thread,
+// reads the partials in their fixed order (with __ldcg: another SM wrote them) and joins them, so the
+// result does not depend on which CTA joins. It also returns the counter to zero for the next pass.
+// Call it from every thread of the CTA. Thread 0 alone fences: the barrier orders the other threads'
+// writes before its release fence, and its acquire fence before their reads (fences are cumulative).
+__device__ __forceinline__ bool last_to_arrive(int* arrivals, int ctas) {
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // release: this CTA's partials are visible device-wide before its ticket
+    last = atomicAdd(arrivals, 1) == ctas - 1;
+    if (last) {
+      *arrivals = 0;
+      __threadfence();  // acquire: the other CTAs' partials are read after their tickets
+    }
+  }
+  __syncthreads();
+  return last;
+}
+
 // -inf without <cmath> (NVRTC has no INFINITY).
 __device__ __forceinline__ float neg_inf() { return __int_as_float(static_cast<int>(0xff800000u)); }
 

@@ -123,23 +123,13 @@ __global__ void __launch_bounds__(32 * kRescoreWarps, 4) rescore(const RescorePa
   static_assert(KC >= 1, "rescore: CAND_K must be at least 1");
 
   constexpr long long PARTS = ceil_div(KC, kRescoreWarps);  // CTAs per row
-  __shared__ bool joins;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long r = blockIdx.y, c = static_cast<long long>(blockIdx.x) * kRescoreWarps + warp;
   if (r >= p.rows) return;  // the whole CTA
   if (c < KC) exact_logit<Cfg>(p, r, c, lane);
 
   // The last CTA of the row to arrive joins its logits.
-  __threadfence();  // this CTA's logits are visible device-wide before its ticket announces them
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int ticket = atomicAdd(p.arrivals + r, 1);
-    joins = ticket == PARTS - 1;
-    if (joins) p.arrivals[r] = 0;  // every CTA of the row has its ticket: ready for the next pass
-  }
-  __syncthreads();
-  if (!joins || warp > 0) return;
-  __threadfence();
+  if (!last_to_arrive(p.arrivals + r, PARTS) || warp > 0) return;
   const float* logit = p.exact + r * KC;
   const int* cand = p.cand + r * KC;
   ArgMax best{neg_inf(), 0x7fffffff};

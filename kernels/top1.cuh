@@ -51,7 +51,6 @@ __global__ void __launch_bounds__(256) top1(const Top1Params p) {
   constexpr long long THREADS = 256, PER = ceil_div(CHUNK, THREADS);  // = launch_shapes.cpp (block 256)
   __shared__ float sv[32], scratch[32];
   __shared__ int si[32];
-  __shared__ bool joins;
   const int tid = threadIdx.x;
   const long long part = blockIdx.x, r = blockIdx.y;
   if (r >= p.rows) return;
@@ -81,14 +80,8 @@ __global__ void __launch_bounds__(256) top1(const Top1Params p) {
     p.part_max[r * PARTS + part] = best.v;
     p.part_idx[r * PARTS + part] = best.i;
     p.part_sum[r * PARTS + part] = sum;
-    __threadfence();  // the partial is visible device-wide before the ticket that announces it
-    const int ticket = atomicAdd(p.arrivals + r, 1);
-    joins = ticket == PARTS - 1;
-    if (joins) p.arrivals[r] = 0;  // every CTA of the row has its ticket: ready for the next pass
   }
-  __syncthreads();
-  if (!joins) return;
-  __threadfence();
+  if (!last_to_arrive(p.arrivals + r, PARTS)) return;
 
   const float* pm = p.part_max + r * PARTS;
   const float* ps = p.part_sum + r * PARTS;

@@ -169,7 +169,6 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk(const TopkParams p) {
   constexpr long long KEYS = STAGED && S::JOIN_N > S::CHUNK ? S::JOIN_N : S::CHUNK;
   __shared__ unsigned keys[KEYS];
   __shared__ TopkSmem sm;
-  __shared__ bool joins;
   const int tid = threadIdx.x;
   const long long part = blockIdx.x, r = blockIdx.y;
   if (r >= p.rows) return;
@@ -197,16 +196,7 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk(const TopkParams p) {
   }
 
   // The last CTA of the row to arrive joins its partials.
-  __threadfence();  // this CTA's partials are visible device-wide before its ticket announces them
-  __syncthreads();
-  if (tid == 0) {
-    const int ticket = atomicAdd(p.arrivals + r, 1);
-    joins = ticket == S::PARTS - 1;
-    if (joins) p.arrivals[r] = 0;  // every CTA of the row has its ticket: ready for the next pass
-  }
-  __syncthreads();
-  if (!joins) return;
-  __threadfence();
+  if (!last_to_arrive(p.arrivals + r, S::PARTS)) return;
 
   const float* score = p.part_score + r * S::STRIDE;
   const int* id = p.part_id + r * S::STRIDE;
