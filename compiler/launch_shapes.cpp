@@ -1,6 +1,8 @@
 // Launch shapes of the kernels in kernels/*.cuh. Each case mirrors its kernel's grid mapping; the
 // constexpr shape helpers below repeat the ones in the kernel sources (which cannot include host headers),
 // and the kernel comments point back here.
+#include <algorithm>
+
 #include "compiler/kernel_registry.h"
 #include "plan/error.h"
 
@@ -18,6 +20,26 @@ int64_t gemv_ksplit(const KernelSpec& spec) {
   const int64_t steps = ceil_div(spec.constant("K"), step);
   const int64_t most = ceil_div(spec.constant("N"), 16) < 64 ? 16 : 8;
   return steps < most ? steps : most;
+}
+
+// gemv's dynamic shared memory (GemvShape::DYNAMIC, RING_BYTES): an FP8 ring-loop shape at two weight
+// tiles (SwiGLU or COLS 32) and two n tiles (more than 8 input rows) keeps its ring there, 3 stages of
+// KSPLIT warps' weight and x chunks (16 bytes a lane each) within 96 KB; 0 for every other shape.
+int64_t gemv_dynamic_smem(const KernelSpec& spec) {
+  const int64_t k = spec.constant("K"), n = spec.constant("N");
+  const bool fp8 = spec.constant("WEIGHT") == kc::kWeightFP8;
+  const int64_t mt = spec.constant("EPILOGUE") == kc::kEpilogueSwiGLU ? 2 : spec.constant("COLS") / 16;
+  const int64_t nt = ceil_div(spec.constant("ROWS"), 8);
+  const bool narrow = ceil_div(n, 16) < 64;
+  const bool ring = k % 16 == 0 && !narrow;  // FP8: 16-byte weight chunks and x chunks that never straddle
+  if (!fp8 || !ring || mt != 2 || nt != 2) return 0;
+  constexpr int64_t kBudget = 96 * 1024, kSlotBytes = 512;
+  const int64_t warps = gemv_ksplit(spec);
+  const int64_t x_slots = nt * 2;  // 16-byte x chunks per lane and step: an FP8 chunk spans 16 k
+  const bool x_ring = kBudget / (warps * (2 * mt + x_slots) * kSlotBytes) >= 2;
+  const int64_t slots = 2 * mt + (x_ring ? x_slots : 0);
+  const int64_t stages = std::min<int64_t>(3, kBudget / (warps * slots * kSlotBytes));
+  return warps * stages * slots * kSlotBytes;
 }
 
 // ring_attention (kernels/ring_attention.cuh, AttnShape): a CTA per (key chunk, kv head, row), the SPLIT
@@ -62,6 +84,7 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
     s.grid[0] = ceil_div(spec.constant("N"), cols);
     s.grid[1] = ceil_div(rows, row_tile);
     s.block = 32 * gemv_ksplit(spec);
+    s.smem = gemv_dynamic_smem(spec);
     s.rows_axis = 1;
     s.rows_per_block = row_tile;
   } else if (k == "qk_rope_kv") {

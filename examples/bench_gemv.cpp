@@ -245,6 +245,9 @@ struct Bench {
     cudaKernel_t kernel = nullptr;
     TFE_CUDA(cudaLibraryGetKernel(&kernel, library.get(), compiled.kernel.lowered_name.c_str()));
     const LaunchShape shape = launch_shape(spec, rows);
+    int device = 0;
+    TFE_CUDA(cudaGetDevice(&device));
+    cuda::allow_dynamic_smem(kernel, shape.smem, device, compiled.kernel.uri);
     const dim3 grid = cuda::grid_for_rows(shape, rows);
     auto launch = [&](int64_t copy) {
       uint64_t slots[6] = {reinterpret_cast<uint64_t>(w_dev[static_cast<size_t>(copy)].data()),

@@ -75,17 +75,27 @@ struct GemvShape {
   // A narrow output loads directly: UNROLL steps in flight per warp, more than the stages that fit in 48 KB
   // beside 16 warps.
   static constexpr bool RING = W_VEC && X_VEC && (FP8 || MT == 1) && !NARROW;
-  // A ring slot is one 16-byte chunk per lane (a warp's 512 bytes); the rings of the KSPLIT warps share the
-  // 48 KB of static shared memory. x goes through the ring too (its L2 latency then hides behind the
-  // weights') wherever two stages of weights and x fit; else (FP8 SwiGLU at two n tiles) x is loaded into
-  // registers one step ahead. Depth, measured (kernels/README.md, gemv performance): 3 steps at one weight
-  // tile, 2 at two (where more stages do not fit, or measured slower).
+  // A ring slot is one 16-byte chunk per lane (a warp's 512 bytes); the rings of the KSPLIT warps share
+  // BUDGET bytes of shared memory. x goes through the ring too (its L2 latency then hides behind the
+  // weights') wherever two stages of weights and x fit; else x is loaded into registers one step ahead.
+  // Depth, measured (kernels/README.md, gemv performance): 3 steps at one weight tile, 2 at two (where more
+  // stages do not fit in 48 KB, or measured slower).
+  // FP8 at two weight tiles and two n tiles (SwiGLU or COLS 32, more than 8 input rows): a step's weights
+  // and x take 4 KB a warp, so 48 KB of static shared memory would hold 2 stages of the weights alone,
+  // with x loaded into registers a step ahead. There the ring lives in dynamic shared memory (RING_BYTES,
+  // compiler/launch_shapes.cpp mirrors it): 3 stages of weights and x in 96 KB, which the MIN_CTAS (2)
+  // CTAs of an SM still fit in its 227 KB. Measured (bench_gemv, rows 16): w_down at COLS 32 31.3 ->
+  // 22.7 us, gate/up 48.0 -> 45.2, lm_head 48.2 -> 45.0. The same at one weight tile (72 KB for 3
+  // stages, 3 CTAs an SM) measured slower (wqkv 19.8 -> 22.7 us), so those keep the static ring.
+  static constexpr bool DYNAMIC = RING && FP8 && MT == 2 && NT == 2;
+  static constexpr long long BUDGET = (DYNAMIC ? 96 : 48) * 1024;
   static constexpr int W_SLOTS = 2 * MT;
-  static constexpr bool X_RING = (48 * 1024) / (KSPLIT * (W_SLOTS + NT * XCHUNKS) * 512) >= 2;
+  static constexpr bool X_RING = BUDGET / (KSPLIT * (W_SLOTS + NT * XCHUNKS) * 512) >= 2;
   static constexpr int SLOTS = W_SLOTS + (X_RING ? NT * XCHUNKS : 0);
-  static constexpr int STAGES_WANTED = MT == 1 ? 3 : 2;
-  static constexpr int STAGES_FIT = (48 * 1024) / (KSPLIT * SLOTS * 512);
+  static constexpr int STAGES_WANTED = MT == 1 || DYNAMIC ? 3 : 2;
+  static constexpr int STAGES_FIT = static_cast<int>(BUDGET / (KSPLIT * SLOTS * 512));
   static constexpr int STAGES = STAGES_WANTED < STAGES_FIT ? STAGES_WANTED : STAGES_FIT;
+  static constexpr long long RING_BYTES = static_cast<long long>(KSPLIT) * STAGES * SLOTS * 512;
   static_assert(!RING || STAGES >= 2, "the ring holds the step being computed and at least one in flight");
   // Steps per batch of the direct-load loop, measured: 4 for bf16 at one n tile; 2 for FP8 and for two n
   // tiles, where deeper unrolling costs occupancy and measured slower. A narrow output's few CTAs (one per
@@ -319,7 +329,10 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
     // ring[warp][stage][chunk][lane]: each lane's chunks of one step, lane-minor so that a warp's 16-byte
     // accesses to one chunk cover 512 consecutive bytes. After the loop a warp's own ring holds its
     // partial tiles for the join (ACC x 128 bytes, less than two stages).
-    __shared__ uint4 ring[S::KSPLIT][S::STAGES][S::SLOTS][32];
+    __shared__ uint4 static_ring[S::DYNAMIC ? 1 : S::RING_BYTES / 16];
+    extern __shared__ uint4 dynamic_ring[];
+    uint4 (&ring)[S::KSPLIT][S::STAGES][S::SLOTS][32] =
+        *reinterpret_cast<uint4 (*)[S::KSPLIT][S::STAGES][S::SLOTS][32]>(S::DYNAMIC ? dynamic_ring : static_ring);
     static_assert(ACC * 32 * 4 <= S::STAGES * S::SLOTS * 32 * 16, "a warp's partial tiles fit its ring");
     const int nsteps = static_cast<int>((S::STEPS - warp + S::KSPLIT - 1) / S::KSPLIT);  // >= 1: warp < STEPS
     const unsigned ring_lane = static_cast<unsigned>(__cvta_generic_to_shared(&ring[warp][0][0][lane]));

@@ -362,16 +362,20 @@ class Planner {
   }
 
   // Output columns per gemv CTA. 32 halves the x traffic per weight byte, which above 8 rows costs as
-  // much L2 and shared-memory traffic as the weights (twice as much in FP8); it also halves the CTAs,
-  // which slows every linear with fewer than about 4 CTAs per SM left, and a short K (lr_b, K = 512),
-  // whose CTAs are too brief to gain (kernels/README.md, COLS). So: 32 above 8 rows where at least
-  // kGemvWideCtas remain and K is at least kGemvWideMinK, which at the shapes of today's heads is the
-  // dense vocabulary head (lm_head) alone.
+  // much L2 and shared-memory traffic as the weights (twice as much in FP8). In bf16 it also halves the
+  // CTAs, which slows every linear with fewer than about 4 CTAs per SM left, and a short K (lr_b, K = 512)
+  // has CTAs too brief to gain (kernels/README.md, COLS): there 32 only where at least kGemvWideCtas
+  // remain and K is at least kGemvWideMinK, which at the shapes of today's heads is the dense vocabulary
+  // head (lm_head) alone. In FP8, 32 columns run a 3-stage ring of weights and x in dynamic shared memory
+  // (kernels/gemv.cuh, DYNAMIC), which measured faster for every linear with K >= kGemvWideMinK whatever
+  // its CTA count (bench_gemv, rows 16, us at COLS 16 -> 32: wqkv 19.8 -> 19.5, wo 9.5 -> 9.1, w_down
+  // 27.2 -> 22.7). Neither applies to SwiGLU (its two weight tiles are gate and up) nor to a narrow output
+  // (fewer than 64 tiles of 16 columns, kernels/gemv.cuh NARROW).
   static constexpr int64_t kGemvWideCtas = 512, kGemvWideMinK = 2048;
-  static int64_t gemv_cols(int64_t tile_rows, int64_t k, int64_t n, int64_t epilogue) {
-    const bool wide = tile_rows > 8 && epilogue != kc::kEpilogueSwiGLU && (n + 31) / 32 >= kGemvWideCtas &&
-                      k >= kGemvWideMinK;
-    return wide ? 32 : 16;
+  static int64_t gemv_cols(int64_t tile_rows, int64_t k, int64_t n, int64_t epilogue, int64_t weight) {
+    const bool narrow = (n + 15) / 16 < 64;
+    if (tile_rows <= 8 || epilogue == kc::kEpilogueSwiGLU || narrow || k < kGemvWideMinK) return 16;
+    return weight == kc::kWeightFP8 || (n + 31) / 32 >= kGemvWideCtas ? 32 : 16;
   }
 
   // A GEMV node over matrix m (rows first_row.. of it, n_out of them) for a fixed or dynamic row count.
@@ -380,7 +384,8 @@ class Planner {
             int64_t n_out = 0) {
     const int64_t n = n_out ? n_out : (epilogue == kc::kEpilogueSwiGLU ? m.n / 2 : m.n);
     auto spec = make_spec("gemv", {{"ROWS", tile_rows}, {"K", m.k}, {"N", n}, {"WEIGHT", m.weight_kind()},
-                                   {"EPILOGUE", epilogue}, {"COLS", gemv_cols(tile_rows, m.k, n, epilogue)}});
+                                   {"EPILOGUE", epilogue},
+                                   {"COLS", gemv_cols(tile_rows, m.k, n, epilogue, m.weight_kind())}});
     return kernel(std::move(name), step, spec, rows, launch_rows,
                   {m.w(first_row), m.scale(first_row), buf("x", std::move(x)), buf("y", std::move(y)),
                    std::move(residual),
@@ -583,11 +588,12 @@ class Planner {
     std::vector<std::string> wide;
     for (const auto& [uri, spec] : specs_)
       if (spec.kernel == "gemv" && spec.constant("COLS") == 32)
-        wide.push_back(fmt::format("N {} ROWS {}", spec.constant("N"), spec.constant("ROWS")));
+        wide.push_back(fmt::format("K {} N {} ROWS {}", spec.constant("K"), spec.constant("N"), spec.constant("ROWS")));
     choose("gemv columns per CTA", wide.empty() ? "16" : fmt::format("32 at {}; 16 elsewhere", fmt::join(wide, ", ")),
-           fmt::format("32 above 8 rows where at least {} CTAs remain and K >= {}: it halves the x traffic per "
-                       "weight byte and the CTAs",
-                       kGemvWideCtas, kGemvWideMinK));
+           fmt::format("32 above 8 rows where K >= {} (and the output is not narrow), in bf16 only where at least "
+                       "{} CTAs remain: it halves the x traffic per weight byte and the CTAs; FP8 at 32 runs a "
+                       "3-stage ring of weights and x in 96 KB of dynamic shared memory",
+                       kGemvWideMinK, kGemvWideCtas));
     for (auto& [uri, spec] : specs_) p_.specs.push_back(spec);  // std::map: sorted by uri
     if (gemms_ == 0) {
       p_.cublaslt_workspace = 0;

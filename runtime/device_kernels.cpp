@@ -46,6 +46,22 @@ cudaError_t launch_kernel(cudaKernel_t kernel, dim3 grid, const LaunchShape& sha
   return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), args);
 }
 
+void allow_dynamic_smem(cudaKernel_t kernel, int64_t dynamic, int device, const std::string& name) {
+  constexpr int64_t kWithoutOptIn = 48 * 1024;
+  if (dynamic <= 0) return;
+  cudaFuncAttributes attr{};
+  TFE_CUDA(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)));
+  const auto static_smem = static_cast<int64_t>(attr.sharedSizeBytes);
+  int optin = 0;
+  TFE_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (dynamic + static_smem > optin)
+    fail("kernel {} needs {} bytes of dynamic and {} of static shared memory; device {} allows {} a block", name,
+         dynamic, static_smem, device, optin);
+  if (dynamic + static_smem > kWithoutOptIn)
+    TFE_CUDA(cudaKernelSetAttributeForDevice(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(dynamic), device));
+}
+
 namespace {
 constexpr size_t kMaxParams = 16;  // the largest registry kernel has 12 slots
 }

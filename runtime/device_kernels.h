@@ -70,4 +70,9 @@ dim3 grid_for_rows(const LaunchShape& shape, int64_t rows);
 cudaError_t launch_kernel(cudaKernel_t kernel, dim3 grid, const LaunchShape& shape, uint64_t* slots,
                           cudaStream_t stream, bool dependent);
 
+// Lets `kernel` launch on `device` with `dynamic` bytes of dynamic shared memory: where that and its static
+// shared memory exceed 48 KB a block, the kernel must opt in (cudaFuncAttributeMaxDynamicSharedMemorySize).
+// Throws naming `name` when the device allows less a block.
+void allow_dynamic_smem(cudaKernel_t kernel, int64_t dynamic, int device, const std::string& name);
+
 }  // namespace tfe::cuda

@@ -24,8 +24,6 @@ namespace tfe {
 namespace {
 
 constexpr int64_t kAlign = 256;
-// Dynamic shared memory a kernel gets without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
-constexpr int64_t kDefaultDynamicSmem = 48 * 1024;
 
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
@@ -342,8 +340,6 @@ void Runtime::Impl::load_kernels(const std::map<std::string, KernelImage>& image
   for (const Bucket& b : plan.buckets) note(b.nodes);
   note(plan.extend);
 
-  int optin = 0;
-  TFE_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   for (const KernelSpec& spec : plan.specs) {
     const std::string uri = spec.uri();
     const auto it = images.find(uri);
@@ -362,13 +358,7 @@ void Runtime::Impl::load_kernels(const std::map<std::string, KernelImage>& image
     TFE_CUDA(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(k.kernel)));
     k.max_threads_per_block = attr.maxThreadsPerBlock;
     k.static_smem = static_cast<int64_t>(attr.sharedSizeBytes);
-    const int64_t dyn = smem[uri];
-    if (dyn + k.static_smem > optin)
-      fail("runtime: kernel {} needs {} bytes of dynamic and {} of static shared memory; device {} allows {} a block",
-           uri, dyn, k.static_smem, device, optin);
-    if (dyn > kDefaultDynamicSmem)
-      TFE_CUDA(cudaKernelSetAttributeForDevice(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(dyn), device));
+    cuda::allow_dynamic_smem(k.kernel, smem[uri], device, uri);
     kernels.emplace(uri, k);
   }
 }

@@ -502,26 +502,34 @@ TEST_CASE("make_plan: a dense step ends in one top1 node whose row tickets are a
   }
 }
 
-TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows, with 512 CTAs left and K >= 2048") {
-  for (const char* preset : {"llama3-8b-eagle3", "tfe-two-stage", "tiny"}) {
-    CAPTURE(preset);
-    const Plan p = make_plan(preset_header(preset), golden_options());
-    int wide = 0;
-    for (const auto& b : p.buckets)
-      for (const auto& n : b.nodes) {
-        const KernelSpec& spec = p.spec(n.spec);
-        if (spec.kernel != "gemv") continue;
-        CAPTURE(n.name);
-        const int64_t cols = spec.constant("COLS"), cols_n = (spec.constant("N") + 31) / 32;
-        const bool expect_wide = spec.constant("ROWS") > 8 && spec.constant("EPILOGUE") != kc::kEpilogueSwiGLU &&
-                                 cols_n >= 512 && spec.constant("K") >= 2048;
-        CHECK(cols == (expect_wide ? 32 : 16));
-        CHECK(n.launch.grid[0] == (spec.constant("N") + cols - 1) / cols);
-        wide += cols == 32;
-      }
-    // llama3-8b-eagle3's vocabulary head (32000 x 4096) is the wide one, in the 16-stream bucket;
-    // tfe-two-stage's lr_b (32000 x 512) is too short in K.
-    CHECK((wide > 0) == (std::string(preset) == "llama3-8b-eagle3"));
+TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows with K >= 2048, in bf16 only with 512 "
+          "CTAs left; FP8 at 32 columns keeps its ring in 96 KB of dynamic shared memory") {
+  for (const auto& [name, header] : golden_heads()) {
+      CAPTURE(name);
+      const Plan p = make_plan(header, golden_options());
+      int wide = 0;
+      for (const auto& b : p.buckets)
+        for (const auto& n : b.nodes) {
+          const KernelSpec& spec = p.spec(n.spec);
+          if (spec.kernel != "gemv") continue;
+          CAPTURE(n.name);
+          const int64_t cols = spec.constant("COLS"), big_n = spec.constant("N");
+          const bool spec_fp8 = spec.constant("WEIGHT") == kc::kWeightFP8;
+          const bool expect_wide = spec.constant("ROWS") > 8 && spec.constant("EPILOGUE") != kc::kEpilogueSwiGLU &&
+                                   (big_n + 15) / 16 >= 64 && spec.constant("K") >= 2048 &&
+                                   (spec_fp8 || (big_n + 31) / 32 >= 512);
+          CHECK(cols == (expect_wide ? 32 : 16));
+          CHECK(n.launch.grid[0] == (big_n + cols - 1) / cols);
+          // 3 stages x 8 warps x (4 weight + 4 x chunks) x 512 bytes: FP8 at two weight and two n tiles.
+          const bool two_tiles = cols == 32 || spec.constant("EPILOGUE") == kc::kEpilogueSwiGLU;
+          const bool dynamic = spec_fp8 && two_tiles && spec.constant("ROWS") > 8 && (big_n + 15) / 16 >= 64;
+          CHECK(n.launch.smem == (dynamic ? 3 * 8 * 8 * 512 : 0));
+          wide += cols == 32;
+        }
+      // bf16: llama3-8b-eagle3's vocabulary head (32000 x 4096) is the wide one, in the 16-stream bucket;
+      // tfe-two-stage's lr_b (32000 x 512) is too short in K, and the tiny heads' linears are narrow.
+      // FP8: the 16-stream bucket's linears but gate/up (and lr_a, lr_b) of both full-size heads.
+      CHECK((wide > 0) == (name.starts_with("llama3-8b-eagle3") || name == "tfe-two-stage-fp8"));
   }
   // A plan that asks for 32 columns with SwiGLU, or another width, is refused by its launch shape.
   for (int64_t cols : {int64_t{48}, int64_t{32}}) {

@@ -9,6 +9,7 @@
 #include "compiler/nvrtc.h"
 #include "plan/numeric.h"
 #include "runtime/cuda_check.h"
+#include "runtime/device_kernels.h"
 
 namespace tfe::test {
 
@@ -49,6 +50,7 @@ TestKernel load_test_kernel(const KernelSpec& spec) {
   const CachedKernel compiled = KernelCache::from_environment().get(make_compile_unit(spec), options);
   TestKernel t{cuda::load_library(compiled.kernel.cubin.data(), compiled.kernel.uri.c_str()), nullptr};
   TFE_CUDA(cudaLibraryGetKernel(&t.kernel, t.library.get(), compiled.kernel.lowered_name.c_str()));
+  cuda::allow_dynamic_smem(t.kernel, launch_shape(spec, 1).smem, device, spec.uri());
   return t;
 }
 

@@ -15,7 +15,8 @@
 namespace tfe::test {
 
 // One specialization compiled (through the kernel cache, for the current device's arch) and loaded on its
-// own, for the tests that launch a kernel directly.
+// own, for the tests that launch a kernel directly; it may launch with its launch shape's dynamic shared
+// memory.
 struct TestKernel {
   cuda::Library library;
   cudaKernel_t kernel = nullptr;
