@@ -22,20 +22,20 @@ int64_t gemv_ksplit(const KernelSpec& spec) {
   return steps < most ? steps : most;
 }
 
-// gemv's dynamic shared memory (GemvShape::DYNAMIC, RING_BYTES): an FP8 ring-loop shape at two weight
-// tiles (SwiGLU or COLS 32) and two n tiles (more than 8 input rows) keeps its ring there, 3 stages of
-// KSPLIT warps' weight and x chunks (16 bytes a lane each) within 96 KB; 0 for every other shape.
+// gemv's dynamic shared memory (GemvShape::DYNAMIC, RING_BYTES): a ring-loop shape at two weight tiles
+// (SwiGLU or COLS 32), in bf16 or in FP8 above 8 input rows (two n tiles), keeps its ring there, 3 stages
+// of KSPLIT warps' weight and x chunks (16 bytes a lane each) within 96 KB; 0 for every other shape.
 int64_t gemv_dynamic_smem(const KernelSpec& spec) {
   const int64_t k = spec.constant("K"), n = spec.constant("N");
   const bool fp8 = spec.constant("WEIGHT") == kc::kWeightFP8;
   const int64_t mt = spec.constant("EPILOGUE") == kc::kEpilogueSwiGLU ? 2 : spec.constant("COLS") / 16;
   const int64_t nt = ceil_div(spec.constant("ROWS"), 8);
   const bool narrow = ceil_div(n, 16) < 64;
-  const bool ring = k % 16 == 0 && !narrow;  // FP8: 16-byte weight chunks and x chunks that never straddle
-  if (!fp8 || !ring || mt != 2 || nt != 2) return 0;
+  const bool ring = (k * (fp8 ? 1 : 2)) % 16 == 0 && k % 8 == 0 && !narrow;
+  if (!ring || mt != 2 || (fp8 && nt != 2)) return 0;
   constexpr int64_t kBudget = 96 * 1024, kSlotBytes = 512;
   const int64_t warps = gemv_ksplit(spec);
-  const int64_t x_slots = nt * 2;  // 16-byte x chunks per lane and step: an FP8 chunk spans 16 k
+  const int64_t x_slots = nt * (fp8 ? 2 : 1);  // 16-byte x chunks per lane and step (FP8: 16 k)
   const bool x_ring = kBudget / (warps * (2 * mt + x_slots) * kSlotBytes) >= 2;
   const int64_t slots = 2 * mt + (x_ring ? x_slots : 0);
   const int64_t stages = std::min<int64_t>(3, kBudget / (warps * slots * kSlotBytes));

@@ -19,12 +19,12 @@
 //
 // Main loop: a rolling pipeline per warp. Each lane copies its chunks of step i + STAGES - 1 (weights
 // through L2 only, cp.async.cg: they stream once; x through L1, cp.async.ca) into a ring of STAGES steps
-// in shared memory, one commit group per step, while it computes step i. x rides in the ring so that its
-// L2 latency hides behind the weights'; where two stages of both do not fit, x is loaded into registers
-// one step ahead. A lane reads back only the chunks its own copies wrote, so cp.async.wait_group alone
+// in shared memory (static, or dynamic where the ring is larger than 48 KB: see DYNAMIC), one commit group
+// per step, while it computes step i. x rides in the ring so that its L2 latency hides behind the
+// weights'; where two stages of both do not fit, x is loaded into registers one step ahead. A lane reads back only the chunks its own copies wrote, so cp.async.wait_group alone
 // orders the ring, with no barrier, and the slot layout [stage][chunk][lane] makes every 16-byte shared
 // access of a warp 4 wavefronts. Rows that are not 16-byte aligned at run time go through the same ring
-// with plain loads. Shapes whose chunks straddle a row's end, and bf16 SwiGLU (see RING), use the
+// with plain loads. Shapes whose chunks straddle a row's end, and narrow outputs (see RING), use the
 // direct-load loop instead: UNROLL steps of loads into registers, then their mmas. Both loops run the
 // same per-step arithmetic in the same per-warp step order, so they give the same bits.
 //
@@ -69,25 +69,25 @@ struct GemvShape {
   static constexpr int MMAS = E / 4;                                    // k16 mmas per chunk
   static constexpr bool W_VEC = (K * WBYTES) % 16 == 0;
   static constexpr bool X_VEC = K % 8 == 0;
-  // The ring (below) serves every shape with 16-byte chunks that never straddle a row's end, except bf16
-  // at two weight tiles (SwiGLU, COLS 32): 2 x 16 weight rows leave room for 2 stages only, and the direct
-  // loop measured faster there.
+  // The ring (below) serves every shape with 16-byte chunks that never straddle a row's end.
   // A narrow output loads directly: UNROLL steps in flight per warp, more than the stages that fit in 48 KB
   // beside 16 warps.
-  static constexpr bool RING = W_VEC && X_VEC && (FP8 || MT == 1) && !NARROW;
+  static constexpr bool RING = W_VEC && X_VEC && !NARROW;
   // A ring slot is one 16-byte chunk per lane (a warp's 512 bytes); the rings of the KSPLIT warps share
   // BUDGET bytes of shared memory. x goes through the ring too (its L2 latency then hides behind the
   // weights') wherever two stages of weights and x fit; else x is loaded into registers one step ahead.
   // Depth, measured (kernels/README.md, gemv performance): 3 steps at one weight tile, 2 at two (where more
   // stages do not fit in 48 KB, or measured slower).
-  // FP8 at two weight tiles and two n tiles (SwiGLU or COLS 32, more than 8 input rows): a step's weights
-  // and x take 4 KB a warp, so 48 KB of static shared memory would hold 2 stages of the weights alone,
-  // with x loaded into registers a step ahead. There the ring lives in dynamic shared memory (RING_BYTES,
-  // compiler/launch_shapes.cpp mirrors it): 3 stages of weights and x in 96 KB, which the MIN_CTAS (2)
-  // CTAs of an SM still fit in its 227 KB. Measured (bench_gemv, rows 16): w_down at COLS 32 31.3 ->
-  // 22.7 us, gate/up 48.0 -> 45.2, lm_head 48.2 -> 45.0. The same at one weight tile (72 KB for 3
-  // stages, 3 CTAs an SM) measured slower (wqkv 19.8 -> 22.7 us), so those keep the static ring.
-  static constexpr bool DYNAMIC = RING && FP8 && MT == 2 && NT == 2;
+  // Two weight tiles (SwiGLU or COLS 32) in bf16, or in FP8 above 8 input rows: a step's weights and x
+  // take 2.5-4 KB a warp, so 48 KB of static shared memory would hold 2 stages (one in flight) of the
+  // weights and x, or in FP8 of the weights alone. There the ring lives in dynamic shared memory
+  // (RING_BYTES, compiler/launch_shapes.cpp mirrors it): 3 stages of weights and x in at most 96 KB, of
+  // so that MIN_CTAS (2) CTAs still fit an SM's 227 KB. Measured (bench_gemv, us): FP8 rows
+  // 16, w_down at COLS 32 31.3 -> 22.7, gate/up 48.0 -> 45.2, lm_head 48.2 -> 45.0; bf16 gate/up rows 1 /
+  // 16 64.0 / 71.4 -> 62.9 / 67.7 (the direct-load loop before), lm_head COLS 32 rows 16 72.3 -> 71.4. The
+  // same at one weight tile (FP8 rows 16: 72 KB for 3 stages, 3 CTAs an SM) measured slower (wqkv 19.8 ->
+  // 22.7 us), so those keep the static ring.
+  static constexpr bool DYNAMIC = RING && MT == 2 && (NT == 2 || !FP8);
   static constexpr long long BUDGET = (DYNAMIC ? 96 : 48) * 1024;
   static constexpr int W_SLOTS = 2 * MT;
   static constexpr bool X_RING = BUDGET / (KSPLIT * (W_SLOTS + NT * XCHUNKS) * 512) >= 2;
@@ -106,7 +106,7 @@ struct GemvShape {
   // CTAs per SM the registers must allow (__launch_bounds__; a narrow output has fewer CTAs than SMs). Left
   // to itself, ptxas cut the ring loop to 40-64 registers with a few bytes of spills; these bounds leave it
   // what it needs without a spill.
-  static constexpr int MIN_CTAS = NARROW ? 1 : !RING || (MT == 2 && NT == 2) ? 2 : NT == 1 ? 4 : 3;
+  static constexpr int MIN_CTAS = NARROW ? 1 : !RING || DYNAMIC || (MT == 2 && NT == 2) ? 2 : NT == 1 ? 4 : 3;
 };
 
 // The 16 bytes at byte offset `at` of a row of `len` bytes: a 16-byte load when allowed, else bytewise
