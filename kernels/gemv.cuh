@@ -81,7 +81,7 @@ struct GemvShape {
   // Two weight tiles (SwiGLU or COLS 32) in bf16, or in FP8 above 8 input rows: a step's weights and x
   // take 2.5-4 KB a warp, so 48 KB of static shared memory would hold 2 stages (one in flight) of the
   // weights and x, or in FP8 of the weights alone. There the ring lives in dynamic shared memory
-  // (RING_BYTES, compiler/launch_shapes.cpp mirrors it): 3 stages of weights and x in at most 96 KB, of
+  // (RING_BYTES, compiler/launch_shapes.cpp mirrors it): 3 stages of weights and x in at most 96 KB,
   // so that MIN_CTAS (2) CTAs still fit an SM's 227 KB. Measured (bench_gemv, us): FP8 rows
   // 16, w_down at COLS 32 31.3 -> 22.7, gate/up 48.0 -> 45.2, lm_head 48.2 -> 45.0; bf16 gate/up rows 1 /
   // 16 64.0 / 71.4 -> 62.9 / 67.7 (the direct-load loop before), lm_head COLS 32 rows 16 72.3 -> 71.4. The

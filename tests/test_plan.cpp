@@ -503,7 +503,7 @@ TEST_CASE("make_plan: a dense step ends in one top1 node whose row tickets are a
 }
 
 TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows with K >= 2048, in bf16 only with 512 "
-          "CTAs left; two weight tiles keep their ring in up to 96 KB of dynamic shared memory") {
+          "CTAs left, and two weight tiles keep their ring in up to 96 KB of dynamic shared memory") {
   for (const auto& [name, header] : golden_heads()) {
       CAPTURE(name);
       const Plan p = make_plan(header, golden_options());
