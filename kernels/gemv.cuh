@@ -86,7 +86,8 @@ struct GemvShape {
   // 16, w_down at COLS 32 31.3 -> 22.7, gate/up 48.0 -> 45.2, lm_head 48.2 -> 45.0; bf16 gate/up rows 1 /
   // 16 64.0 / 71.4 -> 62.9 / 67.7 (the direct-load loop before), lm_head COLS 32 rows 16 72.3 -> 71.4. The
   // same at one weight tile (FP8 rows 16: 72 KB for 3 stages, 3 CTAs an SM) measured slower (wqkv 19.8 ->
-  // 22.7 us), so those keep the static ring.
+  // 22.7 us), and so did FP8 SwiGLU at 1-8 rows (gate/up 34.9 -> 36.1 at one row, 2 CTAs an SM against
+  // the static ring's 4), so those keep the static ring.
   static constexpr bool DYNAMIC = RING && MT == 2 && (NT == 2 || !FP8);
   static constexpr long long BUDGET = (DYNAMIC ? 96 : 48) * 1024;
   static constexpr int W_SLOTS = 2 * MT;
