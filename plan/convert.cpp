@@ -111,15 +111,22 @@ Rope read_rope(const Config& c) {
   return r;
 }
 
+// No target has this many layers; the bound keeps a tap index inside an int.
+constexpr int64_t kMaxLayer = int64_t{1} << 20;
+
+// A list of layer ids, each within +-kMaxLayer so that shifting it to the .tfe convention cannot overflow
+// (the taps' own rules, which name the key, come after).
 std::vector<int64_t> layer_ids(const Config& c, const json& v, std::string_view key) {
   if (!v.is_array() || v.empty()) fail("{}: field `{}` = {} is not a non-empty list", c.path.string(), key, v.dump());
   std::vector<int64_t> out;
-  for (const auto& x : v) out.push_back(c.integer_of(x, key));
+  for (const auto& x : v) {
+    const int64_t id = c.integer_of(x, key);
+    if (id < -kMaxLayer || id > kMaxLayer)
+      fail("{}: field `{}` holds layer {}, outside -{}..{}", c.path.string(), key, id, kMaxLayer, kMaxLayer);
+    out.push_back(id);
+  }
   return out;
 }
-
-// No target has this many layers; the bound keeps a tap index inside an int.
-constexpr int64_t kMaxLayer = int64_t{1} << 20;
 
 // Taps in the .tfe convention: the residual stream entering target layer i; i == L (after the last
 // layer, before the final norm) is `final`.

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -533,7 +534,7 @@ TEST_CASE("tfe-plan convert writes a head that opens and verifies, and a bad che
   CHECK(!fs::exists(s.dir / "x.tfe"));
 }
 
-TEST_CASE("convert: vLLM's top-level tap key is read as is, and disagreeing tap keys are refused") {
+TEST_CASE("convert: vLLM's top-level tap key is read as is, and disagreeing or out-of-range tap layers are refused") {
   Scratch s;
   fs::create_directories(s.dir / "target");
   write_json(s.dir / "target" / "config.json", target_config());
@@ -560,6 +561,13 @@ TEST_CASE("convert: vLLM's top-level tap key is read as is, and disagreeing tap 
   write_ckpt(s.dir / "beyond", c);
   CHECK(error_of(options(s.dir / "beyond", s.dir / "target"))
             .find("tap layer 7, beyond the target's num_hidden_layers = 6") != std::string::npos);
+  // A layer id at the edge of int64 is refused by its key before SGLang's +1 could overflow.
+  c.config.erase("eagle_aux_hidden_state_layer_ids");
+  c.config["eagle_config"] = {{"eagle_aux_hidden_state_layer_ids", {1, std::numeric_limits<int64_t>::max()}}};
+  write_ckpt(s.dir / "huge", c);
+  CHECK(error_of(options(s.dir / "huge"))
+            .find("field `eagle_config.eagle_aux_hidden_state_layer_ids` holds layer 9223372036854775807, outside "
+                  "-1048576..1048576") != std::string::npos);
 }
 
 TEST_CASE("convert: a head over the whole vocabulary may omit d2t (identity), as the engines allow") {
