@@ -65,6 +65,13 @@ struct Config {
       return static_cast<int64_t>(v.get<double>());
     fail("{}: field `{}` = {} is not an integer", path.string(), key, v.dump());
   }
+  // A boolean field; `fallback` where it is absent.
+  bool flag_or(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j.at(key);
+    if (!v.is_boolean()) fail("{}: field `{}` = {} is not true or false", path.string(), key, v.dump());
+    return v.get<bool>();
+  }
   double number(const json& obj, const char* key, std::string_view where) const {
     if (!obj.contains(key) || obj.at(key).is_null()) fail("{}: missing field `{}{}`", path.string(), where, key);
     const json& v = obj.at(key);
@@ -180,8 +187,34 @@ std::vector<Tap> read_taps(const Config& head, const std::optional<Config>& targ
   return out;
 }
 
+// EAGLE-3 layers that differ from the head's math without a tensor of their own, so that only the config
+// tells them apart. The head adds g itself (not hidden_norm(g)) to the attention output, and feeds the taps
+// to fc as they are (or each through its own tap_norm); a checkpoint trained otherwise would convert
+// cleanly and draft wrong tokens, so it is refused.
+void refuse_other_layer_variants(const Config& c) {
+  for (const char* key : {"speculators_model_type", "transformer_layer_config"})
+    if (c.has(key))
+      fail(
+          "{}: field `{}`: a speculators-format config, whose eagle3 layer adds hidden_norm(g) to the attention "
+          "output unless norm_before_residual is false; only the Hugging Face layout (SGLang, vLLM, the EAGLE "
+          "repository: hidden_size and the rest at the top level) is read",
+          c.path.string(), key);
+  if (c.flag_or("norm_before_residual", false))
+    fail(
+        "{}: norm_before_residual = true is not supported: this head adds g, not hidden_norm(g), to the attention "
+        "output",
+        c.path.string());
+  for (const char* key : {"norm_before_fc", "fc_norm"})
+    if (c.flag_or(key, false))
+      fail(
+          "{}: {} = true is not supported: this head feeds the taps to fc as they are, or each through its own "
+          "tap_norm, not through one norm over their concatenation",
+          c.path.string(), key);
+}
+
 HeadHeader header_from_configs(const Config& c, const std::optional<Config>& target, const std::string& name,
                                int window) {
+  refuse_other_layer_variants(c);
   if (c.has("hidden_act") && c.j.at("hidden_act") != "silu")
     fail("{}: hidden_act = {} is not supported (the head's MLP is SwiGLU: silu)", c.path.string(),
          c.j.at("hidden_act").dump());

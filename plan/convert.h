@@ -16,6 +16,11 @@
 // `model.embed_tokens.weight` is read from --target (EAGLE-3 shares the target's embedding).
 // Floating tensors may be BF16, F16 or F32; each is rounded once to bf16 (nearest even).
 //
+// Layer variants with no tensor of their own are refused by their config field, since they would convert
+// cleanly and draft wrong tokens: norm_before_residual = true (vLLM), norm_before_fc or fc_norm = true, and
+// the speculators layout (`speculators_model_type`, `transformer_layer_config`), whose default is
+// norm_before_residual = true.
+//
 // Taps: tap layer i is the residual stream entering target layer i (layer L, after the last, is `final`).
 // EAGLE-3's default taps are (2, L/2, L-3) in this convention; `eagle_config.eagle_aux_hidden_state_layer_ids`
 // (SGLang's and SpecForge's key) names the layer whose output is tapped, so layer id + 1; a top-level

@@ -451,6 +451,28 @@ TEST_CASE("convert: missing or unsupported config fields are refused by name") {
   c.config["hidden_size"] = "64";
   write_ckpt(s.dir / "typed", c);
   CHECK(error_of(options(s.dir / "typed")).find("`hidden_size` = \"64\" is not an integer") != std::string::npos);
+  // Layer variants that only the config names: refused, where they would convert and draft wrong tokens.
+  c = ck;
+  c.config["norm_before_residual"] = false;  // the head's own form, as vLLM names it
+  write_ckpt(s.dir / "after-residual", c);
+  CHECK(eagle3_header(options(s.dir / "after-residual")).hidden == H);
+  c.config["norm_before_residual"] = true;
+  write_ckpt(s.dir / "before-residual", c);
+  CHECK(error_of(options(s.dir / "before-residual")).find("norm_before_residual = true is not supported") !=
+        std::string::npos);
+  c.config["norm_before_residual"] = 1;
+  write_ckpt(s.dir / "residual-typed", c);
+  CHECK(error_of(options(s.dir / "residual-typed")).find("field `norm_before_residual` = 1 is not true or false") !=
+        std::string::npos);
+  c = ck;
+  c.config["norm_before_fc"] = true;
+  write_ckpt(s.dir / "before-fc", c);
+  CHECK(error_of(options(s.dir / "before-fc")).find("norm_before_fc = true is not supported") != std::string::npos);
+  c = ck;
+  c.config = json{{"speculators_model_type", "eagle3"}, {"transformer_layer_config", ck.config}};
+  write_ckpt(s.dir / "speculators", c);
+  CHECK(error_of(options(s.dir / "speculators")).find("field `speculators_model_type`: a speculators-format config") !=
+        std::string::npos);
   // No tap layers in the head: the default needs the target's layer count.
   c = ck;
   c.config.erase("eagle_config");
