@@ -210,6 +210,10 @@ void refuse_other_layer_variants(const Config& c) {
           "{}: {} = true is not supported: this head feeds the taps to fc as they are, or each through its own "
           "tap_norm, not through one norm over their concatenation",
           c.path.string(), key);
+  // vLLM scales the logits by it; the head's confidence is the softmax of the unscaled logits.
+  if (c.has("logit_scale") && c.number(c.j, "logit_scale", "") != 1.0)
+    fail("{}: logit_scale = {} is not supported: this head's logits are unscaled (1)", c.path.string(),
+         c.j.at("logit_scale").dump());
 }
 
 HeadHeader header_from_configs(const Config& c, const std::optional<Config>& target, const std::string& name,

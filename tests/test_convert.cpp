@@ -469,6 +469,13 @@ TEST_CASE("convert: missing or unsupported config fields are refused by name") {
   write_ckpt(s.dir / "before-fc", c);
   CHECK(error_of(options(s.dir / "before-fc")).find("norm_before_fc = true is not supported") != std::string::npos);
   c = ck;
+  c.config["logit_scale"] = 1.0;
+  write_ckpt(s.dir / "unscaled", c);
+  CHECK(eagle3_header(options(s.dir / "unscaled")).hidden == H);
+  c.config["logit_scale"] = 0.5;
+  write_ckpt(s.dir / "scaled", c);
+  CHECK(error_of(options(s.dir / "scaled")).find("logit_scale = 0.5 is not supported") != std::string::npos);
+  c = ck;
   c.config = json{{"speculators_model_type", "eagle3"}, {"transformer_layer_config", ck.config}};
   write_ckpt(s.dir / "speculators", c);
   CHECK(error_of(options(s.dir / "speculators")).find("field `speculators_model_type`: a speculators-format config") !=
