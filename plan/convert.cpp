@@ -210,6 +210,15 @@ void refuse_other_layer_variants(const Config& c) {
           "{}: {} = true is not supported: this head feeds the taps to fc as they are, or each through its own "
           "tap_norm, not through one norm over their concatenation",
           c.path.string(), key);
+  // ModelOpt's form of an EAGLE head that reads the target's last hidden state alone, not taps into fc.
+  if (c.j.contains("eagle_config") && c.j["eagle_config"].is_object()) {
+    const Config eagle{c.path, c.j["eagle_config"]};
+    if (!eagle.flag_or("use_aux_hidden_state", true))
+      fail(
+          "{}: eagle_config.use_aux_hidden_state = false is not supported: this head reads taps through fc, not the "
+          "target's last hidden state alone",
+          c.path.string());
+  }
   // vLLM scales the logits by it; the head's confidence is the softmax of the unscaled logits.
   if (c.has("logit_scale") && c.number(c.j, "logit_scale", "") != 1.0)
     fail("{}: logit_scale = {} is not supported: this head's logits are unscaled (1)", c.path.string(),

@@ -18,8 +18,9 @@
 //
 // Layer variants with no tensor of their own are refused by their config field, since they would convert
 // cleanly and draft wrong tokens or confidences: norm_before_residual = true (vLLM), norm_before_fc or
-// fc_norm = true, logit_scale other than 1, and the speculators layout (`speculators_model_type`,
-// `transformer_layer_config`), whose default is norm_before_residual = true.
+// fc_norm = true, eagle_config.use_aux_hidden_state = false (ModelOpt: no taps), logit_scale other than 1,
+// and the speculators layout (`speculators_model_type`, `transformer_layer_config`), whose default is
+// norm_before_residual = true.
 //
 // Taps: tap layer i is the residual stream entering target layer i (layer L, after the last, is `final`).
 // EAGLE-3's default taps are (2, L/2, L-3) in this convention; `eagle_config.eagle_aux_hidden_state_layer_ids`

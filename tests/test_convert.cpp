@@ -469,6 +469,11 @@ TEST_CASE("convert: missing or unsupported config fields are refused by name") {
   write_ckpt(s.dir / "before-fc", c);
   CHECK(error_of(options(s.dir / "before-fc")).find("norm_before_fc = true is not supported") != std::string::npos);
   c = ck;
+  c.config["eagle_config"]["use_aux_hidden_state"] = false;
+  write_ckpt(s.dir / "no-aux", c);
+  CHECK(error_of(options(s.dir / "no-aux")).find("eagle_config.use_aux_hidden_state = false is not supported") !=
+        std::string::npos);
+  c = ck;
   c.config["logit_scale"] = 1.0;
   write_ckpt(s.dir / "unscaled", c);
   CHECK(eagle3_header(options(s.dir / "unscaled")).hidden == H);
