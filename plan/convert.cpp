@@ -375,6 +375,8 @@ const std::vector<std::pair<std::string, std::string>>& eagle3_names() {
       {"midlayer.self_attn.k_proj.weight", "wk"},
       {"midlayer.self_attn.v_proj.weight", "wv"},
       {"midlayer.self_attn.o_proj.weight", "wo"},
+      {"midlayer.self_attn.q_norm.weight", "q_norm"},
+      {"midlayer.self_attn.k_norm.weight", "k_norm"},
       {"midlayer.post_attention_layernorm.weight", "post_norm"},
       {"midlayer.mlp.gate_proj.weight", "w_gate"},
       {"midlayer.mlp.up_proj.weight", "w_up"},
@@ -387,6 +389,8 @@ const std::vector<std::pair<std::string, std::string>>& eagle3_names() {
 }
 constexpr std::string_view kSkipped = "t2d";
 constexpr std::string_view kTargetEmbed = "model.embed_tokens.weight";
+constexpr std::string_view kQNorm = "midlayer.self_attn.q_norm.weight";
+constexpr std::string_view kKNorm = "midlayer.self_attn.k_norm.weight";
 
 // Element i of a checkpoint tensor. A checkpoint written by another tool need not align its tensors to their
 // element size (the .tfe writer does), so elements are copied out rather than read in place.
@@ -468,8 +472,15 @@ HeadHeader eagle3_header(const ConvertOptions& opt) {
 
 HeadWriter convert_eagle3(const ConvertOptions& opt) {
   HeadHeader h = eagle3_header(opt);
-  if (opt.fp8) mark_fp8_forms(h);
   const Checkpoint ck = Checkpoint::open(opt.eagle_dir);
+  // A head that norms each q and k head (Qwen3-style, as SpecForge trains heads for such targets) says so
+  // by its tensors alone: the head's qk_norm.
+  const bool q_norm = ck.find(kQNorm) != nullptr, k_norm = ck.find(kKNorm) != nullptr;
+  if (q_norm != k_norm)
+    fail("{}: tensor `{}` without `{}`: qk_norm norms both q and k", ck.file_of(q_norm ? kQNorm : kKNorm),
+         q_norm ? kQNorm : kKNorm, q_norm ? kKNorm : kQNorm);
+  h.qk_norm = q_norm;
+  if (opt.fp8) mark_fp8_forms(h);
 
   std::set<std::string> accepted{std::string(kSkipped)};
   for (const auto& [src, dst] : eagle3_names()) accepted.insert(src);
@@ -487,6 +498,7 @@ HeadWriter convert_eagle3(const ConvertOptions& opt) {
   std::optional<Checkpoint> target;
   std::vector<HeadTensor> tensors;
   for (const auto& [src, dst] : eagle3_names()) {
+    if ((dst == "q_norm" || dst == "k_norm") && !h.qk_norm) continue;
     const TensorSpec spec = spec_of(dst);
     const Checkpoint* from = &ck;
     std::string name = src;

@@ -7,6 +7,7 @@
 //   fc.weight -> fc                                   embed_tokens.weight -> embed
 //   midlayer.input_layernorm.weight -> input_norm      midlayer.hidden_norm.weight -> hidden_norm
 //   midlayer.self_attn.{q,k,v,o}_proj.weight -> wq, wk, wv, wo
+//   midlayer.self_attn.{q,k}_norm.weight -> q_norm, k_norm (both or neither; both make the head's qk_norm)
 //   midlayer.post_attention_layernorm.weight -> post_norm
 //   midlayer.mlp.{gate,up,down}_proj.weight -> w_gate, w_up, w_down
 //   norm.weight -> final_norm                         lm_head.weight -> lm_head
@@ -49,8 +50,9 @@ struct ConvertOptions {
   int threads = 0;                        // 0: one per hardware thread
 };
 
-// The header an EAGLE-3 checkpoint describes (config.json of the head and, when given, of the target);
-// throws naming the file and the missing or unsupported field.
+// The header an EAGLE-3 checkpoint's configs describe (config.json of the head and, when given, of the
+// target); throws naming the file and the missing or unsupported field. qk_norm is left false: only the
+// tensors say it (convert_eagle3 sets it).
 HeadHeader eagle3_header(const ConvertOptions& opt);
 
 // The whole conversion: header, every tensor checked by name, dtype and shape, FP8 forms on request.

@@ -360,6 +360,30 @@ TEST_CASE("convert: sharded F16 with an index and the embedding from the target,
   check_d2t(f, ck.tensors.at("d2t"));
 }
 
+TEST_CASE("convert: q_norm and k_norm make a qk_norm head, and one without the other is refused by name") {
+  Scratch s;
+  auto ck = random_ckpt(DType::BF16, /*with_embed=*/true);
+  ck.tensors["midlayer.self_attn.q_norm.weight"] = random_float(DType::BF16, {HD}, 1.0f);
+  ck.tensors["midlayer.self_attn.k_norm.weight"] = random_float(DType::BF16, {HD}, 1.0f);
+  write_ckpt(s.dir / "qk", ck);
+  const auto bytes = convert_eagle3(options(s.dir / "qk")).serialize();
+  const auto f = HeadFile::from_bytes(bytes, {.verify_sha256 = true});
+  CHECK(f.header().qk_norm);
+  check_tensor(f, "q_norm", ck.tensors.at("midlayer.self_attn.q_norm.weight"));
+  check_tensor(f, "k_norm", ck.tensors.at("midlayer.self_attn.k_norm.weight"));
+  for (const auto& [src, dst] : kNames) check_tensor(f, dst, ck.tensors.at(src));
+
+  ck.tensors["midlayer.self_attn.q_norm.weight"] = random_float(DType::BF16, {HD + 1}, 1.0f);
+  write_ckpt(s.dir / "qk-shape", ck);
+  CHECK(error_of(options(s.dir / "qk-shape")).find("`midlayer.self_attn.q_norm.weight` has shape [17]") !=
+        std::string::npos);
+  ck.tensors.erase("midlayer.self_attn.q_norm.weight");
+  write_ckpt(s.dir / "k-only", ck);
+  CHECK(error_of(options(s.dir / "k-only"))
+            .find("tensor `midlayer.self_attn.k_norm.weight` without `midlayer.self_attn.q_norm.weight`") !=
+        std::string::npos);
+}
+
 TEST_CASE("convert: F32 sources round to nearest even, and --fp8 adds the forms of every linear in use") {
   Scratch s;
   auto ck = random_ckpt(DType::F32, true);

@@ -1,7 +1,7 @@
 // Seeds for fuzz_convert_checkpoint: tiny EAGLE-3 checkpoints (H 16, 2 query heads of 8 over 1 K/V head,
 // F 24, V 64, Vd 32, taps from SGLang's key), written as fuzz_convert_checkpoint reads them (config.json,
 // NUL, model.safetensors): BF16, F16 and F32 weights; d2t as I64 and I32; a head over the whole
-// vocabulary without d2t; one with t2d, which convert skips.
+// vocabulary without d2t; one with t2d, which convert skips; one with q_norm and k_norm (a qk_norm head).
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -139,5 +139,9 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> t2d(V, 0);
   with_t2d.push_back({"t2d", DType::BOOL, {V}, bytes_of(t2d)});
   write_seed(dir / "bf16-t2d", config(VD), with_t2d);
+  auto with_qk_norm = checkpoint(rng, DType::BF16, VD, DType::I64);
+  with_qk_norm.push_back(floats(rng, "midlayer.self_attn.q_norm.weight", DType::BF16, {HD}, 1.0f));
+  with_qk_norm.push_back(floats(rng, "midlayer.self_attn.k_norm.weight", DType::BF16, {HD}, 1.0f));
+  write_seed(dir / "bf16-qk-norm", config(VD), with_qk_norm);
   return 0;
 }
