@@ -473,8 +473,8 @@ HeadHeader eagle3_header(const ConvertOptions& opt) {
 HeadWriter convert_eagle3(const ConvertOptions& opt) {
   HeadHeader h = eagle3_header(opt);
   const Checkpoint ck = Checkpoint::open(opt.eagle_dir);
-  // A head that norms each q and k head (Qwen3-style, as SpecForge trains heads for such targets) says so
-  // by its tensors alone: the head's qk_norm.
+  // A head that norms each q and k head (Qwen3-style, as some SpecForge heads do) says so by its tensors
+  // alone: the head's qk_norm.
   const bool q_norm = ck.find(kQNorm) != nullptr, k_norm = ck.find(kKNorm) != nullptr;
   if (q_norm != k_norm)
     fail("{}: tensor `{}` without `{}`: qk_norm norms both q and k", ck.file_of(q_norm ? kQNorm : kKNorm),
