@@ -492,14 +492,14 @@ HeadWriter convert_eagle3(const ConvertOptions& opt) {
     }
 
   const auto expected = expected_tensors(h);
-  auto spec_of = [&](std::string_view tfe_name) {
-    return *std::find_if(expected.begin(), expected.end(), [&](const TensorSpec& s) { return s.name == tfe_name; });
-  };
   std::optional<Checkpoint> target;
   std::vector<HeadTensor> tensors;
   for (const auto& [src, dst] : eagle3_names()) {
-    if ((dst == "q_norm" || dst == "k_norm") && !h.qk_norm) continue;
-    const TensorSpec spec = spec_of(dst);
+    // The header decides which tensors the head has (q_norm and k_norm only with qk_norm).
+    const auto spec_it =
+        std::find_if(expected.begin(), expected.end(), [&](const TensorSpec& s) { return s.name == dst; });
+    if (spec_it == expected.end()) continue;
+    const TensorSpec& spec = *spec_it;
     const Checkpoint* from = &ck;
     std::string name = src;
     const TensorView* t = ck.find(src);

@@ -17,6 +17,7 @@
 #include "plan/fp8.h"
 #include "plan/head_file.h"
 #include "plan/numeric.h"
+#include "eagle3_checkpoint.h"
 
 using namespace tfe;
 namespace fs = std::filesystem;
@@ -28,32 +29,9 @@ namespace {
 // width is H (so the head may share its embedding) or, through target_hidden_size, another.
 constexpr int64_t H = 64, NH = 4, NKV = 2, HD = 16, F = 96, V = 500, VD = 120, TARGET_LAYERS = 6;
 
-json head_config(int64_t target_hidden) {
-  json j{
-      {"architectures", {"LlamaForCausalLMEagle3"}},
-      {"hidden_size", H},
-      {"intermediate_size", F},
-      {"num_attention_heads", NH},
-      {"num_key_value_heads", NKV},
-      {"head_dim", HD},
-      {"num_hidden_layers", 1},
-      {"hidden_act", "silu"},
-      {"rms_norm_eps", 1e-5},
-      {"rope_theta", 500000.0},
-      {"rope_scaling",
-       {{"rope_type", "llama3"},
-        {"factor", 8.0},
-        {"low_freq_factor", 1.0},
-        {"high_freq_factor", 4.0},
-        {"original_max_position_embeddings", 8192}}},
-      {"vocab_size", V},
-      {"draft_vocab_size", VD},
-      // SGLang's key: the layers whose outputs are tapped; +1 in the .tfe convention, so 2, 4 and 6 = final.
-      {"eagle_config", {{"eagle_aux_hidden_state_layer_ids", {1, 3, 5}}}},
-  };
-  if (target_hidden != H) j["target_hidden_size"] = target_hidden;
-  return j;
-}
+Eagle3Dims dims(int64_t target_hidden) { return {H, NH, NKV, HD, F, V, VD, target_hidden}; }
+
+json head_config(int64_t target_hidden) { return eagle3_config(dims(target_hidden)); }
 
 json target_config(int64_t hidden = H) {
   return json{{"num_hidden_layers", TARGET_LAYERS}, {"hidden_size", hidden}, {"vocab_size", V}};
@@ -129,22 +107,8 @@ Src random_d2t(DType dtype) {
 
 Ckpt random_ckpt(DType dtype, bool with_embed, DType d2t_dtype = DType::I64, int64_t Ht = H) {
   Ckpt c{head_config(Ht), {}};
-  auto lin = [&](const char* name, int64_t n, int64_t k) { c.tensors[name] = random_float(dtype, {n, k}); };
-  auto norm = [&](const char* name) { c.tensors[name] = random_float(dtype, {H}, 1.0f); };
-  lin("fc.weight", H, 3 * Ht);
-  if (with_embed) lin("embed_tokens.weight", V, H);
-  norm("midlayer.input_layernorm.weight");
-  norm("midlayer.hidden_norm.weight");
-  lin("midlayer.self_attn.q_proj.weight", NH * HD, 2 * H);
-  lin("midlayer.self_attn.k_proj.weight", NKV * HD, 2 * H);
-  lin("midlayer.self_attn.v_proj.weight", NKV * HD, 2 * H);
-  lin("midlayer.self_attn.o_proj.weight", H, NH * HD);
-  norm("midlayer.post_attention_layernorm.weight");
-  lin("midlayer.mlp.gate_proj.weight", F, H);
-  lin("midlayer.mlp.up_proj.weight", F, H);
-  lin("midlayer.mlp.down_proj.weight", H, F);
-  norm("norm.weight");
-  lin("lm_head.weight", VD, H);
+  for (const auto& t : eagle3_float_tensors(dims(Ht), with_embed))
+    c.tensors[t.name] = random_float(dtype, t.shape, t.norm ? 1.0f : 0.0f);
   c.tensors["d2t"] = random_d2t(d2t_dtype);
   return c;
 }

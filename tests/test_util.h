@@ -136,13 +136,18 @@ struct TempDir {
   }
 };
 
-// Writes `bytes` to temp_dir()/name and returns the path.
-inline std::string write_temp_file(std::span<const std::byte> bytes, const std::string& name) {
-  const auto path = temp_dir() / name;
+// Replaces the file at `path` with `bytes`.
+inline void write_file(const std::filesystem::path& path, std::span<const std::byte> bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   f.close();
-  if (!f) fail("write_temp_file: cannot write {}", path.string());
+  if (!f) fail("write_file: cannot write {}", path.string());
+}
+
+// Writes `bytes` to temp_dir()/name and returns the path.
+inline std::string write_temp_file(std::span<const std::byte> bytes, const std::string& name) {
+  const auto path = temp_dir() / name;
+  write_file(path, bytes);
   return path.string();
 }
 

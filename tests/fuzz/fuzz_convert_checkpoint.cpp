@@ -5,47 +5,26 @@
 //
 // An input is the head's config.json, a NUL byte, then the bytes of its model.safetensors. The two go
 // through files, as `tfe-plan convert` reads them.
-#include <unistd.h>
-
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
-#include <string_view>
+#include <span>
+#include <vector>
 
 #include "plan/convert.h"
 #include "plan/error.h"
 #include "plan/head_file.h"
-
-namespace {
-
-namespace fs = std::filesystem;
-
-// A directory of this process's own, made once and reused for every input.
-const fs::path& checkpoint_dir() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("tfe-fuzz-convert-checkpoint-" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
-}
-
-void write(const fs::path& path, std::string_view bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-}  // namespace
+#include "test_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string_view input(reinterpret_cast<const char*>(data), size);
-  const size_t split = input.find('\0');
-  if (split == std::string_view::npos) return 0;
-  write(checkpoint_dir() / "config.json", input.substr(0, split));
-  write(checkpoint_dir() / "model.safetensors", input.substr(split + 1));
+  static const tfe::test::TempDir checkpoint_dir;
+  const std::span<const std::byte> input(reinterpret_cast<const std::byte*>(data), size);
+  const auto nul = std::find(input.begin(), input.end(), std::byte{0});
+  if (nul == input.end()) return 0;
+  tfe::test::write_file(checkpoint_dir.path / "config.json", {input.begin(), nul});
+  tfe::test::write_file(checkpoint_dir.path / "model.safetensors", {nul + 1, input.end()});
   tfe::ConvertOptions opt;
-  opt.eagle_dir = checkpoint_dir().string();
+  opt.eagle_dir = checkpoint_dir.path.string();
   opt.threads = 1;
   std::vector<std::byte> head;
   try {

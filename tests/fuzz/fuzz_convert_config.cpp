@@ -5,49 +5,26 @@
 //
 // An input is the head's config.json, optionally followed by a NUL byte and the target's config.json
 // (then read as `--target`). The texts go through files, as `tfe-plan convert` reads them.
-#include <unistd.h>
-
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
-#include <string_view>
+#include <span>
 
 #include "plan/convert.h"
 #include "plan/error.h"
 #include "plan/plan.h"
-
-namespace {
-
-namespace fs = std::filesystem;
-
-// A directory of this process's own, made once and reused for every input.
-const fs::path& work_dir() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("tfe-fuzz-convert-config-" + std::to_string(::getpid()));
-    fs::create_directories(d / "head");
-    fs::create_directories(d / "target");
-    return d;
-  }();
-  return dir;
-}
-
-void write(const fs::path& path, std::string_view text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-}
-
-}  // namespace
+#include "test_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string_view input(reinterpret_cast<const char*>(data), size);
-  const size_t split = input.find('\0');
+  static const tfe::test::TempDir head_dir, target_dir;
+  const std::span<const std::byte> input(reinterpret_cast<const std::byte*>(data), size);
+  const auto nul = std::find(input.begin(), input.end(), std::byte{0});
   tfe::ConvertOptions opt;
-  opt.eagle_dir = (work_dir() / "head").string();
-  write(work_dir() / "head" / "config.json", input.substr(0, split));
-  if (split != std::string_view::npos) {
-    opt.target_dir = (work_dir() / "target").string();
-    write(work_dir() / "target" / "config.json", input.substr(split + 1));
+  opt.eagle_dir = head_dir.path.string();
+  tfe::test::write_file(head_dir.path / "config.json", {input.begin(), nul});
+  if (nul != input.end()) {
+    opt.target_dir = target_dir.path.string();
+    tfe::test::write_file(target_dir.path / "config.json", {nul + 1, input.end()});
   }
   tfe::HeadHeader h;
   try {

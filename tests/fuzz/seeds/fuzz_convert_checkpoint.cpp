@@ -1,5 +1,5 @@
 // Seeds for fuzz_convert_checkpoint: tiny EAGLE-3 checkpoints (H 16, 2 query heads of 8 over 1 K/V head,
-// F 24, V 64, Vd 32, taps from SGLang's key), written as fuzz_convert_checkpoint reads them (config.json,
+// F 24, V 64, Vd 32; tests/eagle3_checkpoint.h), written as fuzz_convert_checkpoint reads them (config.json,
 // NUL, model.safetensors): BF16, F16 and F32 weights; d2t as I64 and I32; a head over the whole
 // vocabulary without d2t; one with t2d, which convert skips; one with q_norm and k_norm (a qk_norm head).
 #include <algorithm>
@@ -15,6 +15,7 @@
 
 #include "plan/head_file.h"
 #include "plan/numeric.h"
+#include "eagle3_checkpoint.h"
 #include "seed_corpus.h"
 
 namespace {
@@ -24,23 +25,7 @@ using tfe::DType;
 
 constexpr int64_t H = 16, NH = 2, NKV = 1, HD = 8, F = 24, V = 64, VD = 32;
 
-json config(int64_t draft_vocab) {
-  return json{
-      {"architectures", {"LlamaForCausalLMEagle3"}},
-      {"hidden_size", H},
-      {"intermediate_size", F},
-      {"num_attention_heads", NH},
-      {"num_key_value_heads", NKV},
-      {"head_dim", HD},
-      {"num_hidden_layers", 1},
-      {"hidden_act", "silu"},
-      {"rms_norm_eps", 1e-5},
-      {"rope_theta", 10000.0},
-      {"vocab_size", V},
-      {"draft_vocab_size", draft_vocab},
-      {"eagle_config", {{"eagle_aux_hidden_state_layer_ids", {1, 3, 5}}}},
-  };
-}
+Eagle3Dims dims(int64_t draft_vocab) { return {H, NH, NKV, HD, F, V, draft_vocab, H}; }
 
 struct Tensor {
   std::string name;
@@ -69,12 +54,11 @@ Tensor floats(std::mt19937& rng, const std::string& name, DType dtype, std::vect
     if (dtype == DType::BF16) {
       bits[i] = tfe::float_to_bf16(v[i]);
     } else {
-      // binary16 by truncation: these values are normal halves (|x| in 2^-14 .. 2), so sign, rebiased
-      // exponent and the top 10 mantissa bits are the encoding.
-      const uint32_t u = std::bit_cast<uint32_t>(v[i]);
-      const int e = static_cast<int>((u >> 23) & 0xff) - 127 + 15;
-      bits[i] = e <= 0 ? static_cast<uint16_t>((u >> 16) & 0x8000)
-                       : static_cast<uint16_t>(((u >> 16) & 0x8000) | (e << 10) | ((u >> 13) & 0x3ff));
+      // F16 bit patterns drawn directly (there is no encoder to trust here): norms 1 + m/1024, linears a
+      // random sign and mantissa at exponents 2^-10 .. 2^0.
+      const uint32_t r = rng();
+      bits[i] = center != 0.0f ? static_cast<uint16_t>(0x3c00 | (r & 0x3ff))
+                               : static_cast<uint16_t>((r & 0x8000) | ((5 + (r >> 16) % 11) << 10) | ((r >> 20) & 0x3ff));
     }
   }
   return {name, dtype, shape, bytes_of(bits)};
@@ -82,22 +66,8 @@ Tensor floats(std::mt19937& rng, const std::string& name, DType dtype, std::vect
 
 std::vector<Tensor> checkpoint(std::mt19937& rng, DType dtype, int64_t draft_vocab, DType d2t_dtype) {
   std::vector<Tensor> t;
-  auto lin = [&](const char* name, int64_t n, int64_t k) { t.push_back(floats(rng, name, dtype, {n, k}, 0.0f)); };
-  auto norm = [&](const char* name) { t.push_back(floats(rng, name, dtype, {H}, 1.0f)); };
-  lin("fc.weight", H, 3 * H);
-  lin("embed_tokens.weight", V, H);
-  norm("midlayer.input_layernorm.weight");
-  norm("midlayer.hidden_norm.weight");
-  lin("midlayer.self_attn.q_proj.weight", NH * HD, 2 * H);
-  lin("midlayer.self_attn.k_proj.weight", NKV * HD, 2 * H);
-  lin("midlayer.self_attn.v_proj.weight", NKV * HD, 2 * H);
-  lin("midlayer.self_attn.o_proj.weight", H, NH * HD);
-  norm("midlayer.post_attention_layernorm.weight");
-  lin("midlayer.mlp.gate_proj.weight", F, H);
-  lin("midlayer.mlp.up_proj.weight", F, H);
-  lin("midlayer.mlp.down_proj.weight", H, F);
-  norm("norm.weight");
-  lin("lm_head.weight", draft_vocab, H);
+  for (const auto& e : eagle3_float_tensors(dims(draft_vocab), /*with_embed=*/true))
+    t.push_back(floats(rng, e.name, dtype, e.shape, e.norm ? 1.0f : 0.0f));
   if (draft_vocab < V) {
     // d2t[i] = target id of draft id i, less i: sorted distinct target ids.
     std::vector<int64_t> ids(V);
@@ -131,17 +101,17 @@ int main(int argc, char** argv) {
   if (!corpus) return 2;
   const std::filesystem::path& dir = *corpus;
   std::mt19937 rng(1);
-  write_seed(dir / "bf16-d2t-i64", config(VD), checkpoint(rng, DType::BF16, VD, DType::I64));
-  write_seed(dir / "f16-d2t-i32", config(VD), checkpoint(rng, DType::F16, VD, DType::I32));
-  write_seed(dir / "f32-d2t-i64", config(VD), checkpoint(rng, DType::F32, VD, DType::I64));
-  write_seed(dir / "bf16-full-vocab", config(V), checkpoint(rng, DType::BF16, V, DType::I64));
+  write_seed(dir / "bf16-d2t-i64", eagle3_config(dims(VD)), checkpoint(rng, DType::BF16, VD, DType::I64));
+  write_seed(dir / "f16-d2t-i32", eagle3_config(dims(VD)), checkpoint(rng, DType::F16, VD, DType::I32));
+  write_seed(dir / "f32-d2t-i64", eagle3_config(dims(VD)), checkpoint(rng, DType::F32, VD, DType::I64));
+  write_seed(dir / "bf16-full-vocab", eagle3_config(dims(V)), checkpoint(rng, DType::BF16, V, DType::I64));
   auto with_t2d = checkpoint(rng, DType::BF16, VD, DType::I64);
   std::vector<uint8_t> t2d(V, 0);
   with_t2d.push_back({"t2d", DType::BOOL, {V}, bytes_of(t2d)});
-  write_seed(dir / "bf16-t2d", config(VD), with_t2d);
+  write_seed(dir / "bf16-t2d", eagle3_config(dims(VD)), with_t2d);
   auto with_qk_norm = checkpoint(rng, DType::BF16, VD, DType::I64);
   with_qk_norm.push_back(floats(rng, "midlayer.self_attn.q_norm.weight", DType::BF16, {HD}, 1.0f));
   with_qk_norm.push_back(floats(rng, "midlayer.self_attn.k_norm.weight", DType::BF16, {HD}, 1.0f));
-  write_seed(dir / "bf16-qk-norm", config(VD), with_qk_norm);
+  write_seed(dir / "bf16-qk-norm", eagle3_config(dims(VD)), with_qk_norm);
   return 0;
 }

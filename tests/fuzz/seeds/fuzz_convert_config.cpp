@@ -9,35 +9,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "eagle3_checkpoint.h"
 #include "seed_corpus.h"
 
 namespace {
 
 using nlohmann::json;
 
-json head_config() {
-  return json{
-      {"architectures", {"LlamaForCausalLMEagle3"}},
-      {"hidden_size", 64},
-      {"intermediate_size", 96},
-      {"num_attention_heads", 4},
-      {"num_key_value_heads", 2},
-      {"head_dim", 16},
-      {"num_hidden_layers", 1},
-      {"hidden_act", "silu"},
-      {"rms_norm_eps", 1e-5},
-      {"rope_theta", 500000.0},
-      {"rope_scaling",
-       {{"rope_type", "llama3"},
-        {"factor", 8.0},
-        {"low_freq_factor", 1.0},
-        {"high_freq_factor", 4.0},
-        {"original_max_position_embeddings", 8192}}},
-      {"vocab_size", 500},
-      {"draft_vocab_size", 120},
-      {"eagle_config", {{"eagle_aux_hidden_state_layer_ids", {1, 3, 5}}}},
-  };
-}
+json head_config() { return eagle3_config({64, 4, 2, 16, 96, 500, 120, 64}); }
 
 json target_config() { return json{{"num_hidden_layers", 6}, {"hidden_size", 64}, {"vocab_size", 500}}; }
 
