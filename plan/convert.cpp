@@ -496,8 +496,8 @@ HeadWriter convert_eagle3(const ConvertOptions& opt) {
   std::vector<HeadTensor> tensors;
   for (const auto& [src, dst] : eagle3_names()) {
     // The header decides which tensors the head has (q_norm and k_norm only with qk_norm).
-    const auto spec_it =
-        std::find_if(expected.begin(), expected.end(), [&](const TensorSpec& s) { return s.name == dst; });
+    const auto spec_it = std::find_if(expected.begin(), expected.end(),
+                                      [&tfe_name = dst](const TensorSpec& s) { return s.name == tfe_name; });
     if (spec_it == expected.end()) continue;
     const TensorSpec& spec = *spec_it;
     const Checkpoint* from = &ck;
