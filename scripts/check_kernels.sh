@@ -6,7 +6,7 @@
 #     any spill or local-memory stack frame fails the check.
 #  2. NVRTC, as the runtime compiles them: the sources by name (no file system), name expressions
 #     `tfe::kernels::<kernel><TfeConfig>`, --std=c++17, sm_90.
-# Usage: scripts/check_kernels.sh [work dir]   (default: build-kernels-check)
+# Usage: [JOBS=n] [VERBOSE=1] scripts/check_kernels.sh [work dir]   (default: build-kernels-check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -89,16 +89,14 @@ for key, specs in units.items():
 EOF
 
 status=0
-pids=()
-for tu in "$work"/tu/*.cu; do
-  (
-    "$nvcc" -std=c++17 -arch=sm_90 -O3 -I"$root/kernels" -Xptxas -v -c "$tu" -o "${tu%.cu}.o" \
-      >"${tu%.cu}.log" 2>&1 || { echo "FAIL nvcc $(basename "$tu")"; cat "${tu%.cu}.log"; exit 1; }
-  ) &
-  pids+=($!)
-done
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-[ $status -eq 0 ] || exit 1
+# JOBS units at a time (default: one per core), so that a shared machine is not oversubscribed.
+compile_unit() {
+  "$nvcc" -std=c++17 -arch=sm_90 -O3 -I"$root/kernels" -Xptxas -v -c "$1" -o "${1%.cu}.o" >"${1%.cu}.log" 2>&1 ||
+    { echo "FAIL nvcc $(basename "$1")"; cat "${1%.cu}.log"; return 1; }
+}
+export -f compile_unit
+export nvcc root
+ls "$work"/tu/*.cu | xargs -P "${JOBS:-$(nproc)}" -I{} bash -c 'compile_unit "$1"' _ {} || exit 1
 
 # Registers and spills, per function (demangled names give the config).
 cat "$work"/tu/*.log | awk '
