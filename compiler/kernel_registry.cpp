@@ -34,7 +34,8 @@ std::vector<KernelDef> make_defs() {
        {{"src", P::ptr}, {"src_index", P::ptr}, {"dst", P::ptr}, {"dst_index", P::ptr}, {"rows", P::i64}}},
       // Few-row GEMV: y[r, j] = epilogue(sum_k w[j, k] x[r, k]) for r < rows <= ROWS (rows beyond ROWS
       // are covered by grid.y tiles). WEIGHT: kc::kWeight*; EPILOGUE: kc::kEpilogue*; COLS: output
-      // columns per CTA, 16, or 32 without SwiGLU.
+      // columns per CTA, 16, or 32 without SwiGLU. kc::kEpilogueTop1 writes, in place of y's logits, one
+      // 16-byte top1 partial per (row, CTA): y is [rows, ceil(N / COLS)] records.
       {"gemv", "gemv.cuh", "tfe::kernels::gemv", {"ROWS", "K", "N", "WEIGHT", "EPILOGUE", "COLS"},
        {{"w", P::ptr}, {"scale", P::ptr}, {"x", P::ptr}, {"y", P::ptr}, {"residual", P::ptr}, {"rows", P::i64}}},
       // qk_norm (if QK_NORM), RoPE at pos[r] + pos_offset, K/V written to the slot's ring row
@@ -52,14 +53,13 @@ std::vector<KernelDef> make_defs() {
        {"HEADS", "KV_HEADS", "HEAD_DIM", "WINDOW", "RING", "SPLIT"},
        {{"q", P::ptr}, {"ring_k", P::ptr}, {"ring_v", P::ptr}, {"slot", P::ptr}, {"pos", P::ptr},
         {"first_pos", P::ptr}, {"pos_offset", P::i64}, {"o", P::ptr}, {"rows", P::i64}, {"scale", P::f32}}},
-      // Vocabulary top-1 and its softmax confidence: a CTA per (row, chunk of CHUNK logits) leaves the
-      // chunk's max, lowest index and sum exp(l - max); the last CTA of a row to arrive (an integer ticket
-      // in `arrivals`, zero between passes) joins them and writes the target id (d2t) and confidence of
-      // `step` into out_token/out_conf [rows, MAX_STEPS], and the target id into next_token[r].
-      {"top1", "top1.cuh", "tfe::kernels::top1", {"VOCAB", "CHUNK", "MAX_STEPS"},
-       {{"logits", P::ptr}, {"part_max", P::ptr}, {"part_idx", P::ptr}, {"part_sum", P::ptr}, {"arrivals", P::ptr},
-        {"d2t", P::ptr}, {"out_token", P::ptr}, {"out_conf", P::ptr}, {"next_token", P::ptr}, {"step", P::i64},
-        {"rows", P::i64}}},
+      // Vocabulary top-1 and its softmax confidence: one CTA per row joins the row's PARTS =
+      // ceil(VOCAB / COLS) Top1Part records in `part`, which the lm_head gemv (EPILOGUE kc::kEpilogueTop1,
+      // the same COLS) left, one per CTA and row; writes the target id (d2t) and confidence of `step` into
+      // out_token/out_conf [rows, MAX_STEPS], and the target id into next_token[r].
+      {"top1", "top1.cuh", "tfe::kernels::top1", {"VOCAB", "COLS", "MAX_STEPS"},
+       {{"part", P::ptr}, {"d2t", P::ptr}, {"out_token", P::ptr}, {"out_conf", P::ptr}, {"next_token", P::ptr},
+        {"step", P::i64}, {"rows", P::i64}}},
       // two_stage candidates: per (row, chunk of CHUNK scores) the chunk's min(CAND_K, CHUNK) highest scores
       // (ties: lower id) and their draft ids, ascending by id, into part_score / part_id; the last CTA of a
       // row to arrive (a ticket in `arrivals`, zero between passes) selects the CAND_K highest of the row's

@@ -61,7 +61,8 @@ inline constexpr int64_t kWeightBF16 = 0, kWeightFP8 = 1;
 inline constexpr int64_t kEpilogueBF16 = 0,      // y = bf16(acc)
     kEpilogueF32 = 1,                             // y = acc (fp32 logits / scores)
     kEpilogueResidual = 2,                        // y = bf16(residual + acc): the add rounded once
-    kEpilogueSwiGLU = 3;                          // rows j and N+j of w: y = bf16(bf16(silu(gate)) * up)
+    kEpilogueSwiGLU = 3,                          // rows j and N+j of w: y = bf16(bf16(silu(gate)) * up)
+    kEpilogueTop1 = 4;                            // y = per row, one top1 partial of the CTA's COLS columns
 }  // namespace kc
 
 }  // namespace tfe

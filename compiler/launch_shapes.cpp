@@ -104,11 +104,10 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
                             spec.constant("WINDOW"), spec.constant("SPLIT"));
     s.rows_axis = 1;
   } else if (k == "top1") {
-    // A CTA per (chunk of CHUNK logits, row); the last of a row joins.
-    s.grid[0] = ceil_div(spec.constant("VOCAB"), spec.constant("CHUNK"));
-    s.grid[1] = rows;
+    // A CTA per row joins the row's ceil(VOCAB / COLS) partials (kernels/top1.cuh, 256 threads).
+    s.grid[0] = rows;
     s.block = 256;
-    s.rows_axis = 1;
+    s.rows_axis = 0;
   } else if (k == "topk") {
     // A CTA per (chunk of CHUNK scores, row); the last of a row joins.
     s.grid[0] = ceil_div(spec.constant("VOCAB"), spec.constant("CHUNK"));

@@ -9,7 +9,7 @@ namespace kernels {
 
 // Mirrors tfe::kc in compiler/kernel_registry.h.
 constexpr long long kWeightBF16 = 0, kWeightFP8 = 1;
-constexpr long long kEpilogueBF16 = 0, kEpilogueF32 = 1, kEpilogueResidual = 2, kEpilogueSwiGLU = 3;
+constexpr long long kEpilogueBF16 = 0, kEpilogueF32 = 1, kEpilogueResidual = 2, kEpilogueSwiGLU = 3, kEpilogueTop1 = 4;
 
 // An f32 parameter in the low half of its 8-byte slot, so every slot of a params struct is 8 bytes and
 // the runtime packs them by index.
@@ -38,7 +38,7 @@ __device__ __forceinline__ void start_after_predecessors() {
   release_dependents();
 }
 
-// The join of a row split over CTAs (top1, topk, rescore): each CTA writes its partials, then takes an
+// The join of a row split over CTAs (topk, rescore): each CTA writes its partials, then takes an
 // integer ticket from the row's counter; the CTA that draws the last ticket returns true in every thread,
 // reads the partials in their fixed order (with __ldcg: another SM wrote them) and joins them, so the
 // result does not depend on which CTA joins. It also returns the counter to zero for the next pass.
@@ -122,6 +122,16 @@ __device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
   }
   return a;
 }
+
+// One partial of a row's vocabulary top-1 (gemv's kEpilogueTop1 writes them, top1 joins them): over the
+// columns of one gemv CTA, the largest logit, the lowest column at it, and sum exp(l - max). One 16-byte
+// record, so that a partial is one store and one load; `pad` is written as zero.
+struct alignas(16) Top1Part {
+  float max;
+  int idx;
+  float sum;
+  float pad;
+};
 
 // RMSNorm scale of a row: 1 / sqrt(mean(x^2) + eps), with an IEEE square root and division (no rsqrt
 // approximation) so that it matches the CPU reference's rounding.

@@ -16,6 +16,11 @@
 // SwiGLU: w holds 2N rows (gate 0..N-1, up N..2N-1); the warp runs a second tile on rows N+j0.., whose
 // accumulators land in the same lanes as the gate's, and writes y = bf16(bf16(silu(bf16(gate))) * bf16(up)).
 // FP8 (e4m3 rows with an f32 scale per weight row): chunks widen exactly to bf16; y = scale_j * acc.
+// Top1 (the dense vocabulary head): instead of its COLS fp32 logits, a CTA writes per input row one 16-byte
+// Top1Part of them (max, lowest column at it, sum exp(l - max); write_top1_parts), and top1 joins a row's
+// ceil(N / COLS) records. The logits never go to memory, and the pass over them that top1 used to make (a
+// load, two block reductions, a fence and a ticket per chunk of them) is folded into shuffles of the
+// registers that already hold them.
 //
 // Main loop: a rolling pipeline per warp. Each lane copies its chunks of step i + STAGES - 1 (weights
 // through L2 only, cp.async.cg: they stream once; x through L1, cp.async.ca) into a ring of STAGES steps
@@ -41,7 +46,8 @@ struct GemvParams {
   const void* w;         // [N or 2N (SwiGLU), K]: bf16, or e4m3 when WEIGHT is kWeightFP8
   const float* scale;    // FP8: [N or 2N] per weight row; unused for bf16
   const bf16* x;         // [rows, K]
-  void* y;               // [rows, N]: f32 for kEpilogueF32, else bf16; may alias residual
+  void* y;               // [rows, N]: f32 for kEpilogueF32, else bf16, may alias residual; for kEpilogueTop1
+                         // [rows, ceil(N / COLS)] Top1Part records
   const bf16* residual;  // [rows, N] for kEpilogueResidual, else unused
   long long rows;
 };
@@ -217,6 +223,65 @@ __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.com
 template <int PENDING>
 __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+}
+
+// kEpilogueTop1, in warp 0 once the K split is joined: per input row, one Top1Part of the CTA's columns
+// (record blockIdx.x of the row's PARTS = ceil(N / COLS)) instead of its COLS logits, which top1 then
+// joins. The logits are the ones kEpilogueF32 would store (FP8: acc times the row scale), so the max and
+// its index are exact; only sum exp(l - max) has an order of its own. Lane (g, t) holds, of input row
+// n * 8 + 2t + b, columns j0 + 16m + g + 8h (accumulator 2h + b of tile (m, n)): its own MT x 2 are folded
+// in registers in column order, then the 8 lanes of one t (lane bits 2-4) by xor 4, 8, 16 butterflies.
+// Both orders are fixed, and both lanes of a butterfly step combine the same two values (compare, or add,
+// which commutes), so every lane ends with the same bits whatever the scheduling. Columns past N (the
+// tail tile) are left out; rows past nrows are computed (the shuffles need every lane) but not stored.
+template <typename S, long long N, long long COLS>
+__device__ __forceinline__ void write_top1_parts(const float (&acc)[S::MT][S::NT][4], const float* scale,
+                                                 Top1Part* out, long long j0, long long row0, long long nrows,
+                                                 int g, int t) {
+  static_assert(S::MT == COLS / 16, "one weight tile per 16 columns (not SwiGLU)");
+  constexpr long long PARTS = ceil_div(N, COLS);
+  bool in[S::MT][2];
+  float sc[S::MT][2];
+#pragma unroll
+  for (int m = 0; m < S::MT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const long long j = j0 + 16 * m + g + 8 * h;
+      in[m][h] = j < N;
+      sc[m][h] = S::FP8 && in[m][h] ? scale[j] : 1.0f;
+    }
+  const auto logit = [&](int m, int n, int i) { return S::FP8 ? acc[m][n][i] * sc[m][i >> 1] : acc[m][n][i]; };
+  Top1Part* row_out = out + row0 * PARTS + blockIdx.x;
+#pragma unroll
+  for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      ArgMax best{neg_inf(), 0x7fffffff};
+#pragma unroll
+      for (int m = 0; m < S::MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float v = logit(m, n, 2 * h + b);
+          const int j = static_cast<int>(j0) + 16 * m + g + 8 * h;
+          if (in[m][h] && better(v, j, best.v, best.i)) best = ArgMax{v, j};
+        }
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, best.v, o);
+        const int i = __shfl_xor_sync(0xffffffffu, best.i, o);
+        if (better(v, i, best.v, best.i)) best = ArgMax{v, i};
+      }
+      float sum = 0.0f;
+#pragma unroll
+      for (int m = 0; m < S::MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          if (in[m][h]) sum += expf(logit(m, n, 2 * h + b) - best.v);
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      const long long r = n * 8 + 2 * t + b;
+      if (g == 0 && r < nrows) row_out[r * PARTS] = Top1Part{best.v, best.i, sum, 0.0f};
+    }
 }
 
 template <typename Cfg>
@@ -461,35 +526,39 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
   }
   if (!writer) return;
 
-  // Accumulator i of tile (m, n): lane row h = i / 2 of the tile, input row n * 8 + 2t + (i % 2). SwiGLU
-  // writes its tile 0 (gate) with tile 1 (up); the other epilogues write every tile.
-  constexpr int OUT_TILES = EPI == kEpilogueSwiGLU ? 1 : S::MT;
+  if constexpr (EPI == kEpilogueTop1) {
+    write_top1_parts<S, N, Cfg::COLS>(acc, p.scale, static_cast<Top1Part*>(p.y), j0, row0, nrows, g, t);
+  } else {
+    // Accumulator i of tile (m, n): lane row h = i / 2 of the tile, input row n * 8 + 2t + (i % 2). SwiGLU
+    // writes its tile 0 (gate) with tile 1 (up); the other epilogues write every tile.
+    constexpr int OUT_TILES = EPI == kEpilogueSwiGLU ? 1 : S::MT;
 #pragma unroll
-  for (int m = 0; m < OUT_TILES; ++m)
+    for (int m = 0; m < OUT_TILES; ++m)
 #pragma unroll
-    for (int n = 0; n < S::NT; ++n)
+      for (int n = 0; n < S::NT; ++n)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const long long j = column(m, i >> 1);
-        const long long r = n * 8 + 2 * t + (i & 1);
-        if (j >= N || r >= nrows) continue;
-        const long long at = (row0 + r) * N + j;
-        float v = acc[m][n][i];
-        if constexpr (S::FP8) v *= p.scale[j];
-        if constexpr (EPI == kEpilogueF32) {
-          static_cast<float*>(p.y)[at] = v;
-        } else if constexpr (EPI == kEpilogueBF16) {
-          static_cast<bf16*>(p.y)[at] = to_bf16(v);
-        } else if constexpr (EPI == kEpilogueResidual) {
-          static_cast<bf16*>(p.y)[at] = to_bf16(to_float(p.residual[at]) + v);
-        } else {
-          float up = acc[S::MT - 1][n][i];  // tile 1: the up rows of the same columns
-          if constexpr (S::FP8) up *= p.scale[N + j];
-          const float gate = round_bf16(v);
-          const float a = round_bf16(silu(gate));
-          static_cast<bf16*>(p.y)[at] = to_bf16(a * round_bf16(up));
+        for (int i = 0; i < 4; ++i) {
+          const long long j = column(m, i >> 1);
+          const long long r = n * 8 + 2 * t + (i & 1);
+          if (j >= N || r >= nrows) continue;
+          const long long at = (row0 + r) * N + j;
+          float v = acc[m][n][i];
+          if constexpr (S::FP8) v *= p.scale[j];
+          if constexpr (EPI == kEpilogueF32) {
+            static_cast<float*>(p.y)[at] = v;
+          } else if constexpr (EPI == kEpilogueBF16) {
+            static_cast<bf16*>(p.y)[at] = to_bf16(v);
+          } else if constexpr (EPI == kEpilogueResidual) {
+            static_cast<bf16*>(p.y)[at] = to_bf16(to_float(p.residual[at]) + v);
+          } else {
+            float up = acc[S::MT - 1][n][i];  // tile 1: the up rows of the same columns
+            if constexpr (S::FP8) up *= p.scale[N + j];
+            const float gate = round_bf16(v);
+            const float a = round_bf16(silu(gate));
+            static_cast<bf16*>(p.y)[at] = to_bf16(a * round_bf16(up));
+          }
         }
-      }
+  }
 }
 
 }  // namespace kernels

@@ -1,13 +1,19 @@
-// Vocabulary top-1 with its softmax confidence, in one kernel whose CTAs split the logits of a row.
+// Vocabulary top-1 with its softmax confidence: the join of the partials that the vocabulary GEMV's
+// epilogue left (gemv.cuh, kEpilogueTop1: per row and gemv CTA, the max of its COLS logits, the lowest
+// column at it, and sum exp(l - max) over them, as one 16-byte Top1Part).
 //
-// Grid (PARTS = ceil(VOCAB / CHUNK), rows), 256 threads. Each CTA takes one chunk of a row's logits: the
-// max, its lowest index, and sum exp(l - max) over the chunk (fp32; thread-strided sums, then the fixed
-// warp tree), stored as the chunk's partial. Then it takes an integer ticket from arrivals[r]; the last CTA
-// of the row joins the PARTS partials and returns the counter to zero for the next pass:
-//   M = max of the partial maxima (ties: lower index); sum = sum_p part_sum[p] * exp(part_max[p] - M), as
-//   thread-strided sums in part order and the fixed warp tree; conf = softmax at the argmax = 1 / sum.
-// It writes the target id (draft + d2t[draft]) and conf of `step`, and the next step's token. Every sum
-// has a fixed order, so the result does not depend on which CTA joins.
+// Grid (rows), 256 threads: a CTA per row reads the row's PARTS = ceil(VOCAB / COLS) records (the lm_head
+// gemv's column tiles, so COLS must be that gemv's) thread-strided, part p by thread p % 256, and joins
+//   M = max of the partial maxima (ties: lower index);
+//   total = sum_p part_sum[p] * exp(part_max[p] - M), as per-thread sums in part order, then the fixed
+//   warp tree and the warp totals in warp order; conf = softmax at the argmax = 1 / total.
+// It writes the target id (draft + d2t[draft]) and conf of `step`, and the next step's token. Every sum has
+// a fixed order, so eager launches and graph replays agree bit for bit.
+//
+// Why one CTA per row and no split: the per-chunk pass over the logits (a load, two block reductions, a
+// fence and a ticket per chunk, then the join) was a chain of 7-9 us a step; the chunk half now runs in the
+// GEMV's epilogue, and what is left is one load of PARTS records (32 KB a row at 2000 parts) and two block
+// reductions, which one CTA does with every load in flight at once.
 #pragma once
 #include "common.cuh"
 
@@ -15,19 +21,15 @@ namespace tfe {
 namespace kernels {
 
 struct Top1Params {
-  const float* logits;  // [rows, VOCAB]
-  float* part_max;      // [rows, PARTS]
-  int* part_idx;        // [rows, PARTS]
-  float* part_sum;      // [rows, PARTS]
-  int* arrivals;        // [rows], zero between passes
-  const int* d2t;       // [draft vocab]: target id = draft id + d2t[draft id]
-  int* out_token;       // [rows, MAX_STEPS]
-  float* out_conf;      // [rows, MAX_STEPS]
-  int* next_token;      // [rows]
-  long long step;       // 1-based
+  const Top1Part* part;  // [rows, PARTS]: the lm_head gemv's records
+  const int* d2t;        // [draft vocab]: target id = draft id + d2t[draft id]
+  int* out_token;        // [rows, MAX_STEPS]
+  float* out_conf;       // [rows, MAX_STEPS]
+  int* next_token;       // [rows]
+  long long step;        // 1-based
   long long rows;
 };
-static_assert(sizeof(Top1Params) == 8 * 11, "one 8-byte slot per registry parameter");
+static_assert(sizeof(Top1Params) == 8 * 7, "one 8-byte slot per registry parameter");
 
 // The CTA's argmax (ties: lower index) of `best`, broadcast to every thread. `sv`, `si`: 32 entries each.
 __device__ __forceinline__ ArgMax block_argmax(ArgMax best, float* sv, int* si) {
@@ -47,54 +49,36 @@ __device__ __forceinline__ ArgMax block_argmax(ArgMax best, float* sv, int* si) 
 template <typename Cfg>
 __global__ void __launch_bounds__(256) top1(const Top1Params p) {
   start_after_predecessors();
-  constexpr long long V = Cfg::VOCAB, CHUNK = Cfg::CHUNK, PARTS = ceil_div(V, CHUNK);
-  constexpr long long THREADS = 256, PER = ceil_div(CHUNK, THREADS);  // = launch_shapes.cpp (block 256)
+  constexpr long long PARTS = ceil_div(Cfg::VOCAB, Cfg::COLS);
+  constexpr long long THREADS = 256, PER = ceil_div(PARTS, THREADS);  // = launch_shapes.cpp (block 256)
   __shared__ float sv[32], scratch[32];
   __shared__ int si[32];
   const int tid = threadIdx.x;
-  const long long part = blockIdx.x, r = blockIdx.y;
+  const long long r = blockIdx.x;
   if (r >= p.rows) return;
-  const long long begin = part * CHUNK;
-  const long long end = min_ll(begin + CHUNK, V);
-  const float* l = p.logits + r * V;
+  const Top1Part* part = p.part + r * PARTS;
 
-  // A thread's logits begin + tid + k * THREADS: a compile-time count of predicated loads, issued together.
+  // A compile-time count of predicated 16-byte loads per thread, issued together. The second pass reads
+  // the same records again, from L1 (holding them in registers instead would spill at large PARTS).
   ArgMax best{neg_inf(), 0x7fffffff};
 #pragma unroll 8
   for (long long k = 0; k < PER; ++k) {
-    const long long i = begin + tid + k * THREADS;
-    if (i < end) {
-      const float v = l[i];
-      if (better(v, static_cast<int>(i), best.v, best.i)) best = ArgMax{v, static_cast<int>(i)};
+    const long long i = tid + k * THREADS;
+    if (i < PARTS) {
+      const Top1Part q = part[i];
+      if (better(q.max, q.idx, best.v, best.i)) best = ArgMax{q.max, q.idx};
     }
   }
   best = block_argmax(best, sv, si);
-  float sum = 0.0f;
+  float total = 0.0f;
 #pragma unroll 8
   for (long long k = 0; k < PER; ++k) {
-    const long long i = begin + tid + k * THREADS;
-    if (i < end) sum += expf(l[i] - best.v);
+    const long long i = tid + k * THREADS;
+    if (i < PARTS) {
+      const Top1Part q = part[i];
+      total += q.sum * expf(q.max - best.v);
+    }
   }
-  sum = block_sum(sum, scratch);
-  if (tid == 0) {
-    p.part_max[r * PARTS + part] = best.v;
-    p.part_idx[r * PARTS + part] = best.i;
-    p.part_sum[r * PARTS + part] = sum;
-  }
-  if (!last_to_arrive(p.arrivals + r, PARTS)) return;
-
-  const float* pm = p.part_max + r * PARTS;
-  const float* ps = p.part_sum + r * PARTS;
-  const int* pi = p.part_idx + r * PARTS;
-  best = ArgMax{neg_inf(), 0x7fffffff};
-  for (long long i = tid; i < PARTS; i += THREADS) {
-    const float v = __ldcg(pm + i);
-    const int idx = __ldcg(pi + i);
-    if (better(v, idx, best.v, best.i)) best = ArgMax{v, idx};
-  }
-  best = block_argmax(best, sv, si);
-  float total = 0.0f;
-  for (long long i = tid; i < PARTS; i += THREADS) total += __ldcg(ps + i) * expf(__ldcg(pm + i) - best.v);
   total = block_sum(total, scratch);
   if (tid == 0) {
     const int target = best.i + p.d2t[best.i];

@@ -96,7 +96,7 @@ bool param_writes(std::string_view kernel, std::string_view param) {
       {"gemv", {"y"}},
       {"qk_rope_kv", {"q_out", "ring_k", "ring_v"}},
       {"ring_attention", {"o"}},
-      {"top1", {"part_max", "part_idx", "part_sum", "arrivals", "out_token", "out_conf", "next_token"}},
+      {"top1", {"out_token", "out_conf", "next_token"}},
       {"topk", {"part_score", "part_id", "arrivals", "cand"}},
       {"rescore", {"exact", "arrivals", "out_token", "out_conf", "next_token"}},
   };

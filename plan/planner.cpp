@@ -279,14 +279,12 @@ class Planner {
     add(a, "h2", BufferRole::activation, DType::BF16, {B, H});
     add(a, "n", BufferRole::activation, DType::BF16, {B, H});
     if (hh.head_type == HeadType::dense) {
-      add(a, "logits", BufferRole::activation, DType::F32, {B, hh.draft_vocab});
-      // Sized for the most partials per row (the smallest bucket); a pass indexes them by its own PARTS.
-      const int64_t parts = top1_parts(o.buckets.front());
-      add(a, "part_max", BufferRole::activation, DType::F32, {B, parts});
-      add(a, "part_idx", BufferRole::activation, DType::I32, {B, parts});
-      add(a, "part_sum", BufferRole::activation, DType::F32, {B, parts});
-      // top1's per-row tickets: zero at open (the arena is cleared), and every pass returns them to zero.
-      add(a, "top1_arrivals", BufferRole::activation, DType::I32, {B});
+      // The lm_head gemv writes no logits: per row, one 16-byte record {max, lowest index at it (int32
+      // bits), sum exp(l - max), 0} for each of its CTAs, which top1 joins. Sized for the most CTAs per row
+      // over the buckets; a pass indexes the records by its own PARTS.
+      int64_t parts = 0;
+      for (int b : o.buckets) parts = std::max(parts, top1_parts(b));
+      add(a, "top1_part", BufferRole::activation, DType::F32, {B, parts, 4});
     } else {
       add(a, "u", BufferRole::activation, DType::BF16, {B, hh.lowrank});
       add(a, "scores", BufferRole::activation, DType::F32, {B, hh.draft_vocab});
@@ -315,14 +313,13 @@ class Planner {
     return std::min<int64_t>(8, (h().window + 1 + 7) / 8);
   }
 
-  // top1 chunk for a bucket of B rows: about 256 CTAs in all (256 / B partials per row, at least 8), so
-  // that one stream's logits are read by enough CTAs to fill the GPU while 16 streams do not launch 2000
-  // CTAs of one logit per thread; a multiple of 256 (one logit per thread of a CTA per pass).
-  int64_t top1_chunk(int64_t rows) const {
-    const int64_t per = 256, parts = std::max<int64_t>(8, 256 / rows);
-    return per * ((h().draft_vocab + per * parts - 1) / (per * parts));
+  // The lm_head gemv's output columns per CTA at `rows` rows (gemv() takes the same gemv_cols), and so the
+  // top1 partials per row: one per gemv CTA.
+  int64_t lm_head_cols(int64_t rows) const {
+    const Matrix& m = matrices_.at("lm_head");
+    return gemv_cols(rows, m.k, m.n, kc::kEpilogueTop1, m.weight_kind());
   }
-  int64_t top1_parts(int64_t rows) const { return (h().draft_vocab + top1_chunk(rows) - 1) / top1_chunk(rows); }
+  int64_t top1_parts(int64_t rows) const { return (h().draft_vocab + lm_head_cols(rows) - 1) / lm_head_cols(rows); }
 
   // topk chunk: 2048 scores (4 per thread of its CTA: 16 CTAs for a 32000-score row), 4096 above
   // cand_k 256 so that a chunk still drops at least seven eighths of its scores before the join.
@@ -465,15 +462,18 @@ class Planner {
                               i64("y_stride", H), i64("rows", B), f32("eps", eps)}));
       const int64_t ms = p_.options.max_steps;
       if (hh.head_type == HeadType::dense) {
-        nodes.push_back(gemv(pre + "lm_head", s, matrices_.at("lm_head"), B, kc::kEpilogueF32, "n", "logits",
+        nodes.push_back(gemv(pre + "lm_head", s, matrices_.at("lm_head"), B, kc::kEpilogueTop1, "n", "top1_part",
                              none("residual"), fixed, B));
+        // top1 joins the records of the gemv just planned: its COLS fixes their count and order.
+        const int64_t cols = specs_.at(nodes.back().spec).constant("COLS");
+        if ((hh.draft_vocab + cols - 1) / cols > p_.arena.at("top1_part").shape[1])
+          fail("planner bug: bucket {}: lm_head at COLS {} leaves more partials than `top1_part` holds", B, cols);
         nodes.push_back(kernel(pre + "top1", s,
-                               make_spec("top1", {{"VOCAB", hh.draft_vocab}, {"CHUNK", top1_chunk(B)}, {"MAX_STEPS", ms}}),
+                               make_spec("top1", {{"VOCAB", hh.draft_vocab}, {"COLS", cols}, {"MAX_STEPS", ms}}),
                                fixed, B,
-                               {buf("logits", "logits"), buf("part_max", "part_max"), buf("part_idx", "part_idx"),
-                                buf("part_sum", "part_sum"), buf("arrivals", "top1_arrivals"), buf("d2t", "d2t"),
-                                buf("out_token", "out_token"), buf("out_conf", "out_conf"),
-                                buf("next_token", "next_token"), i64("step", s), i64("rows", B)}));
+                               {buf("part", "top1_part"), buf("d2t", "d2t"), buf("out_token", "out_token"),
+                                buf("out_conf", "out_conf"), buf("next_token", "next_token"), i64("step", s),
+                                i64("rows", B)}));
       } else {
         const Matrix& th = matrices_.at("target_head");
         nodes.push_back(gemv(pre + "lr_a", s, matrices_.at("lr_a"), B, kc::kEpilogueBF16, "n", "u", none("residual"),
@@ -571,10 +571,12 @@ class Planner {
                        hh.window + 1));
     if (hh.head_type == HeadType::dense) {
       const int64_t b0 = p_.options.buckets.front(), b1 = p_.options.buckets.back();
-      choose("lm_head draft", "gemv f32 logits + top1",
-             fmt::format("{} partials of {} logits per row in bucket {} .. {} of {} in bucket {} (about 256 CTAs), "
-                         "joined in part order by the last CTA to arrive",
-                         top1_parts(b0), top1_chunk(b0), b0, top1_parts(b1), top1_chunk(b1), b1));
+      choose("lm_head draft", "gemv top1 partials + top1 join",
+             fmt::format("the gemv's epilogue leaves, in place of the fp32 logits, one partial (max, its lowest "
+                         "index, sum exp(l - max)) per row of each CTA's columns: {} partials of {} logits per row "
+                         "in bucket {} .. {} of {} in bucket {}; top1 joins them in part order, a CTA per row: the "
+                         "logits never go to memory, and no pass over them, fence or ticket is left in top1",
+                         top1_parts(b0), lm_head_cols(b0), b0, top1_parts(b1), lm_head_cols(b1), b1));
     } else {
       choose("lr_a draft", "gemv", draft_reason);
       choose("lr_b draft", "gemv f32 scores + topk",

@@ -37,9 +37,10 @@ gemv_shapes = [  # (K, N, epilogue): the linears of both presets, and tails
     (4096, 4096, 2),                     # wo + residual
     (4096, 14336, 3),                    # gate/up SwiGLU
     (14336, 4096, 2),                    # down + residual
-    (4096, 32000, 1),                    # lm_head (f32 logits)
-    (4096, 512, 0), (512, 32000, 1),     # lr_a, lr_b
+    (4096, 32000, 4),                    # lm_head (top1 partials)
+    (4096, 512, 0), (512, 32000, 1),     # lr_a, lr_b (f32 scores)
     (100, 37, 0), (72, 50, 3), (200, 33, 2), (40, 17, 1),  # K and N tails
+    (64, 300, 4), (100, 5000, 4),        # top1 partials: tiny's narrow lm_head; K and column tails, not narrow
 ]
 for rows in [1, 2, 4, 8, 16]:
     for weight in [0, 1]:
@@ -55,8 +56,11 @@ for heads, kvh, hd, window, ring in [(32, 8, 128, 511, 520), (32, 8, 128, 128, 1
     for split in sorted({1, min(8, (window + 8) // 8)}):
         add("ring_attention", "ring_attention.cuh", HEADS=heads, KV_HEADS=kvh, HEAD_DIM=hd, WINDOW=window, RING=ring,
             SPLIT=split)
-for vocab, chunk, steps in [(32000, 256, 8), (32000, 2048, 8), (128256, 4096, 8), (262144, 16384, 16), (300, 128, 1)]:
-    add("top1", "top1.cuh", VOCAB=vocab, CHUNK=chunk, MAX_STEPS=steps)
+# top1: the join of ceil(VOCAB / COLS) partials: 2000 / 1000 at a 32000-id draft vocabulary, up to 16384
+# (more than 8 a thread), and fewer than its 256 threads.
+for vocab, cols, steps in [(32000, 16, 8), (32000, 32, 8), (128256, 16, 8), (262144, 16, 16), (300, 16, 1),
+                           (5000, 32, 16)]:
+    add("top1", "top1.cuh", VOCAB=vocab, COLS=cols, MAX_STEPS=steps)
 # topk: the planner's chunks (2048; 4096 above cand_k 256), a chunk smaller than CAND_K, one part, and a
 # join too large to stage in shared memory (262144 / 4096 x 512).
 for vocab, chunk, k in [(32000, 2048, 64), (32000, 4096, 512), (262144, 4096, 512), (300, 2048, 16),

@@ -302,8 +302,7 @@ TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role
       // rmsnorm normalizes the uploaded taps in place; every other row operand is an activation.
       {"x", {R::activation, R::table}}, {"y", {R::activation, R::table}}, {"g", {R::activation}},
       {"residual", {R::activation}}, {"qkv", {R::activation}}, {"q_out", {R::activation}}, {"q", {R::activation}},
-      {"o", {R::activation}}, {"logits", {R::activation}}, {"part_max", {R::activation}},
-      {"part_idx", {R::activation}}, {"part_sum", {R::activation}}, {"next_token", {R::activation}},
+      {"o", {R::activation}}, {"part", {R::activation}}, {"next_token", {R::activation}},
       {"scores", {R::activation}}, {"part_score", {R::activation}}, {"part_id", {R::activation}},
       {"cand", {R::activation}}, {"exact", {R::activation}}, {"n", {R::activation}}, {"arrivals", {R::activation}}};
   for (const auto& [name, h] : golden_heads()) {
@@ -475,30 +474,53 @@ TEST_CASE("make_plan: attention splits the window over a cluster of up to 8 CTAs
   }
 }
 
-TEST_CASE("make_plan: a dense step ends in one top1 node whose row tickets are an I32 buffer per stream") {
-  const Plan p = make_plan(preset_header("llama3-8b-eagle3"), golden_options());
-  const Buffer& tickets = p.arena.at("top1_arrivals");
-  CHECK(tickets.dtype == DType::I32);
-  CHECK(tickets.shape == std::vector<int64_t>{p.options.buckets.back()});
-  for (const auto& b : p.buckets) {
-    std::map<int, int> per_step;
-    for (size_t i = 0; i < b.nodes.size(); ++i) {
-      const Node& n = b.nodes[i];
-      const std::string& kernel = p.spec(n.spec).kernel;
-      if (kernel != "top1") continue;
-      ++per_step[n.step];
-      // The step's last node: the next one, if any, starts the following step.
-      if (i + 1 < b.nodes.size()) CHECK(b.nodes[i + 1].step == n.step + 1);
-      CHECK(n.launch.grid[1] == b.streams);
-      // About 256 CTAs in all, and at least 8 partials per row.
-      CHECK(n.launch.grid[0] * n.launch.grid[1] <= 256);
-      CHECK(n.launch.grid[0] >= 8);
-      CHECK(n.launch.grid[0] <= p.arena.at("part_max").shape[1]);
-      CHECK(std::any_of(n.args.begin(), n.args.end(),
-                        [](const Arg& a) { return a.param == "arrivals" && a.buffer == "top1_arrivals"; }));
+TEST_CASE("make_plan: a dense step ends in the lm_head gemv writing top1 partials and one top1 node joining "
+          "them, a CTA per row, at the gemv's COLS") {
+  for (const auto& golden : golden_heads()) {
+    const HeadHeader& header = golden.second;
+    if (header.head_type != HeadType::dense) continue;
+    CAPTURE(golden.first);
+    const Plan p = make_plan(header, golden_options());
+    // Neither the logits nor tickets: the records are the only thing between the two kernels.
+    for (const char* gone : {"logits", "part_max", "part_idx", "part_sum", "top1_arrivals"}) CHECK(p.arena.find(gone) == nullptr);
+    const Buffer& parts = p.arena.at("top1_part");
+    CHECK(parts.dtype == DType::F32);
+    CHECK(parts.shape.size() == 3);
+    CHECK(parts.shape[0] == p.options.buckets.back());
+    CHECK(parts.shape[2] == 4);  // one 16-byte record per partial
+    for (const auto& b : p.buckets) {
+      CAPTURE(b.streams);
+      std::map<int, int> per_step;
+      for (size_t i = 0; i < b.nodes.size(); ++i) {
+        const Node& n = b.nodes[i];
+        if (p.spec(n.spec).kernel != "top1") continue;
+        ++per_step[n.step];
+        // The step's last node: the next one, if any, starts the following step.
+        if (i + 1 < b.nodes.size()) CHECK(b.nodes[i + 1].step == n.step + 1);
+        REQUIRE(i > 0);
+        const Node& lm = b.nodes[i - 1];
+        const KernelSpec& gemv = p.spec(lm.spec);
+        const KernelSpec& top1 = p.spec(n.spec);
+        CHECK(lm.name == fmt::format("s{}.lm_head", n.step));
+        CHECK(gemv.constant("EPILOGUE") == kc::kEpilogueTop1);
+        CHECK(std::any_of(lm.args.begin(), lm.args.end(),
+                          [](const Arg& a) { return a.param == "y" && a.buffer == "top1_part"; }));
+        CHECK(std::any_of(n.args.begin(), n.args.end(),
+                          [](const Arg& a) { return a.param == "part" && a.buffer == "top1_part"; }));
+        // One partial per gemv CTA and row: top1's COLS is the gemv's, and the buffer holds them all.
+        CHECK(top1.constant("COLS") == gemv.constant("COLS"));
+        CHECK(top1.constant("VOCAB") == gemv.constant("N"));
+        CHECK(lm.launch.grid[0] == (top1.constant("VOCAB") + top1.constant("COLS") - 1) / top1.constant("COLS"));
+        CHECK(lm.launch.grid[0] <= parts.shape[1]);
+        CHECK(n.launch.grid[0] == b.streams);
+        CHECK(n.launch.grid[1] == 1);
+        CHECK(n.launch.block == 256);
+      }
+      CHECK(per_step.size() == static_cast<size_t>(p.options.max_steps));
+      for (const auto& [step, count] : per_step) CHECK(count == 1);
     }
-    CHECK(per_step.size() == static_cast<size_t>(p.options.max_steps));
-    for (const auto& [step, count] : per_step) CHECK(count == 1);
+    // The buffer is sized for the bucket with the most partials, COLS 16.
+    CHECK(parts.shape[1] == (header.draft_vocab + 15) / 16);
   }
 }
 

@@ -72,6 +72,10 @@ void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
 TFE_GPU_TEST_CASE("graphs: replay equals eager bit for bit, tiny dense, every bucket and step") {
   graph_vs_eager("tiny", Fp8Mode::off);
 }
+// FP8 takes the row scale inside the lm_head gemv's top1 epilogue.
+TFE_GPU_TEST_CASE("graphs: replay equals eager bit for bit, tiny dense FP8") {
+  graph_vs_eager("tiny", Fp8Mode::require);
+}
 TFE_GPU_TEST_CASE("graphs: replay equals eager bit for bit, tiny two_stage FP8") {
   graph_vs_eager("tiny-two-stage", Fp8Mode::require);
 }
