@@ -305,12 +305,31 @@ class Planner {
     add(a, "out_conf", BufferRole::output, DType::F32, {B, int64_t{o.max_steps}});
   }
 
-  // ring_attention key chunks: at least 8 keys a CTA, and up to 8 CTAs (the portable cluster size) per
-  // (kv head, row), so that one row's window covers kv_heads x SPLIT CTAs instead of kv_heads walking it
-  // serially, and a cluster joins the chunks through distributed shared memory.
-  int64_t attention_split() const {
+  // ring_attention key chunks per (kv head, row) at `rows` rows: at least 8 keys a CTA, and up to 8 CTAs
+  // (the portable cluster size), so that one row's window covers kv_heads x SPLIT CTAs instead of kv_heads
+  // walking it serially, and a cluster joins the chunks through distributed shared memory. Where that grid
+  // would exceed one wave (kAttnWaveCtas) the chunks grow, one CTA a cluster fewer at a time, while a chunk
+  // still fits one batch of the kernel's loads: a second wave costs a whole CTA's chain of loads, scores and
+  // joins, but a chunk of two batches costs a second round trip as well. Measured at 16 streams
+  // (BENCHMARKS.md): tfe-two-stage's 129 keys at SPLIT 4 (33-key chunks, 512 CTAs) 5 us a step faster than
+  // at 8 (1024 CTAs); llama3-8b-eagle3's 512 keys at SPLIT 4 (128-key chunks, two batches) no faster.
+  static constexpr int64_t kAttnWaveCtas = 512;  // 4 CTAs an SM (its registers allow 4) on 128 SMs
+  int64_t attention_split(int64_t rows) const {
     if (sm_version(p_.options) < 90) return 1;  // clusters need sm_90
-    return std::min<int64_t>(8, (h().window + 1 + 7) / 8);
+    const int64_t keys = h().window + 1;
+    int64_t split = std::min<int64_t>(8, (keys + 7) / 8);
+    while (split > 1 && h().kv_heads * rows * split > kAttnWaveCtas &&
+           (keys + split - 2) / (split - 1) <= attention_batch_keys())
+      --split;
+    return split;
+  }
+  // Keys a ring_attention CTA has in flight at once (kernels/ring_attention.cuh AttnShape: KPP keys a pass,
+  // BATCH passes).
+  int64_t attention_batch_keys() const {
+    const int64_t hd = h().head_dim, e = hd % 8 == 0 ? 8 : 2, group = h().heads / h().kv_heads;
+    int64_t lanes_per_key = 1;
+    while (lanes_per_key < std::min<int64_t>(32, hd / e)) lanes_per_key *= 2;
+    return 128 / lanes_per_key * (group * e > 32 ? 4 : 8);
   }
 
   // The lm_head gemv's output columns per CTA at `rows` rows (gemv() takes the same gemv_cols), and so the
@@ -446,7 +465,7 @@ class Planner {
                                                           {"HEAD_DIM", hh.head_dim},
                                                           {"WINDOW", hh.window},
                                                           {"RING", p_.ring_rows},
-                                                          {"SPLIT", attention_split()}}),
+                                                          {"SPLIT", attention_split(B)}}),
                              fixed, B,
                              {buf("q", "q"), buf("ring_k", "ring_k"), buf("ring_v", "ring_v"), buf("slot", "slot"),
                               buf("pos", "pos"), buf("first_pos", "first_pos"), i64("pos_offset", s - 1),
@@ -564,11 +583,28 @@ class Planner {
     const std::string draft_reason =
         fmt::format("at most {} rows a step: memory-bound, a GEMV streams each weight byte once", B);
     for (auto l : {"wqkv", "wo", "w_gate_up", "w_down"}) choose(fmt::format("{} draft", l), "gemv", draft_reason);
-    choose("attention draft", fmt::format("ring_attention split {}", attention_split()),
-           fmt::format("up to {} keys a CTA, {} CTAs per row over the window of {} keys; each (kv head, row) is one "
-                       "cluster that joins its chunks through distributed shared memory",
-                       (hh.window + attention_split()) / attention_split(), hh.kv_heads * attention_split(),
-                       hh.window + 1));
+    // One line per run of buckets with the same split, e.g. "ring_attention split 8 (streams 1..8), 4 (16)".
+    std::vector<std::pair<int64_t, std::vector<int>>> splits;
+    for (int b : p_.options.buckets) {
+      const int64_t s = attention_split(b);
+      if (splits.empty() || splits.back().first != s) splits.push_back({s, {}});
+      splits.back().second.push_back(b);
+    }
+    std::string decision = "ring_attention split", reason;
+    for (size_t i = 0; i < splits.size(); ++i) {
+      const auto& [s, bs] = splits[i];
+      const std::string streams =
+          bs.size() == 1 ? fmt::format("{}", bs.front()) : fmt::format("{}..{}", bs.front(), bs.back());
+      decision += fmt::format("{} {}", i ? "," : "", s);
+      if (splits.size() > 1) decision += fmt::format(" (streams {})", streams);
+      reason += fmt::format("{}up to {} keys a CTA, {} CTAs per row{}", i ? "; " : "", (hh.window + s) / s,
+                            hh.kv_heads * s, splits.size() > 1 ? fmt::format(" at streams {}", streams) : "");
+    }
+    choose("attention draft", decision,
+           fmt::format("{}, over the window of {} keys; each (kv head, row) is one cluster that joins its chunks "
+                       "through distributed shared memory; fewer, longer chunks where {} CTAs would exceed one "
+                       "wave ({}) and a chunk still fits one batch of loads ({} keys)",
+                       reason, hh.window + 1, "kv_heads x streams x SPLIT", kAttnWaveCtas, attention_batch_keys()));
     if (hh.head_type == HeadType::dense) {
       const int64_t b0 = p_.options.buckets.front(), b1 = p_.options.buckets.back();
       choose("lm_head draft", "gemv top1 partials + top1 join",

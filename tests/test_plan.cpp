@@ -474,6 +474,42 @@ TEST_CASE("make_plan: attention splits the window over a cluster of up to 8 CTAs
   }
 }
 
+TEST_CASE("make_plan: attention takes fewer, longer key chunks where its grid would exceed one wave, while a "
+          "chunk still fits one batch of loads") {
+  PlanOptions o;
+  o.buckets = {1, 2, 4, 8, 16};
+  o.max_steps = 2;
+  auto splits = [&](const HeadHeader& h) {
+    std::map<int, int64_t> by_streams;
+    const Plan p = make_plan(h, o);
+    for (const auto& b : p.buckets)
+      for (const auto& n : b.nodes)
+        if (n.name == "s1.attention") {
+          by_streams[b.streams] = p.spec(n.spec).constant("SPLIT");
+          // kv_heads x streams x SPLIT CTAs: at most one wave of 512 once the split is below its start.
+          if (by_streams[b.streams] < 8) CHECK(n.launch.grid[0] * n.launch.grid[1] <= 512);
+        }
+    return by_streams;
+  };
+  // tfe-two-stage: 8 kv heads, 129 keys. 16 streams x 8 kv heads x 8 = 1024 CTAs; at SPLIT 4, 512 CTAs of
+  // 33 keys, within one batch of 64.
+  const HeadHeader two_stage = preset_header("tfe-two-stage");
+  CHECK(splits(two_stage) == std::map<int, int64_t>{{1, 8}, {2, 8}, {4, 8}, {8, 8}, {16, 4}});
+  // llama3-8b-eagle3: 512 keys. At 16 streams SPLIT 7 would take 74-key chunks, two batches: SPLIT stays 8.
+  const HeadHeader llama = preset_header("llama3-8b-eagle3");
+  CHECK(splits(llama) == std::map<int, int64_t>{{1, 8}, {2, 8}, {4, 8}, {8, 8}, {16, 8}});
+  // A head with 32 kv heads and 64 keys: the wave is exceeded from 4 streams on (32 x 4 x 8 = 1024).
+  HeadHeader wide = two_stage;
+  wide.kv_heads = 32;
+  wide.window = 63;
+  const auto w = splits(wide);
+  CHECK(w.at(1) == 8);
+  CHECK(w.at(2) == 8);
+  CHECK(w.at(4) == 4);
+  CHECK(w.at(8) == 2);
+  CHECK(w.at(16) == 1);
+}
+
 TEST_CASE("make_plan: a dense step ends in the lm_head gemv writing top1 partials and one top1 node joining "
           "them, a CTA per row, at the gemv's COLS") {
   for (const auto& golden : golden_heads()) {
