@@ -6,6 +6,7 @@
 // This table and the structs in kernels/*.cuh must agree; tests/test_kernels_compile.cpp checks it.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,6 +55,20 @@ struct LaunchShape {
   bool operator==(const LaunchShape&) const = default;
 };
 LaunchShape launch_shape(const KernelSpec& spec, int64_t rows);
+
+// What a launch of a specialization for `rows` rows may touch through each pointer parameter: bytes from
+// the argument's offset (0: the parameter is not read, and may be null). Operands addressed through an id
+// rather than by row are sized by the id's domain. Plan validation checks every argument against it, so
+// that a plan whose buffers are smaller than its kernels reach is refused before a launch.
+struct Reach {
+  int64_t rows = 0;         // the launch's rows: a bucket's streams, or the most rows or slots a chunk takes
+  int64_t slots = 0;        // slot ids (ring_k, ring_v, slot_g rows): max_slots + 1, with the scratch slot
+  int64_t vocab = 0;        // target ids (embed, target_head rows)
+  int64_t draft_vocab = 0;  // draft ids (d2t entries)
+  std::function<int64_t(std::string_view)> i64;          // an i64 argument's value (rmsnorm's strides)
+  std::function<int64_t(std::string_view)> index_rows;   // copy_rows: ids an index argument may hold (0: null)
+};
+int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach& r);
 
 // Values of the kernels' enumerated constants (mirrored in kernels/common.cuh).
 namespace kc {

@@ -126,4 +126,94 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
   return s;
 }
 
+int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach& r) {
+  const std::string& k = spec.kernel;
+  const auto c = [&](std::string_view name) { return spec.constant(name); };
+  const int64_t R = r.rows;
+  constexpr int64_t kBf16 = 2, kF32 = 4, kI32 = 4;
+  auto unknown = [&]() -> int64_t { fail("param_reach: kernel {} has no pointer parameter `{}`", k, param); };
+  if (k == "rmsnorm") {
+    const int64_t w = c("WIDTH");
+    if (param == "w") return w * kBf16;
+    if (param == "x" || param == "y") return R < 1 ? 0 : ((R - 1) * r.i64(param == "x" ? "x_stride" : "y_stride") + w) * kBf16;
+    return unknown();
+  }
+  if (k == "prepare_x") {
+    const int64_t h = c("HIDDEN");
+    if (param == "embed") return r.vocab * h * kBf16;
+    if (param == "input_norm" || param == "hidden_norm") return h * kBf16;
+    if (param == "tokens") return R * kI32;
+    if (param == "g") return R * h * kBf16;
+    if (param == "x") return R * 2 * h * kBf16;
+    return unknown();
+  }
+  if (k == "copy_rows") {
+    const int64_t w = c("WIDTH");
+    if (param == "src_index" || param == "dst_index") return r.index_rows(param) ? R * kI32 : 0;
+    if (param == "src" || param == "dst") {
+      const int64_t ids = r.index_rows(param == "src" ? "src_index" : "dst_index");
+      return (ids ? ids : R) * w * kBf16;
+    }
+    return unknown();
+  }
+  if (k == "gemv") {
+    const int64_t n = c("N"), kk = c("K"), epi = c("EPILOGUE");
+    const bool fp8 = c("WEIGHT") == kc::kWeightFP8;
+    const int64_t wrows = epi == kc::kEpilogueSwiGLU ? 2 * n : n;
+    if (param == "w") return wrows * kk * (fp8 ? 1 : kBf16);
+    if (param == "scale") return fp8 ? wrows * kF32 : 0;
+    if (param == "x") return R * kk * kBf16;
+    if (param == "residual") return epi == kc::kEpilogueResidual ? R * n * kBf16 : 0;
+    if (param == "y") {
+      if (epi == kc::kEpilogueF32) return R * n * kF32;
+      if (epi == kc::kEpilogueTop1) return R * ceil_div(n, c("COLS")) * 16;  // one 16-byte record a CTA
+      return R * n * kBf16;
+    }
+    return unknown();
+  }
+  if (k == "qk_rope_kv" || k == "ring_attention") {
+    const int64_t heads = c("HEADS"), kvh = c("KV_HEADS"), hd = c("HEAD_DIM");
+    if (param == "ring_k" || param == "ring_v") return r.slots * c("RING") * kvh * hd * kBf16;
+    if (param == "slot" || param == "pos" || param == "first_pos") return R * kI32;
+    if (k == "qk_rope_kv") {
+      const bool write_q = c("WRITE_Q") != 0;
+      if (param == "qkv") return R * ((write_q ? heads : 0) + 2 * kvh) * hd * kBf16;
+      if (param == "q_norm" || param == "k_norm") return c("QK_NORM") ? hd * kBf16 : 0;
+      if (param == "inv_freq") return hd / 2 * kF32;
+      if (param == "q_out") return write_q ? R * heads * hd * kBf16 : 0;
+      return unknown();
+    }
+    if (param == "q" || param == "o") return R * heads * hd * kBf16;
+    return unknown();
+  }
+  if (k == "top1" || k == "rescore") {
+    const int64_t steps = c("MAX_STEPS");
+    if (param == "out_token" || param == "out_conf") return R * steps * kI32;
+    if (param == "next_token") return R * kI32;
+    if (param == "d2t") return r.draft_vocab * kI32;
+    if (k == "top1") {
+      if (param == "part") return R * ceil_div(c("VOCAB"), c("COLS")) * 16;
+      return unknown();
+    }
+    const int64_t h = c("HIDDEN"), cand_k = c("CAND_K");
+    const bool fp8 = c("WEIGHT") == kc::kWeightFP8;
+    if (param == "target_head") return r.vocab * h * (fp8 ? 1 : kBf16);
+    if (param == "scale") return fp8 ? r.vocab * kF32 : 0;
+    if (param == "n") return R * h * kBf16;
+    if (param == "cand" || param == "exact") return R * cand_k * kI32;
+    if (param == "arrivals") return R * kI32;
+    return unknown();
+  }
+  if (k == "topk") {
+    const int64_t vocab = c("VOCAB"), chunk = c("CHUNK"), cand_k = c("CAND_K");
+    const int64_t slots = ceil_div(vocab, chunk) * std::min(cand_k, chunk);
+    if (param == "scores") return R * vocab * kF32;
+    if (param == "part_score" || param == "part_id") return R * slots * kI32;
+    if (param == "arrivals") return R * kI32;
+    if (param == "cand") return R * cand_k * kI32;
+    return unknown();
+  }
+  fail("param_reach: no reach for kernel `{}`", k);
+}
+
 }  // namespace tfe

@@ -151,7 +151,18 @@ void check_arena(const Arena& a, std::string_view which, bool weights) {
       fail("plan: buffers `{}` and `{}` overlap in the {}", by_offset[i - 1]->name, by_offset[i]->name, which);
 }
 
-void check_node(const Node& n, const std::map<std::string, const Buffer*>& buffers,
+// The ids a copy_rows index table holds, by the table's name: the runtime fills these tables, and checks the
+// ids it writes against these domains.
+int64_t index_domain(const Plan& p, const Node& n, std::string_view param, std::string_view table) {
+  if (table == "slot" || table == "row_slot" || table == "last_slot") return p.options.max_slots + 1;
+  if (table == "last_row") return p.options.extend_rows;
+  fail("plan: node {} indexes rows through `{}` = `{}`, which is neither a slot table (slot, row_slot, last_slot) "
+       "nor a chunk-row table (last_row)",
+       n.name, param, table);
+}
+
+// `rows`: the rows the node is launched for (its bucket's streams; for extend nodes the most a chunk takes).
+void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<std::string, const Buffer*>& buffers,
                 const std::map<std::string, const KernelSpec*>& specs) {
   auto buffer = [&](const std::string& name, std::string_view what) -> const Buffer& {
     const auto it = buffers.find(name);
@@ -211,6 +222,57 @@ void check_node(const Node& n, const std::map<std::string, const Buffer*>& buffe
     fail("plan: node {} is marked dependent, but only the kernels of a draft pass launch that way", n.name);
   if (n.rows != Node::Rows::fixed && n.launch.rows_axis < 0)
     fail("plan: node {} runs on rows set at launch but its launch has no rows axis", n.name);
+
+  // The launch is the kernel's own mapping for these rows: a larger grid would run CTAs past the rows
+  // and columns that the buffers below are sized for.
+  LaunchShape want = launch_shape(spec, rows);
+  if (!(n.launch == want))
+    fail("plan: node {}: launch grid [{}, {}, {}], block {}, smem {} is not kernel {}'s for {} rows (grid [{}, {}, {}], "
+         "block {}, smem {})",
+         n.name, n.launch.grid[0], n.launch.grid[1], n.launch.grid[2], n.launch.block, n.launch.smem, spec.kernel, rows,
+         want.grid[0], want.grid[1], want.grid[2], want.block, want.smem);
+  auto arg = [&](std::string_view param) -> const Arg& {
+    for (const Arg& a : n.args)
+      if (a.param == param) return a;
+    fail("plan: node {} has no argument `{}`", n.name, param);
+  };
+  // Scalars that address memory: the row count, a step's output column, positions, row strides.
+  for (const Arg& a : n.args) {
+    if (a.kind != Arg::Kind::i64) continue;
+    const int64_t v = a.i;
+    if (a.param == "rows" && v != rows)
+      fail("plan: node {} arg `rows` = {}, but the node is launched for {} rows", n.name, v, rows);
+    if (a.param == "step" && (v != n.step || v < 1 || v > spec.constant("MAX_STEPS")))
+      fail("plan: node {} arg `step` = {}: it must be the node's step {}, within 1..MAX_STEPS = {}", n.name, v, n.step,
+           spec.constant("MAX_STEPS"));
+    if (a.param == "pos_offset" && (v < 0 || v >= plan.options.max_steps))
+      fail("plan: node {} arg `pos_offset` = {} is outside 0..{} (max_steps - 1)", n.name, v, plan.options.max_steps - 1);
+    if ((a.param == "x_stride" || a.param == "y_stride") && (v < spec.constant("WIDTH") || v > (int64_t{1} << 40)))
+      fail("plan: node {} arg `{}` = {} is outside {}..2^40 (WIDTH at least)", n.name, a.param, v, spec.constant("WIDTH"));
+  }
+  // Every pointer argument holds what the kernel may touch through it.
+  Reach reach;
+  reach.rows = rows;
+  reach.slots = plan.options.max_slots + 1;
+  reach.vocab = plan.header.vocab;
+  reach.draft_vocab = plan.header.draft_vocab;
+  reach.i64 = [&](std::string_view param) { return arg(param).i; };
+  reach.index_rows = [&](std::string_view param) -> int64_t {
+    const Arg& a = arg(param);
+    return a.kind == Arg::Kind::null ? 0 : index_domain(plan, n, param, a.buffer);
+  };
+  for (size_t i = 0; i < n.args.size(); ++i) {
+    const Arg& a = n.args[i];
+    if (def.params[i].kind != ParamKind::ptr) continue;
+    const int64_t need = param_reach(spec, a.param, reach);
+    if (need <= 0) continue;
+    if (a.kind == Arg::Kind::null)
+      fail("plan: node {} arg `{}` is null, but kernel {} reaches {} bytes through it", n.name, a.param, spec.kernel, need);
+    const Buffer& b = buffer(a.buffer, fmt::format("arg `{}`", a.param));
+    if (need > b.bytes - a.byte_offset)
+      fail("plan: node {} arg `{}`: kernel {} reaches {} bytes from byte_offset {} of `{}`, which holds {} bytes",
+           n.name, a.param, spec.kernel, need, a.byte_offset, b.name, b.bytes);
+  }
 }
 
 }  // namespace
@@ -264,7 +326,7 @@ void validate(const Plan& p) {
       last = n.step;
       if (n.kind != Node::Kind::kernel || n.rows != Node::Rows::fixed)
         fail("plan: bucket {} node {} must be a kernel on fixed rows", b.streams, n.name);
-      check_node(n, buffers, uris);
+      check_node(p, n, b.streams, buffers, uris);
       used.insert(n.spec);
     }
     if (b.nodes.empty() || b.nodes.back().step != p.options.max_steps)
@@ -273,7 +335,9 @@ void validate(const Plan& p) {
   for (const auto& n : p.extend) {
     if (n.step != 0) fail("plan: extend node {} has step {}; extend nodes have step 0", n.name, n.step);
     if (n.rows == Node::Rows::fixed) fail("plan: extend node {} must run on rows set at launch", n.name);
-    check_node(n, buffers, uris);
+    check_node(p, n,
+               n.rows == Node::Rows::chunk_slots ? int64_t{p.options.max_slots} : int64_t{p.options.extend_rows},
+               buffers, uris);
     if (n.kind == Node::Kind::kernel) used.insert(n.spec);
     any_gemm = any_gemm || n.kind == Node::Kind::gemm;
   }

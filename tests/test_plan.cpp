@@ -642,6 +642,65 @@ TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (de
   }
 }
 
+TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, or whose launch, rows, step, "
+          "position offset or strides are not its kernel's, is refused by name") {
+  HeadHeader fp8_head = preset_header("tiny");
+  fp8_head.fp8 = linears_in_use(fp8_head);
+  const Plan good = make_plan(fp8_head, golden_options());
+  REQUIRE(good.fp8);
+  CHECK_NOTHROW(validate(good));
+  // The first node named `node` in the last bucket (16 streams) or the extend, and its argument `param`.
+  auto find = [](Plan& p, std::string_view node) -> Node& {
+    for (auto* nodes : {&p.buckets.back().nodes, &p.extend})
+      for (Node& n : *nodes)
+        if (n.name == node) return n;
+    FAIL("no node " << node);
+    throw std::logic_error("unreachable");
+  };
+  auto param = [](Node& n, std::string_view name) -> Arg& {
+    for (Arg& a : n.args)
+      if (a.param == name) return a;
+    FAIL("no argument " << name);
+    throw std::logic_error("unreachable");
+  };
+  auto refused = [&](const char* what, const std::function<void(Plan&)>& edit, const char* message) {
+    CAPTURE(what);
+    Plan p = good;
+    edit(p);
+    CHECK_THROWS_WITH_AS(validate(p), doctest::Contains(message), Error);
+  };
+  // 16 rows of top1 records (16 bytes per lm_head CTA) do not fit next_token's 64 bytes.
+  refused("a gemv output bound to a smaller buffer",
+          [&](Plan& p) { param(find(p, "s1.lm_head"), "y").buffer = "next_token"; },
+          "node s1.lm_head arg `y`: kernel gemv reaches");
+  refused("an input read past its buffer's end",
+          [&](Plan& p) { param(find(p, "s2.wo"), "x").byte_offset = 256; },
+          "node s2.wo arg `x`: kernel gemv reaches");
+  refused("an FP8 gemv without its row scales", [&](Plan& p) {
+            Arg& a = param(find(p, "s1.wqkv"), "scale");
+            a.kind = Arg::Kind::null;
+            a.buffer.clear();
+          }, "node s1.wqkv arg `scale` is null, but kernel gemv reaches");
+  refused("a grid wider than the kernel's mapping", [&](Plan& p) { ++find(p, "s1.lm_head").launch.grid[0]; },
+          "node s1.lm_head: launch grid");
+  refused("a block other than the kernel's", [&](Plan& p) { find(p, "s1.attention").launch.block = 256; },
+          "is not kernel ring_attention's for 16 rows");
+  refused("rows other than the bucket's", [&](Plan& p) { param(find(p, "s1.final_norm"), "rows").i = 17; },
+          "node s1.final_norm arg `rows` = 17, but the node is launched for 16 rows");
+  refused("a step past MAX_STEPS", [&](Plan& p) { param(find(p, "s4.top1"), "step").i = 5; },
+          "node s4.top1 arg `step` = 5");
+  refused("a step other than the node's", [&](Plan& p) { param(find(p, "s2.top1"), "step").i = 3; },
+          "node s2.top1 arg `step` = 3");
+  refused("a negative position offset", [&](Plan& p) { param(find(p, "s1.qk_rope_kv"), "pos_offset").i = -1; },
+          "arg `pos_offset` = -1 is outside 0..3");
+  refused("a row stride below the width", [&](Plan& p) { param(find(p, "s1.post_norm"), "x_stride").i = 1; },
+          "arg `x_stride` = 1 is outside");
+  refused("rows copied through a table of positions", [&](Plan& p) { param(find(p, "s1.gather_g"), "src_index").buffer = "pos"; },
+          "which is neither a slot table");
+  refused("an extend node launched past its chunk", [&](Plan& p) { ++find(p, "extend.kv").launch.grid[1]; },
+          "node extend.kv: launch grid");
+}
+
 TEST_CASE("plan YAML: another schema_version is refused naming both versions") {
   const std::string text = dump_plan_yaml(make_plan(preset_header("tiny"), golden_options()));
   const std::string now = fmt::format("schema_version: {}", kPlanSchemaVersion);
