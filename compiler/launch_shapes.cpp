@@ -2,6 +2,8 @@
 // constexpr shape helpers below repeat the ones in the kernel sources (which cannot include host headers),
 // and the kernel comments point back here.
 #include <algorithm>
+#include <initializer_list>
+#include <limits>
 
 #include "compiler/kernel_registry.h"
 #include "plan/error.h"
@@ -11,6 +13,19 @@ namespace tfe {
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The product of non-negative factors, saturating at INT64_MAX: a reach past any buffer then fails the
+// size check it feeds instead of wrapping around.
+int64_t product(std::initializer_list<int64_t> factors) {
+  int64_t p = 1;
+  for (int64_t f : factors)
+    if (f < 0 || __builtin_mul_overflow(p, f, &p)) return std::numeric_limits<int64_t>::max();
+  return p;
+}
+int64_t saturating_add(int64_t a, int64_t b) {
+  int64_t s;
+  return __builtin_add_overflow(a, b, &s) ? std::numeric_limits<int64_t>::max() : s;
+}
 
 // gemv (kernels/gemv.cuh, GemvShape): a CTA owns COLS output columns (for SwiGLU: 16 gate rows and the
 // 16 matching up rows) and KSPLIT warps that split K in steps of 4 lanes x one 16-byte weight chunk: 8, or
@@ -134,83 +149,87 @@ int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach&
   auto unknown = [&]() -> int64_t { fail("param_reach: kernel {} has no pointer parameter `{}`", k, param); };
   if (k == "rmsnorm") {
     const int64_t w = c("WIDTH");
-    if (param == "w") return w * kBf16;
-    if (param == "x" || param == "y") return R < 1 ? 0 : ((R - 1) * r.i64(param == "x" ? "x_stride" : "y_stride") + w) * kBf16;
+    if (param == "w") return product({w, kBf16});
+    if (param == "x" || param == "y") {
+      if (R < 1) return 0;
+      const int64_t last = product({R - 1, r.i64(param == "x" ? "x_stride" : "y_stride")});
+      return product({saturating_add(last, w), kBf16});
+    }
     return unknown();
   }
   if (k == "prepare_x") {
     const int64_t h = c("HIDDEN");
-    if (param == "embed") return r.vocab * h * kBf16;
-    if (param == "input_norm" || param == "hidden_norm") return h * kBf16;
-    if (param == "tokens") return R * kI32;
-    if (param == "g") return R * h * kBf16;
-    if (param == "x") return R * 2 * h * kBf16;
+    if (param == "embed") return product({r.vocab, h, kBf16});
+    if (param == "input_norm" || param == "hidden_norm") return product({h, kBf16});
+    if (param == "tokens") return product({R, kI32});
+    if (param == "g") return product({R, h, kBf16});
+    if (param == "x") return product({R, 2, h, kBf16});
     return unknown();
   }
   if (k == "copy_rows") {
     const int64_t w = c("WIDTH");
-    if (param == "src_index" || param == "dst_index") return r.index_rows(param) ? R * kI32 : 0;
+    if (param == "src_index" || param == "dst_index") return r.index_rows(param) ? product({R, kI32}) : 0;
     if (param == "src" || param == "dst") {
       const int64_t ids = r.index_rows(param == "src" ? "src_index" : "dst_index");
-      return (ids ? ids : R) * w * kBf16;
+      return product({ids ? ids : R, w, kBf16});
     }
     return unknown();
   }
   if (k == "gemv") {
     const int64_t n = c("N"), kk = c("K"), epi = c("EPILOGUE");
     const bool fp8 = c("WEIGHT") == kc::kWeightFP8;
-    const int64_t wrows = epi == kc::kEpilogueSwiGLU ? 2 * n : n;
-    if (param == "w") return wrows * kk * (fp8 ? 1 : kBf16);
-    if (param == "scale") return fp8 ? wrows * kF32 : 0;
-    if (param == "x") return R * kk * kBf16;
-    if (param == "residual") return epi == kc::kEpilogueResidual ? R * n * kBf16 : 0;
+    const int64_t wrows = product({epi == kc::kEpilogueSwiGLU ? 2 : 1, n});
+    if (param == "w") return product({wrows, kk, fp8 ? 1 : kBf16});
+    if (param == "scale") return fp8 ? product({wrows, kF32}) : 0;
+    if (param == "x") return product({R, kk, kBf16});
+    if (param == "residual") return epi == kc::kEpilogueResidual ? product({R, n, kBf16}) : 0;
     if (param == "y") {
-      if (epi == kc::kEpilogueF32) return R * n * kF32;
-      if (epi == kc::kEpilogueTop1) return R * ceil_div(n, c("COLS")) * 16;  // one 16-byte record a CTA
-      return R * n * kBf16;
+      if (epi == kc::kEpilogueF32) return product({R, n, kF32});
+      if (epi == kc::kEpilogueTop1) return product({R, ceil_div(n, c("COLS")), 16});  // a 16-byte record a CTA
+      return product({R, n, kBf16});
     }
     return unknown();
   }
   if (k == "qk_rope_kv" || k == "ring_attention") {
     const int64_t heads = c("HEADS"), kvh = c("KV_HEADS"), hd = c("HEAD_DIM");
-    if (param == "ring_k" || param == "ring_v") return r.slots * c("RING") * kvh * hd * kBf16;
-    if (param == "slot" || param == "pos" || param == "first_pos") return R * kI32;
+    if (param == "ring_k" || param == "ring_v") return product({r.slots, c("RING"), kvh, hd, kBf16});
+    if (param == "slot" || param == "pos" || param == "first_pos") return product({R, kI32});
     if (k == "qk_rope_kv") {
       const bool write_q = c("WRITE_Q") != 0;
-      if (param == "qkv") return R * ((write_q ? heads : 0) + 2 * kvh) * hd * kBf16;
-      if (param == "q_norm" || param == "k_norm") return c("QK_NORM") ? hd * kBf16 : 0;
-      if (param == "inv_freq") return hd / 2 * kF32;
-      if (param == "q_out") return write_q ? R * heads * hd * kBf16 : 0;
+      if (param == "qkv") return product({R, (write_q ? heads : 0) + 2 * kvh, hd, kBf16});
+      if (param == "q_norm" || param == "k_norm") return c("QK_NORM") ? product({hd, kBf16}) : 0;
+      if (param == "inv_freq") return product({hd / 2, kF32});
+      if (param == "q_out") return write_q ? product({R, heads, hd, kBf16}) : 0;
       return unknown();
     }
-    if (param == "q" || param == "o") return R * heads * hd * kBf16;
+    if (param == "q" || param == "o") return product({R, heads, hd, kBf16});
     return unknown();
   }
   if (k == "top1" || k == "rescore") {
     const int64_t steps = c("MAX_STEPS");
-    if (param == "out_token" || param == "out_conf") return R * steps * kI32;
-    if (param == "next_token") return R * kI32;
-    if (param == "d2t") return r.draft_vocab * kI32;
+    if (param == "out_token" || param == "out_conf") return product({R, steps, kI32});
+    if (param == "next_token") return product({R, kI32});
+    if (param == "d2t") return product({r.draft_vocab, kI32});
     if (k == "top1") {
-      if (param == "part") return R * ceil_div(c("VOCAB"), c("COLS")) * 16;
+      if (param == "part") return product({R, ceil_div(c("VOCAB"), c("COLS")), 16});
       return unknown();
     }
     const int64_t h = c("HIDDEN"), cand_k = c("CAND_K");
     const bool fp8 = c("WEIGHT") == kc::kWeightFP8;
-    if (param == "target_head") return r.vocab * h * (fp8 ? 1 : kBf16);
-    if (param == "scale") return fp8 ? r.vocab * kF32 : 0;
-    if (param == "n") return R * h * kBf16;
-    if (param == "cand" || param == "exact") return R * cand_k * kI32;
-    if (param == "arrivals") return R * kI32;
+    if (param == "target_head") return product({r.vocab, h, fp8 ? 1 : kBf16});
+    if (param == "scale") return fp8 ? product({r.vocab, kF32}) : 0;
+    if (param == "n") return product({R, h, kBf16});
+    if (param == "cand" || param == "exact") return product({R, cand_k, kI32});
+    if (param == "arrivals") return product({R, kI32});
     return unknown();
   }
   if (k == "topk") {
     const int64_t vocab = c("VOCAB"), chunk = c("CHUNK"), cand_k = c("CAND_K");
-    const int64_t slots = ceil_div(vocab, chunk) * std::min(cand_k, chunk);
-    if (param == "scores") return R * vocab * kF32;
-    if (param == "part_score" || param == "part_id") return R * slots * kI32;
-    if (param == "arrivals") return R * kI32;
-    if (param == "cand") return R * cand_k * kI32;
+    const int64_t slots = product({ceil_div(vocab, chunk), std::min(cand_k, chunk)});
+    if (param == "scores") return product({R, vocab, kF32});
+    if (param == "part_score" || param == "part_id") return product({R, slots, kI32});
+    if (param == "arrivals") return product({R, kI32});
+    if (param == "cand") return product({R, cand_k, kI32});
     return unknown();
   }
   fail("param_reach: no reach for kernel `{}`", k);

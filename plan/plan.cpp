@@ -112,6 +112,7 @@ namespace tfe {
 namespace {
 
 constexpr int64_t kMaxPlanBytes = int64_t{1} << 50;
+constexpr int64_t kMaxSpecConstant = int64_t{1} << 24;
 
 int64_t buffer_bytes(const Buffer& b) {
   if (b.shape.empty() || b.shape.size() > 8) fail("plan: buffer `{}` has rank {}; 1..8 are allowed", b.name, b.shape.size());
@@ -303,6 +304,14 @@ void validate(const Plan& p) {
   for (size_t i = 0; i < p.specs.size(); ++i) {
     const KernelSpec& s = p.specs[i];
     make_spec(s.kernel, s.constants);  // throws for an unknown kernel or wrong constants
+    // Sizes and counts are at least 1 (some divide), switches at least 0; none is near int64's range, so
+    // the launch shapes and reaches computed from them below stay exact.
+    for (const auto& [name, v] : s.constants) {
+      const bool flag = name == "WEIGHT" || name == "EPILOGUE" || name == "QK_NORM" || name == "WRITE_Q";
+      const int64_t lo = flag ? 0 : 1;
+      const int64_t hi = name == "EPILOGUE" ? kc::kEpilogueTop1 : flag ? 1 : kMaxSpecConstant;
+      if (v < lo || v > hi) fail("plan: spec {}: {} = {} is outside {}..{}", s.uri(), name, v, lo, hi);
+    }
     const std::string uri = s.uri();
     if (i > 0 && !(p.specs[i - 1].uri() < uri))
       fail("plan: specs must be sorted by uri and unique; `{}` follows `{}`", uri, p.specs[i - 1].uri());

@@ -699,6 +699,19 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
           "which is neither a slot table");
   refused("an extend node launched past its chunk", [&](Plan& p) { ++find(p, "extend.kv").launch.grid[1]; },
           "node extend.kv: launch grid");
+  // Spec constants: sizes from 1 (some divide), switches within their values, nothing near int64's range.
+  auto constant = [](Plan& p, std::string_view kernel, std::string_view name) -> int64_t& {
+    for (KernelSpec& s : p.specs)
+      if (s.kernel == kernel)
+        for (auto& [k, v] : s.constants)
+          if (k == name) return v;
+    FAIL("no constant " << name);
+    throw std::logic_error("unreachable");
+  };
+  refused("a top1 spec of 0 columns", [&](Plan& p) { constant(p, "top1", "COLS") = 0; }, "COLS = 0 is outside 1..16777216");
+  refused("an unknown epilogue", [&](Plan& p) { constant(p, "gemv", "EPILOGUE") = 5; }, "EPILOGUE = 5 is outside 0..4");
+  refused("a width past the constants' range", [&](Plan& p) { constant(p, "rmsnorm", "WIDTH") = int64_t{1} << 40; },
+          "WIDTH = 1099511627776 is outside 1..16777216");
 }
 
 TEST_CASE("plan YAML: another schema_version is refused naming both versions") {
