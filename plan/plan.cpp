@@ -185,6 +185,11 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
            w.name, w.bytes);
     if (x.shape.back() != g.k) fail("plan: gemm node {}: x `{}` rows are {} wide, k = {}", n.name, x.name, x.shape.back(), g.k);
     if (y.shape.back() != g.n) fail("plan: gemm node {}: y `{}` rows are {} wide, n = {}", n.name, y.name, y.shape.back(), g.n);
+    // A chunk runs up to `rows` rows through both.
+    for (const Buffer* b : {&x, &y})
+      if (b->bytes / (2 * b->shape.back()) < rows)
+        fail("plan: gemm node {}: `{}` holds {} rows, a chunk takes up to {}", n.name, b->name,
+             b->bytes / (2 * b->shape.back()), rows);
     if (y.role == BufferRole::weight) fail("plan: gemm node {} writes weight `{}`", n.name, y.name);
     return;
   }
@@ -246,6 +251,10 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
     if (a.param == "step" && (v != n.step || v < 1 || v > spec.constant("MAX_STEPS")))
       fail("plan: node {} arg `step` = {}: it must be the node's step {}, within 1..MAX_STEPS = {}", n.name, v, n.step,
            spec.constant("MAX_STEPS"));
+    // The runtime reads out_token / out_conf as [streams, max_steps]: the kernel must write that layout.
+    if (a.param == "step" && spec.constant("MAX_STEPS") != plan.options.max_steps)
+      fail("plan: node {}: spec {} has MAX_STEPS = {}, but the plan's max_steps is {}", n.name, spec.uri(),
+           spec.constant("MAX_STEPS"), plan.options.max_steps);
     if (a.param == "pos_offset" && (v < 0 || v >= plan.options.max_steps))
       fail("plan: node {} arg `pos_offset` = {} is outside 0..{} (max_steps - 1)", n.name, v, plan.options.max_steps - 1);
     if ((a.param == "x_stride" || a.param == "y_stride") && (v < spec.constant("WIDTH") || v > (int64_t{1} << 40)))

@@ -691,6 +691,7 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
           "node s4.top1 arg `step` = 5");
   refused("a step other than the node's", [&](Plan& p) { param(find(p, "s2.top1"), "step").i = 3; },
           "node s2.top1 arg `step` = 3");
+  refused("a node past max_steps", [&](Plan& p) { find(p, "s4.wo").step = 5; }, "node s4.wo has step 5, outside 1..4");
   refused("a negative position offset", [&](Plan& p) { param(find(p, "s1.qk_rope_kv"), "pos_offset").i = -1; },
           "arg `pos_offset` = -1 is outside 0..3");
   refused("a row stride below the width", [&](Plan& p) { param(find(p, "s1.post_norm"), "x_stride").i = 1; },
@@ -699,6 +700,16 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
           "which is neither a slot table");
   refused("an extend node launched past its chunk", [&](Plan& p) { ++find(p, "extend.kv").launch.grid[1]; },
           "node extend.kv: launch grid");
+  // A bf16 plan's extend runs its linears through cuBLASLt: a chunk's rows must fit both operands.
+  Plan bf16 = make_plan(preset_header("tiny"), golden_options());
+  Node* fc = nullptr;
+  for (Node& n : bf16.extend)
+    if (n.name == "extend.fc") fc = &n;
+  REQUIRE(fc != nullptr);
+  REQUIRE(fc->kind == Node::Kind::gemm);
+  fc->gemm.y = "g";  // 16 rows of [hidden], the draft's; a chunk takes up to extend_rows
+  CHECK_THROWS_WITH_AS(validate(bf16), doctest::Contains("gemm node extend.fc: `g` holds 16 rows, a chunk takes up to"),
+                       Error);
   // Spec constants: sizes from 1 (some divide), switches within their values, nothing near int64's range.
   auto constant = [](Plan& p, std::string_view kernel, std::string_view name) -> int64_t& {
     for (KernelSpec& s : p.specs)
@@ -708,6 +719,12 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
     FAIL("no constant " << name);
     throw std::logic_error("unreachable");
   };
+  refused("a join whose output layout is not the plan's max_steps", [&](Plan& p) {
+            constant(p, "top1", "MAX_STEPS") = 8;
+            for (Bucket& b : p.buckets)
+              for (Node& n : b.nodes)
+                if (n.name.ends_with(".top1")) n.spec = "top1__vocab_300__cols_16__max_steps_8";
+          }, "has MAX_STEPS = 8, but the plan's max_steps is 4");
   refused("a top1 spec of 0 columns", [&](Plan& p) { constant(p, "top1", "COLS") = 0; }, "COLS = 0 is outside 1..16777216");
   refused("an unknown epilogue", [&](Plan& p) { constant(p, "gemv", "EPILOGUE") = 5; }, "EPILOGUE = 5 is outside 0..4");
   refused("a width past the constants' range", [&](Plan& p) { constant(p, "rmsnorm", "WIDTH") = int64_t{1} << 40; },
@@ -742,7 +759,7 @@ TEST_CASE("plan YAML: corrupted plans are refused by name, never loaded") {
   refused("kind: buffer, buffer: slot_g, byte_offset: 0", "kind: buffer, buffer: slot_g, byte_offset: 99999999",
           "byte_offset 99999999 is outside `slot_g`");
   refused("kind: buffer, buffer: slot_g, byte_offset: 0", "kind: i64, i64: 3", "a ptr parameter cannot take");
-  refused("max_steps: 4", "max_steps: 3", "node s4.prepare_x has step 4, outside 1..3");
+  refused("max_steps: 4", "max_steps: 3", "has MAX_STEPS = 4, but the plan's max_steps is 3");
   refused("buckets: [1, 4, 16]", "buckets: [1, 4, 8]", "buckets[2] has streams = 16, options list 8");
   refused("spec: copy_rows__width_64__threads_32", "spec: copy_rows__width_64__threads_64",
           "names spec `copy_rows__width_64__threads_64`, which the plan's specs lack");
