@@ -78,6 +78,7 @@ inline constexpr int64_t kEpilogueBF16 = 0,      // y = bf16(acc)
     kEpilogueResidual = 2,                        // y = bf16(residual + acc): the add rounded once
     kEpilogueSwiGLU = 3,                          // rows j and N+j of w: y = bf16(bf16(silu(gate)) * up)
     kEpilogueTop1 = 4;                            // y = per row, one top1 partial of the CTA's COLS columns
+inline constexpr int64_t kTop1PartBytes = 16;     // one top1 partial (kernels/common.cuh Top1Part)
 }  // namespace kc
 
 }  // namespace tfe

@@ -185,7 +185,7 @@ int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach&
     if (param == "residual") return epi == kc::kEpilogueResidual ? product({R, n, kBf16}) : 0;
     if (param == "y") {
       if (epi == kc::kEpilogueF32) return product({R, n, kF32});
-      if (epi == kc::kEpilogueTop1) return product({R, ceil_div(n, c("COLS")), 16});  // a 16-byte record a CTA
+      if (epi == kc::kEpilogueTop1) return product({R, ceil_div(n, c("COLS")), kc::kTop1PartBytes});  // one a CTA
       return product({R, n, kBf16});
     }
     return unknown();
@@ -211,7 +211,7 @@ int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach&
     if (param == "next_token") return product({R, kI32});
     if (param == "d2t") return product({r.draft_vocab, kI32});
     if (k == "top1") {
-      if (param == "part") return product({R, ceil_div(c("VOCAB"), c("COLS")), 16});
+      if (param == "part") return product({R, ceil_div(c("VOCAB"), c("COLS")), kc::kTop1PartBytes});
       return unknown();
     }
     const int64_t h = c("HIDDEN"), cand_k = c("CAND_K");

@@ -126,6 +126,7 @@ __device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
 // One partial of a row's vocabulary top-1 (gemv's kEpilogueTop1 writes them, top1 joins them): over the
 // columns of one gemv CTA, the largest logit, the lowest column at it, and sum exp(l - max). One 16-byte
 // record, so that a partial is one store and one load; `pad` is written as zero.
+// Its size is mirrored by kc::kTop1PartBytes (compiler/kernel_registry.h), which sizes `top1_part`.
 struct alignas(16) Top1Part {
   float max;
   int idx;
