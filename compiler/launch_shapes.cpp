@@ -59,13 +59,23 @@ int64_t gemv_dynamic_smem(const KernelSpec& spec) {
 
 // ring_attention (kernels/ring_attention.cuh, AttnShape): a CTA per (key chunk, kv head, row), the SPLIT
 // chunks of a (kv head, row) one cluster (the kernel declares its cluster dims); dynamic shared memory holds
-// the chunk's scores, the per-warp partial outputs and the chunk's partial for the join.
+// the ring of K/V tiles (reused for the per-warp partial outputs), the chunk's scores and the chunk's
+// partial for the join.
 constexpr int64_t kAttnThreads = 128;
+constexpr int64_t kAttnRingBytes = 32 * 1024;
 int64_t attention_smem(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t window, int64_t split) {
   const int64_t group = heads / kv_heads;
   const int64_t chunk = ceil_div(window + 1, split);
   const int64_t warps = kAttnThreads / 32;
-  return 4 * (group * chunk + warps * group * head_dim + group * (head_dim + 2));
+  const int64_t elems = head_dim % 8 == 0 ? 8 : 2, loads = head_dim / elems;  // E, KC
+  int64_t lanes = 1;                                                          // LPK
+  while (lanes < std::min<int64_t>(32, loads)) lanes *= 2;
+  const int64_t per_lane = ceil_div(loads, lanes), passes = ceil_div(chunk, kAttnThreads / lanes);
+  const int64_t tile_passes = std::min<int64_t>(passes, group * elems > 32 ? 4 : 8);
+  const int64_t tiles = ceil_div(passes, tile_passes), tile_slots = tile_passes * per_lane * kAttnThreads;
+  const int64_t stages = std::min(2 * tiles, std::max<int64_t>(2, kAttnRingBytes / (tile_slots * 16)));
+  const int64_t ring_floats = std::max(stages * tile_slots * 4, warps * group * head_dim);
+  return 4 * (ring_floats + group * chunk + group * (head_dim + 2));
 }
 
 // qk_rope_kv (kernels/qk_rope_kv.cuh): a warp per head.

@@ -38,6 +38,27 @@ __device__ __forceinline__ void start_after_predecessors() {
   release_dependents();
 }
 
+// 16 bytes global -> shared, `bytes` 0 writing zeros (a row past its end, a key past the chunk). Data read
+// once goes through L2 only (.cg: gemv's weights, attention's K/V); data every CTA reads may stay in L1
+// (.ca: gemv's x). A thread that reads back only what its own copies wrote needs no barrier, only the wait.
+template <bool L1>
+__device__ __forceinline__ void copy_async_16(unsigned dst, const void* src, unsigned bytes) {
+  if constexpr (L1) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+  }
+}
+// 4 bytes global -> shared (cp.async takes 4 and 8 bytes only through L1), `bytes` 0 writing zeros.
+__device__ __forceinline__ void copy_async_4(unsigned dst, const void* src, unsigned bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+}
+
 // The join of a row split over CTAs (topk, rescore): each CTA writes its partials, then takes an
 // integer ticket from the row's counter; the CTA that draws the last ticket returns true in every thread,
 // reads the partials in their fixed order (with __ldcg: another SM wrote them) and joins them, so the

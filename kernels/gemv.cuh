@@ -209,22 +209,6 @@ __device__ __forceinline__ void gemv_step(float (&acc)[S::MT][S::NT][4], const u
   }
 }
 
-// 16 bytes global -> shared, `bytes` 0 writing zeros (a row past N, past the input rows or past its end).
-// Weights go through L2 only (.cg: they stream once); x may stay in L1 (.ca: every CTA reads it).
-template <bool L1>
-__device__ __forceinline__ void copy_async_16(unsigned dst, const void* src, unsigned bytes) {
-  if constexpr (L1) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-  } else {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-  }
-}
-__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
-}
-
 // kEpilogueTop1, in warp 0 once the K split is joined: per input row, one Top1Part of the CTA's columns
 // (record blockIdx.x of the row's PARTS = ceil(N / COLS)) instead of its COLS logits, which top1 then
 // joins. The logits are the ones kEpilogueF32 would store (FP8: acc times the row scale), so the max and

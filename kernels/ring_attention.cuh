@@ -10,9 +10,12 @@
 // (SPLIT, 1, 1), 128 threads. CTA rank c of cluster (kvh, r) runs the G = HEADS / KV_HEADS query heads of
 // kv head kvh over keys first + c * CHUNK .., where first = max(first_pos[r], p - WINDOW),
 // p = pos[r] + pos_offset, key t at ring row t % RING of slot[r]:
-//   loads: thread (key lane kq = tid / LPK, column li = tid % LPK) loads K and V of keys kq, kq + KPP, ..
-//     in 16-byte columns li, li + LPK, .., all of them before the first is used (up to BATCH passes), and
-//     its columns of the G queries into registers;
+//   loads: thread (key lane kq = tid / LPK, column li = tid % LPK) copies K and V of keys kq, kq + KPP, ..
+//     in 16-byte columns li, li + LPK, .. by cp.async into its own slots of a ring of STAGES tiles in
+//     shared memory (a tile: TP passes of K, or of V), in the order K tiles, then V tiles; STAGES tiles are
+//     in flight at once, and a slot is refilled with the tile STAGES further on as soon as it is read. A
+//     thread reads back only its own slots, so the ring needs no barrier, only cp.async.wait_group. Its
+//     columns of the G queries are in registers;
 //   scores: the LPK lanes of a key sum their products by a fixed transposing xor butterfly (each lane ends
 //     with whole sums of some (key, head) pairs);
 //   per head (a warp each): m = max of the chunk's scores, e = exp(s - m), l = sum e;
@@ -23,6 +26,11 @@
 //   M = max_c m_c, w_c = exp(m_c - M), L = sum_c l_c w_c, o = bf16((sum_c o_c w_c) / L),
 // then a second barrier keeps every CTA's shared memory alive until its peers have read it. Every sum has a
 // fixed order, so eager launches and graph replays agree bit for bit.
+// Why a ring in shared memory rather than registers: a CTA that loads its whole chunk before using it must
+// hold the chunk, and the register file of the GPU holds about half of the 16 windows of a 16-stream
+// llama3 step, so such a grid runs in two waves, each a whole chain of loads, scores and join. Streamed
+// through the ring, a chunk of any length keeps STAGES tiles in flight, and the planner takes fewer, longer
+// chunks until the grid is one wave.
 // Numerics: s = (q . k) * scale in fp32; exponentials and sums in fp32; o rounded to bf16 once.
 #pragma once
 #include "common.cuh"
@@ -63,12 +71,24 @@ struct AttnShape {
   static constexpr long long CPL = ceil_div(KC, LPK);              // loads per lane per row
   static constexpr long long KPP = THREADS / LPK;                  // keys per pass
   static constexpr long long PASSES = ceil_div(CHUNK, KPP);
-  // Passes whose loads are in flight together: 8, or 4 where a lane's G query heads times E elements
-  // exceed 32 (8 per GQA group at HEAD_DIM 256: 8 passes there spill registers).
-  static constexpr long long BATCH = min_ll(PASSES, G * E > 32 ? 4 : 8);
-  static constexpr long long PART = G * (HEAD_DIM + 2);            // one partial: m[G], l[G], o_c[G][HD]
-  // Float offsets into dynamic shared memory (= launch_shapes.cpp attention_smem).
-  static constexpr long long E_AT = 0, O_AT = E_AT + G * CHUNK, P_AT = O_AT + WARPS * G * HEAD_DIM;
+  // Passes a tile: 8, or 4 where a lane's G query heads times E elements exceed 32 (a tile's scores are
+  // TP * G registers a lane; 8 per GQA group at HEAD_DIM 256 would spill).
+  static constexpr long long TP = min_ll(PASSES, G * E > 32 ? 4 : 8);
+  static constexpr long long TILES = ceil_div(PASSES, TP);       // K tiles; as many V tiles follow
+  static constexpr long long TILE_SLOTS = TP * CPL * THREADS;    // 16-byte slots of one tile
+  // Tiles in flight: every tile of the chunk where it is short, else as many as 32 KB holds (at least 2).
+  // 32 KB leaves five CTAs an SM (with the scores and the partial, about 36 KB a CTA at 128 keys).
+  static constexpr long long STAGES = min_ll(2 * TILES, max_ll(2, (32 * 1024) / (TILE_SLOTS * 16)));
+  // Five CTAs an SM (at most 102 registers a thread) where the queries leave room for it and there is a
+  // cluster (at SPLIT 1 a chunk is the whole window, and 102 registers spill). A cluster must fit within
+  // one GPC: at four CTAs an SM an H200 holds only 124 clusters of 4 at once (496 CTAs, not 528), which
+  // ran the 512 CTAs of a 16-stream llama3 step in two waves; at five, 512 are one wave.
+  static constexpr int MIN_CTAS = G * E <= 32 && SPLIT > 1 ? 5 : 1;
+  static constexpr long long PART = G * (HEAD_DIM + 2);           // one partial: m[G], l[G], o_c[G][HD]
+  // Float offsets into dynamic shared memory (= launch_shapes.cpp attention_smem). The per-warp outputs
+  // os reuse the ring once the last V tile is read.
+  static constexpr long long RING_FLOATS = max_ll(STAGES * TILE_SLOTS * 4, WARPS * G * HEAD_DIM);
+  static constexpr long long O_AT = 0, E_AT = RING_FLOATS, P_AT = E_AT + G * CHUNK;
   static constexpr long long SMEM_FLOATS = P_AT + PART;
 };
 
@@ -86,6 +106,12 @@ __device__ __forceinline__ void unpack(const uint4 u, float (&out)[E]) {
     out[0] = bf16_lo(u.x);
     out[1] = bf16_hi(u.x);
   }
+}
+template <long long E>
+__device__ __forceinline__ void copy_kv_async(uint4* slot, const bf16* at, bool live) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(slot));
+  if constexpr (E == 8) copy_async_16<false>(dst, at, live ? 16u : 0u);
+  else copy_async_4(dst, at, live ? 4u : 0u);
 }
 template <long long E>
 __device__ __forceinline__ uint4 load_kv(const bf16* at) {
@@ -115,14 +141,17 @@ __device__ __forceinline__ float load_peer(const float* local, unsigned rank) {
 #endif
 
 template <typename Cfg>
-__global__ void TFE_ATTENTION_CLUSTER(Cfg::SPLIT) __launch_bounds__(128) ring_attention(const RingAttentionParams p) {
+__global__ void TFE_ATTENTION_CLUSTER(Cfg::SPLIT)
+    __launch_bounds__(128, (AttnShape<Cfg::HEADS, Cfg::KV_HEADS, Cfg::HEAD_DIM, Cfg::WINDOW, Cfg::SPLIT>::MIN_CTAS))
+        ring_attention(const RingAttentionParams p) {
   start_after_predecessors();
   using S = AttnShape<Cfg::HEADS, Cfg::KV_HEADS, Cfg::HEAD_DIM, Cfg::WINDOW, Cfg::SPLIT>;
   constexpr long long HD = Cfg::HEAD_DIM, KVH = Cfg::KV_HEADS, G = S::G, SPLIT = Cfg::SPLIT;
   extern __shared__ float4 smem_raw[];
   float* smem = reinterpret_cast<float*>(smem_raw);
+  uint4* ring = reinterpret_cast<uint4*>(smem_raw) + S::O_AT / 4;  // [STAGES][TP][CPL][THREADS]
+  float* os = smem + S::O_AT;    // [WARPS][G][HD], over the ring once its last tile is read
   float* es = smem + S::E_AT;    // [G][CHUNK]: scores, then exp(s - m)
-  float* os = smem + S::O_AT;    // [WARPS][G][HD]
   float* part = smem + S::P_AT;  // this chunk's m[G], l[G], o_c[G][HD], read by the cluster's join
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -140,8 +169,35 @@ __global__ void TFE_ATTENTION_CLUSTER(Cfg::SPLIT) __launch_bounds__(128) ring_at
   const float scale = p.scale.v;
   const int li = tid % S::LPK, kq = tid / static_cast<int>(S::LPK);
 
+  // Ring item `it` (K tile it, then V tile it - TILES) into stage it % STAGES, one cp.async group; past the
+  // last item an empty group, so that every wait below leaves the same count of groups pending. Slots of
+  // keys past the chunk and columns past HEAD_DIM are zeros: they join the sums of live keys' lanes.
+  auto issue = [&](int it) {
+    if (it < 2 * S::TILES) {
+      const bf16* base = it < S::TILES ? p.ring_k : p.ring_v;
+      const long long pass0 = (it % S::TILES) * S::TP;
+      uint4* stage = ring + (it % S::STAGES) * S::TILE_SLOTS;
+#pragma unroll
+      for (int b = 0; b < S::TP; ++b) {
+        const long long i = (pass0 + b) * S::KPP + kq;
+        const bool key = pass0 + b < S::PASSES && i < n;
+        const long long row = key ? ((slot_base + (first + begin + i) % Cfg::RING) * KVH + kvh) * HD : 0;
+#pragma unroll
+        for (int j = 0; j < S::CPL; ++j) {
+          const long long ch = li + j * S::LPK;
+          const bool live = key && ch < S::KC;
+          copy_kv_async<S::E>(stage + (b * S::CPL + j) * S::THREADS + tid, live ? base + row + ch * S::E : base, live);
+        }
+      }
+    }
+    copy_async_commit();
+  };
+  // The first STAGES tiles go out before anything else: the chunk's K/V is most of what the CTA waits for.
+#pragma unroll
+  for (int it = 0; it < S::STAGES; ++it) issue(it);
+
   const bf16* q = p.q + (r * Cfg::HEADS + kvh * G) * HD;  // the group's G heads are contiguous
-  // This thread's columns of the group's queries, in registers: the score loop reads no shared memory.
+  // This thread's columns of the group's queries, in registers: the score loop reads only the ring.
   float qf[G][S::CPL][S::E];
 #pragma unroll
   for (int g = 0; g < G; ++g)
@@ -151,53 +207,35 @@ __global__ void TFE_ATTENTION_CLUSTER(Cfg::SPLIT) __launch_bounds__(128) ring_at
       unpack<S::E>(ch < S::KC ? load_kv<S::E>(q + g * HD + ch * S::E) : make_uint4(0u, 0u, 0u, 0u), qf[g][j]);
     }
 
-  float acc_o[G][S::CPL][S::E];  // this thread's share of o_c: its keys, its columns
+  // Scores, a K tile at a time: per (pass b, head g) this lane's partial dot product over its columns.
+  // Tile loops unroll up to 4 tiles (fewer registers: the ring stages become constants), else stay rolled.
+#pragma unroll(S::TILES <= 4 ? S::TILES : 1)
+  for (int tile = 0; tile < S::TILES; ++tile) {
+    copy_async_wait<S::STAGES - 1>();  // this thread's slots of item `tile` have landed
+    const uint4* kt = ring + (tile % S::STAGES) * S::TILE_SLOTS;
+    const long long p0 = tile * S::TP;
+    float acc[S::TP * G];
 #pragma unroll
-  for (int g = 0; g < G; ++g)
+    for (int b = 0; b < S::TP; ++b) {
+      float kv[S::CPL][S::E];
 #pragma unroll
-    for (int j = 0; j < S::CPL; ++j)
-#pragma unroll
-      for (int x = 0; x < S::E; ++x) acc_o[g][j][x] = 0.0f;
-
-  // One batch = BATCH passes of KPP keys. A chunk of up to 8 passes (64 keys at HD 128) is one batch, so
-  // the K and V of the whole chunk are in flight together, right after q.
-  for (long long p0 = 0; p0 < S::PASSES; p0 += S::BATCH) {
-    uint4 kr[S::BATCH][S::CPL], vr[S::BATCH][S::CPL];
-#pragma unroll
-    for (int b = 0; b < S::BATCH; ++b) {
-      const long long i = (p0 + b) * S::KPP + kq;
-      const long long t = first + begin + i;
-      const long long row = ((slot_base + t % Cfg::RING) * KVH + kvh) * HD;
-#pragma unroll
-      for (int j = 0; j < S::CPL; ++j) {
-        const long long ch = li + j * S::LPK;
-        const bool live = p0 + b < S::PASSES && i < n && ch < S::KC;
-        kr[b][j] = live ? load_kv<S::E>(p.ring_k + row + ch * S::E) : make_uint4(0u, 0u, 0u, 0u);
-        vr[b][j] = live ? load_kv<S::E>(p.ring_v + row + ch * S::E) : make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
-
-    // Scores of this batch's keys: per (pass b, head g) this lane's partial dot product over its columns.
-    float acc[S::BATCH * G];
-#pragma unroll
-    for (int b = 0; b < S::BATCH; ++b)
+      for (int j = 0; j < S::CPL; ++j) unpack<S::E>(kt[(b * S::CPL + j) * S::THREADS + tid], kv[j]);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         float a = 0.0f;
 #pragma unroll
-        for (int j = 0; j < S::CPL; ++j) {
-          float kv[S::E];
-          unpack<S::E>(kr[b][j], kv);
+        for (int j = 0; j < S::CPL; ++j)
 #pragma unroll
-          for (int e = 0; e < S::E; ++e) a += kv[e] * qf[g][j][e];
-        }
+          for (int e = 0; e < S::E; ++e) a += kv[j][e] * qf[g][j][e];
         acc[b * G + g] = a;
       }
-    // Sum over the LPK lanes of a key. When the BATCH * G partials divide among them, a transposing
+    }
+    issue(tile + S::STAGES);  // the slots are read (the values are in registers): refill them
+    // Sum over the LPK lanes of a key. When the TP * G partials divide among them, a transposing
     // butterfly: at each step a lane keeps half of its values and adds the partner's copy of that half, so
-    // the steps move BATCH*G/2 + BATCH*G/4 + .. values instead of BATCH*G per step; lane li ends with the
-    // full sums of partials li * N/LPK .. (li + 1) * N/LPK - 1. Otherwise a plain butterfly per value.
-    constexpr long long N = S::BATCH * G;
+    // the steps move N/2 + N/4 + .. values instead of N per step; lane li ends with the full sums of
+    // partials li * N/LPK .. (li + 1) * N/LPK - 1. Otherwise a plain butterfly per value.
+    constexpr long long N = S::TP * G;
     if constexpr (N % S::LPK == 0) {
       long long half = N;
 #pragma unroll
@@ -230,67 +268,61 @@ __global__ void TFE_ATTENTION_CLUSTER(Cfg::SPLIT) __launch_bounds__(128) ring_at
           if (p0 + b < S::PASSES && i < n) es[g * S::CHUNK + i] = acc[k] * scale;
         }
     }
-    // A chunk longer than one batch (over 64 keys at HEAD_DIM 128; the planner's chunks are not) keeps its
-    // scores until the last batch; the softmax runs once over all of them, and the earlier batches' V is
-    // loaded again after it.
-    if (p0 + S::BATCH < S::PASSES) continue;
-    __syncthreads();
+  }
+  __syncthreads();
 
-    // Per head: the chunk's max and sum of exp(s - max); an empty chunk has m = -inf, l = 0.
-    for (long long g = warp; g < G; g += S::WARPS) {
-      float* row = es + g * S::CHUNK;
-      float mx = neg_inf();
-      for (int i = lane; i < n; i += 32) mx = fmaxf(mx, row[i]);
-      mx = warp_max(mx);
-      float sum = 0.0f;
-      for (int i = lane; i < n; i += 32) {
-        const float e = expf(row[i] - mx);
-        row[i] = e;
-        sum += e;
-      }
-      sum = warp_sum(sum);
-      if (lane == 0) {
-        part[g] = mx;
-        part[G + g] = sum;
-      }
+  // Per head: the chunk's max and sum of exp(s - max); an empty chunk has m = -inf, l = 0.
+  for (long long g = warp; g < G; g += S::WARPS) {
+    float* row = es + g * S::CHUNK;
+    float mx = neg_inf();
+    for (int i = lane; i < n; i += 32) mx = fmaxf(mx, row[i]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int i = lane; i < n; i += 32) {
+      const float e = expf(row[i] - mx);
+      row[i] = e;
+      sum += e;
     }
-    __syncthreads();
+    sum = warp_sum(sum);
+    if (lane == 0) {
+      part[g] = mx;
+      part[G + g] = sum;
+    }
+  }
+  __syncthreads();
 
-    // o_c: V of the last batch from registers; earlier batches' V (chunks longer than one batch) reloaded.
-    // add_v folds one 16-byte column j of key i's V, weighted by each head's e, into acc_o.
-    auto add_v = [&](long long i, int j, const uint4 raw) {
-      float v[S::E];
-      unpack<S::E>(raw, v);
+  // o_c, a V tile at a time: each thread over its keys, in key order, its columns weighted by each head's e.
+  float acc_o[G][S::CPL][S::E];
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        const float e = es[g * S::CHUNK + i];
+  for (int g = 0; g < G; ++g)
 #pragma unroll
-        for (int x = 0; x < S::E; ++x) acc_o[g][j][x] += e * v[x];
-      }
-    };
-    for (long long q0 = 0; q0 < p0; q0 += S::BATCH) {
+    for (int j = 0; j < S::CPL; ++j)
 #pragma unroll
-      for (int b = 0; b < S::BATCH; ++b) {
-        const long long i = (q0 + b) * S::KPP + kq;
-        if (i >= n) break;
-        const long long t = first + begin + i;
-        const long long row = ((slot_base + t % Cfg::RING) * KVH + kvh) * HD;
+      for (int x = 0; x < S::E; ++x) acc_o[g][j][x] = 0.0f;
+#pragma unroll(S::TILES <= 4 ? S::TILES : 1)
+  for (int tile = 0; tile < S::TILES; ++tile) {
+    copy_async_wait<S::STAGES - 1>();
+    const uint4* vt = ring + ((S::TILES + tile) % S::STAGES) * S::TILE_SLOTS;
 #pragma unroll
-        for (int j = 0; j < S::CPL; ++j) {
-          const long long ch = li + j * S::LPK;
-          if (ch < S::KC) add_v(i, j, load_kv<S::E>(p.ring_v + row + ch * S::E));
+    for (int b = 0; b < S::TP; ++b) {
+      const long long pass = tile * S::TP + b, i = pass * S::KPP + kq;
+      if (pass >= S::PASSES || i >= n) break;
+#pragma unroll
+      for (int j = 0; j < S::CPL; ++j) {
+        if (li + j * S::LPK >= S::KC) continue;
+        float v[S::E];
+        unpack<S::E>(vt[(b * S::CPL + j) * S::THREADS + tid], v);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float e = es[g * S::CHUNK + i];
+#pragma unroll
+          for (int x = 0; x < S::E; ++x) acc_o[g][j][x] += e * v[x];
         }
       }
     }
-#pragma unroll
-    for (int b = 0; b < S::BATCH; ++b) {
-      const long long i = (p0 + b) * S::KPP + kq;
-      if (p0 + b >= S::PASSES || i >= n) break;
-#pragma unroll
-      for (int j = 0; j < S::CPL; ++j)
-        if (li + j * S::LPK < S::KC) add_v(i, j, vr[b][j]);
-    }
+    issue(S::TILES + tile + S::STAGES);
   }
+  __syncthreads();  // os overwrites the ring: every thread is done with its last V tile
 
   // o_c: the key lanes of a warp (xor over the kq bits inside the warp), then the warps in order.
 #pragma unroll

@@ -308,28 +308,30 @@ class Planner {
   // ring_attention key chunks per (kv head, row) at `rows` rows: at least 8 keys a CTA, and up to 8 CTAs
   // (the portable cluster size), so that one row's window covers kv_heads x SPLIT CTAs instead of kv_heads
   // walking it serially, and a cluster joins the chunks through distributed shared memory. Where that grid
-  // would exceed one wave (kAttnWaveCtas) the chunks grow, one CTA a cluster fewer at a time, while a chunk
-  // still fits one batch of the kernel's loads: a second wave costs a whole CTA's chain of loads, scores and
-  // joins, but a chunk of two batches costs a second round trip as well. Measured at 16 streams
-  // (BENCHMARKS.md): tfe-two-stage's 129 keys at SPLIT 4 (33-key chunks, 512 CTAs) 5 us a step faster than
-  // at 8 (1024 CTAs); llama3-8b-eagle3's 512 keys at SPLIT 4 (128-key chunks, two batches) no faster.
-  static constexpr int64_t kAttnWaveCtas = 512;  // 4 CTAs an SM (its registers allow 4) on 128 SMs
+  // would exceed one wave (kAttnWaveCtas) the chunks grow, one CTA a cluster fewer at a time, while five
+  // CTAs still fit an SM's shared memory: a CTA streams its chunk through a ring of K/V tiles, so a longer
+  // chunk costs only its bytes, but a second wave costs a whole CTA's chain of loads, scores and join.
+  // One wave: 5 CTAs an SM (the kernel's launch bounds) on 132 SMs is 660, less the SMs that clusters
+  // leave idle at the edges of GPCs (at 4 an SM an H200 held 124 clusters of 4: 496 of 528 CTAs).
+  static constexpr int64_t kAttnWaveCtas = 512;
+  static constexpr int64_t kAttnSmemPerCta = 44 * 1024;  // 5 CTAs (and 1 KB each for the driver) in 228 KB
+  int64_t attention_smem(int64_t split) const { return launch_shape(attention_spec(split), 1).smem; }
+  KernelSpec attention_spec(int64_t split) const {
+    const auto& hh = h();
+    return make_spec("ring_attention", {{"HEADS", hh.heads},
+                                        {"KV_HEADS", hh.kv_heads},
+                                        {"HEAD_DIM", hh.head_dim},
+                                        {"WINDOW", hh.window},
+                                        {"RING", p_.ring_rows},
+                                        {"SPLIT", split}});
+  }
   int64_t attention_split(int64_t rows) const {
     if (sm_version(p_.options) < 90) return 1;  // clusters need sm_90
     const int64_t keys = h().window + 1;
     int64_t split = std::min<int64_t>(8, (keys + 7) / 8);
-    while (split > 1 && h().kv_heads * rows * split > kAttnWaveCtas &&
-           (keys + split - 2) / (split - 1) <= attention_batch_keys())
+    while (split > 1 && h().kv_heads * rows * split > kAttnWaveCtas && attention_smem(split - 1) <= kAttnSmemPerCta)
       --split;
     return split;
-  }
-  // Keys a ring_attention CTA has in flight at once (kernels/ring_attention.cuh AttnShape: KPP keys a pass,
-  // BATCH passes).
-  int64_t attention_batch_keys() const {
-    const int64_t hd = h().head_dim, e = hd % 8 == 0 ? 8 : 2, group = h().heads / h().kv_heads;
-    int64_t lanes_per_key = 1;
-    while (lanes_per_key < std::min<int64_t>(32, hd / e)) lanes_per_key *= 2;
-    return 128 / lanes_per_key * (group * e > 32 ? 4 : 8);
   }
 
   // The lm_head gemv's output columns per CTA at `rows` rows (gemv() takes the same gemv_cols), and so the
@@ -460,13 +462,7 @@ class Planner {
                               i64("pos_offset", s - 1), buf("q_out", "q"), buf("ring_k", "ring_k"),
                               buf("ring_v", "ring_v"), i64("rows", B), f32("eps", eps)}));
       nodes.push_back(kernel(pre + "attention", s,
-                             make_spec("ring_attention", {{"HEADS", hh.heads},
-                                                          {"KV_HEADS", hh.kv_heads},
-                                                          {"HEAD_DIM", hh.head_dim},
-                                                          {"WINDOW", hh.window},
-                                                          {"RING", p_.ring_rows},
-                                                          {"SPLIT", attention_split(B)}}),
-                             fixed, B,
+                             attention_spec(attention_split(B)), fixed, B,
                              {buf("q", "q"), buf("ring_k", "ring_k"), buf("ring_v", "ring_v"), buf("slot", "slot"),
                               buf("pos", "pos"), buf("first_pos", "first_pos"), i64("pos_offset", s - 1),
                               buf("o", "o"), i64("rows", B), f32("scale", scale)}));
@@ -602,8 +598,8 @@ class Planner {
     choose("attention draft", decision,
            fmt::format("{}, over the window of {} keys; each (kv head, row) is one cluster that joins its chunks "
                        "through distributed shared memory; fewer, longer chunks where {} CTAs would exceed one "
-                       "wave ({}) and a chunk still fits one batch of loads ({} keys)",
-                       reason, hh.window + 1, "kv_heads x streams x SPLIT", kAttnWaveCtas, attention_batch_keys()));
+                       "wave ({}) and five CTAs still fit an SM's shared memory ({} bytes a CTA)",
+                       reason, hh.window + 1, "kv_heads x streams x SPLIT", kAttnWaveCtas, kAttnSmemPerCta));
     if (hh.head_type == HeadType::dense) {
       const int64_t b0 = p_.options.buckets.front(), b1 = p_.options.buckets.back();
       choose("lm_head draft", "gemv top1 partials + top1 join",

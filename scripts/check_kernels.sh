@@ -52,8 +52,9 @@ for heads, kvh, hd, ring in [(32, 8, 128, 520), (32, 8, 128, 144), (16, 2, 256, 
         for wq in [0, 1]:
             add("qk_rope_kv", "qk_rope_kv.cuh", HEADS=heads, KV_HEADS=kvh, HEAD_DIM=hd, QK_NORM=qk, RING=ring, WRITE_Q=wq)
 for heads, kvh, hd, window, ring in [(32, 8, 128, 511, 520), (32, 8, 128, 128, 144), (16, 2, 256, 511, 1024),
-                                     (8, 8, 64, 511, 520), (4, 2, 16, 15, 24), (12, 4, 96, 63, 80)]:
-    for split in sorted({1, min(8, (window + 8) // 8)}):
+                                     (8, 8, 64, 511, 520), (4, 2, 16, 15, 24), (12, 4, 96, 63, 80), (4, 2, 6, 31, 40)]:
+    # SPLIT 1 and the planner's first split: the longest and shortest chunks; 4: llama3's at 16 streams.
+    for split in sorted({1, min(4, (window + 8) // 8), min(8, (window + 8) // 8)}):
         add("ring_attention", "ring_attention.cuh", HEADS=heads, KV_HEADS=kvh, HEAD_DIM=hd, WINDOW=window, RING=ring,
             SPLIT=split)
 # top1: the join of ceil(VOCAB / COLS) partials: 2000 / 1000 at a 32000-id draft vocabulary, up to 16384
