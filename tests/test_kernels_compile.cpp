@@ -147,6 +147,98 @@ TEST_CASE("kernels: every Params struct is the registry's 8-byte slots in order"
                        doctest::Contains(order_msg.c_str()), Error);
 }
 
+// compiler/launch_shapes.cpp repeats, in host code, the block size and dynamic shared memory that
+// gemv (GemvShape) and ring_attention (AttnShape) compute for themselves. A launch with less shared memory
+// than the kernel uses corrupts its neighbours', so the two must agree for every shape, not only for the
+// ones the GPU tests launch: a probe states each host value as a static_assert on the kernel's own
+// constants, over a sweep of shapes, and NVRTC (no GPU) checks them.
+namespace {
+
+struct ShapeProbe {
+  std::string source = "#include \"gemv.cuh\"\n#include \"ring_attention.cuh\"\nnamespace tfe_probe {\nusing namespace tfe::kernels;\n";
+  int cases = 0;
+  void gemv(const KernelSpec& spec, int64_t smem_offset = 0) {
+    const LaunchShape l = launch_shape(spec, 1);
+    const std::string shape = fmt::format("GemvShape<{}, {}, {}, {}, {}, {}>", spec.constant("K"), spec.constant("N"),
+                                          spec.constant("WEIGHT"), spec.constant("EPILOGUE"), spec.constant("ROWS"),
+                                          spec.constant("COLS"));
+    source += fmt::format("static_assert(32 * {0}::KSPLIT == {1}, \"{2}: block {1}\");\n", shape, l.block, spec.uri());
+    source += fmt::format("static_assert(({0}::DYNAMIC ? {0}::RING_BYTES : 0) == {1}, \"{2}: smem {1}\");\n", shape,
+                          l.smem + smem_offset, spec.uri());
+    ++cases;
+  }
+  void attention(const KernelSpec& spec, int64_t smem_offset = 0) {
+    const LaunchShape l = launch_shape(spec, 1);
+    const std::string shape =
+        fmt::format("AttnShape<{}, {}, {}, {}, {}>", spec.constant("HEADS"), spec.constant("KV_HEADS"),
+                    spec.constant("HEAD_DIM"), spec.constant("WINDOW"), spec.constant("SPLIT"));
+    source += fmt::format("static_assert({0}::THREADS == {1}, \"{2}: block {1}\");\n", shape, l.block, spec.uri());
+    source += fmt::format("static_assert({0}::SMEM_FLOATS * 4 == {1}, \"{2}: smem {1}\");\n", shape,
+                          l.smem + smem_offset, spec.uri());
+    ++cases;
+  }
+  std::string text() const { return source + "}  // namespace tfe_probe\n"; }
+};
+
+KernelSpec attention_spec(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t window, int64_t split) {
+  return make_spec("ring_attention", {{"HEADS", heads},
+                                      {"KV_HEADS", kv_heads},
+                                      {"HEAD_DIM", head_dim},
+                                      {"WINDOW", window},
+                                      {"RING", window + 9},
+                                      {"SPLIT", split}});
+}
+KernelSpec gemv_spec(int64_t k, int64_t n, int64_t weight, int64_t epilogue, int64_t rows, int64_t cols) {
+  return make_spec("gemv", {{"ROWS", rows}, {"K", k}, {"N", n}, {"WEIGHT", weight}, {"EPILOGUE", epilogue},
+                            {"COLS", cols}});
+}
+
+}  // namespace
+
+TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_attention are the kernels' own") {
+  ShapeProbe probe;
+  // ring_attention: group sizes 1..16, head_dim 6..256 (4-byte loads below a multiple of 8, several loads
+  // a lane at 256), windows from one tile to many, every split.
+  struct Heads {
+    int64_t heads, kv_heads, head_dim;
+  };
+  for (const Heads& h : {Heads{32, 8, 128}, Heads{16, 2, 256}, Heads{8, 8, 64}, Heads{4, 2, 16}, Heads{12, 4, 96},
+                         Heads{4, 2, 6}, Heads{16, 1, 24}, Heads{96, 8, 128}, Heads{64, 8, 64}})
+    for (int64_t window : {7, 15, 63, 128, 511})
+      for (int64_t split = 1; split <= 8; ++split)
+        probe.attention(attention_spec(h.heads, h.kv_heads, h.head_dim, window, split));
+  // gemv: the presets' linears and tails, both weight kinds, every epilogue, the row tiles, both COLS.
+  struct Linear {
+    int64_t k, n;
+  };
+  for (const Linear& m : {Linear{12288, 4096}, Linear{8192, 6144}, Linear{4096, 14336}, Linear{14336, 4096},
+                          Linear{4096, 32000}, Linear{4096, 512}, Linear{512, 4096}, Linear{100, 40}, Linear{72, 3000}})
+    for (int64_t weight : {kc::kWeightBF16, kc::kWeightFP8})
+      for (int64_t epilogue : {kc::kEpilogueBF16, kc::kEpilogueF32, kc::kEpilogueResidual, kc::kEpilogueSwiGLU,
+                               kc::kEpilogueTop1})
+        for (int64_t rows : {1, 2, 8, 9, 16})
+          for (int64_t cols : {16, 32}) {
+            if (cols == 32 && epilogue == kc::kEpilogueSwiGLU) continue;
+            probe.gemv(gemv_spec(m.k, m.n, weight, epilogue, rows, cols));
+          }
+  CHECK(probe.cases == 9 * 5 * 8 + 9 * 2 * 5 * 5 * 2 - 9 * 2 * 5);
+  CHECK_NOTHROW(check_compiles("launch_shape_probe", probe.text(), CompileOptions{}));
+
+  // The probe does catch a host value the kernel does not compute.
+  const KernelSpec llama = attention_spec(32, 8, 128, 511, 4);
+  ShapeProbe wrong_attention;
+  wrong_attention.attention(llama, 16);
+  CHECK_THROWS_WITH_AS(check_compiles("launch_shape_probe_attention", wrong_attention.text(), CompileOptions{}),
+                       doctest::Contains(fmt::format("{}: smem {}", llama.uri(), launch_shape(llama, 1).smem + 16).c_str()),
+                       Error);
+  const KernelSpec swiglu = gemv_spec(4096, 14336, kc::kWeightBF16, kc::kEpilogueSwiGLU, 16, 16);
+  ShapeProbe wrong_gemv;
+  wrong_gemv.gemv(swiglu, 512);
+  CHECK_THROWS_WITH_AS(check_compiles("launch_shape_probe_gemv", wrong_gemv.text(), CompileOptions{}),
+                       doctest::Contains(fmt::format("{}: smem {}", swiglu.uri(), launch_shape(swiglu, 1).smem + 512).c_str()),
+                       Error);
+}
+
 TEST_CASE("tfe-plan compile: a head file to an artifact and a second run of all hits") {
   TempDir tmp;
   const std::string head = (tmp.path / "head.tfe").string(), out = (tmp.path / "out").string();
