@@ -64,6 +64,13 @@ const KernelSpec& Plan::spec(std::string_view uri) const {
 
 int sm_version(const PlanOptions& o) { return std::stoi(o.arch.substr(3)); }
 
+int64_t max_smem_per_block(const PlanOptions& o) {
+  const int sm = sm_version(o);
+  if (sm == 90 || (sm >= 100 && sm < 120)) return 227 * 1024;
+  if (sm == 80 || sm == 87) return 163 * 1024;
+  return 99 * 1024;
+}
+
 void validate(const PlanOptions& o) {
   if (o.buckets.empty()) fail("plan options: buckets is empty; give at least one streams bucket in 1..16");
   for (size_t i = 0; i < o.buckets.size(); ++i) {
@@ -229,6 +236,9 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
   if (n.rows != Node::Rows::fixed && n.launch.rows_axis < 0)
     fail("plan: node {} runs on rows set at launch but its launch has no rows axis", n.name);
 
+  if (n.launch.smem > max_smem_per_block(plan.options))
+    fail("plan: node {}: {} bytes of dynamic shared memory a CTA; {} allows at most {}", n.name, n.launch.smem,
+         plan.options.arch, max_smem_per_block(plan.options));
   // The launch is the kernel's own mapping for these rows: a larger grid would run CTAs past the rows
   // and columns that the buffers below are sized for.
   LaunchShape want = launch_shape(spec, rows);

@@ -160,6 +160,14 @@ void validate(const PlanOptions& options);
 // The compute capability of a validated arch as one number: "sm_90" -> 90.
 int sm_version(const PlanOptions& options);
 
+// The most shared memory one CTA may use on `options.arch` (the CUDA guide's per-block limit with the
+// opt-in the runtime makes): 227 KB on sm_90 / sm_10x / sm_110, 163 KB on sm_80 / sm_87, 99 KB on the
+// others (sm_86, sm_89, sm_12x).
+int64_t max_smem_per_block(const PlanOptions& options);
+
+// ring_attention takes head_dim up to this (its per-lane registers grow with head_dim).
+inline constexpr int64_t kMaxAttentionHeadDim = 512;
+
 // Checks a plan's internal consistency (what a loaded plan must satisfy before the runtime trusts it):
 // header and options valid, ring_rows, buffers inside their arena, aligned, sized by shape and dtype and
 // not overlapping, the tables region, specs sorted and known, buckets matching options, each node's

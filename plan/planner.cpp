@@ -104,6 +104,7 @@ class Planner {
 
   Plan run() {
     decide_ring();
+    check_attention_fits();
     decide_fp8();
     lay_out_weights();
     lay_out_arena();
@@ -133,6 +134,24 @@ class Planner {
            fmt::format("window + 1 + max_steps = {} + 1 + {}: the last step's W + 1 keys, and one row per draft "
                        "step so that no step overwrites a key a later step of the pass still reads",
                        h.window, p_.options.max_steps));
+  }
+
+  // ring_attention keeps a CTA's K/V ring, chunk scores, per-warp outputs and partial in shared memory, all
+  // growing with the query heads a kv head (the group) and head_dim. A head whose attention cannot be
+  // launched on the plan's arch is refused here, by its header fields, rather than at open on the device.
+  void check_attention_fits() const {
+    const auto& hh = h();
+    if (hh.head_dim > kMaxAttentionHeadDim)
+      fail("plan: head_dim = {} is above {}, the most ring_attention takes", hh.head_dim, kMaxAttentionHeadDim);
+    const int64_t limit = max_smem_per_block(p_.options);
+    for (int b : p_.options.buckets) {
+      const int64_t split = attention_split(b), smem = attention_smem(split);
+      if (smem > limit)
+        fail("plan: ring_attention needs {} bytes of shared memory a CTA for heads = {} over kv_heads = {} ({} a "
+             "group), head_dim = {} and window = {} (SPLIT {} at {} streams); {} allows at most {}",
+             smem, hh.heads, hh.kv_heads, hh.heads / hh.kv_heads, hh.head_dim, hh.window, split, b,
+             p_.options.arch, limit);
+    }
   }
 
   // FP8 or bf16 per linear in use, then per fused matrix (one dtype per matrix).

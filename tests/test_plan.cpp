@@ -700,6 +700,14 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
           }, "node s1.wqkv arg `scale` is null, but kernel gemv reaches");
   refused("a grid wider than the kernel's mapping", [&](Plan& p) { ++find(p, "s1.lm_head").launch.grid[0]; },
           "node s1.lm_head: launch grid");
+  // A plan made for sm_90 whose arch is then set to sm_80: the GEMV's dynamic ring (96 KB) still fits, so
+  // the attention node is made to ask for more than sm_80's 163 KB.
+  refused("more shared memory than the arch allows a CTA",
+          [&](Plan& p) {
+            p.options.arch = "sm_80";
+            find(p, "s1.attention").launch.smem = 200 * 1024;
+          },
+          "node s1.attention: 204800 bytes of dynamic shared memory a CTA; sm_80 allows at most 166912");
   refused("a block other than the kernel's", [&](Plan& p) { find(p, "s1.attention").launch.block = 256; },
           "is not kernel ring_attention's for 16 rows");
   refused("rows other than the bucket's", [&](Plan& p) { param(find(p, "s1.final_norm"), "rows").i = 17; },
@@ -896,4 +904,35 @@ TEST_CASE("tfe-plan dump --preset-fp8: the preset with the FP8 forms random --fp
   CHECK(std::system(bad.c_str()) != 0);
   CHECK(read_text(dir / "dump_fp8_err.txt").find("fp8 = require, but the head has no FP8 form for fc") !=
         std::string::npos);
+}
+TEST_CASE("make_plan: a head whose attention does not fit the arch's shared memory, or whose head_dim is over "
+          "512, is refused by its header fields") {
+  HeadHeader h = preset_header("tiny");
+  h.window = 511;
+  // 128 query heads over one kv head: at SPLIT 8 the chunk's scores, the per-warp outputs (4 x 128 x 128
+  // floats) and the partial take 361472 bytes, over sm_90's 232448.
+  h.heads = 128;
+  h.kv_heads = 1;
+  h.head_dim = 128;
+  CHECK_THROWS_WITH_AS(make_plan(h, PlanOptions{}),
+                       "plan: ring_attention needs 361472 bytes of shared memory a CTA for heads = 128 over kv_heads = 1 "
+                       "(128 a group), head_dim = 128 and window = 511 (SPLIT 8 at 1 streams); sm_90 allows at most "
+                       "232448",
+                       Error);
+  // 32 a group fits sm_90 but not sm_89's 99 KB (SPLIT 1 there: the whole window's scores in one CTA).
+  h.heads = 32;
+  PlanOptions o;
+  CHECK_NOTHROW(make_plan(h, o));
+  o.arch = "sm_89";
+  CHECK_THROWS_WITH_AS(make_plan(h, o), doctest::Contains("(SPLIT 1 at 1 streams); sm_89 allows at most 101376"),
+                       Error);
+  o.arch = "sm_80";
+  CHECK_NOTHROW(make_plan(h, o));
+  h.heads = 8;
+  h.kv_heads = 8;
+  h.head_dim = 1024;
+  CHECK_THROWS_WITH_AS(make_plan(h, PlanOptions{}), "plan: head_dim = 1024 is above 512, the most ring_attention takes",
+                       Error);
+  h.head_dim = 512;
+  CHECK_NOTHROW(make_plan(h, PlanOptions{}));
 }
