@@ -33,6 +33,9 @@ main() {
   local plan="$build/tfe-plan" bench="$build/examples/tfe-bench"
   local metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size
   metrics+=,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
+  # What a latency-bound kernel waits on: instructions, and cycles per issued instruction by stall reason.
+  metrics+=,smsp__inst_executed.sum,'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
+
   local csvs=()
   for preset in $presets; do
     local head="$work/$preset.tfe"

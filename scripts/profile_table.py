@@ -7,6 +7,9 @@ Each --ncu TAG STREAMS CSV TIME_JSON names one profile: the ncu raw-page CSV of 
 bytes read, the rate it read them at, and its share of the copy bandwidth; then the sum of kernel times
 against the measured step and the floor. ncu replays each node alone, so a kernel's time there includes
 its own launch and ramp; in a graph replay those overlap, and the step can take less than the sum.
+Where the CSV has them (profile.sh asks for them), also each kernel's instructions a warp, the cycles a
+warp waits per instruction it issues, and the two largest stall reasons in those cycles (ncu's
+smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio): what a latency-bound kernel waits on.
 """
 import argparse
 import csv
@@ -30,6 +33,8 @@ def read_ncu(path):
         return []
     header, units, data = rows[0], rows[1], rows[2:]
     col = {n: i for i, n in enumerate(header)}
+    stall_cols = {m.group(1): i for i, n in enumerate(header)
+                  if (m := re.fullmatch(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio", n))}
     out = []
     for r in data:
         def num(metric):
@@ -37,8 +42,15 @@ def read_ncu(path):
             return float(v) if v not in ("", "n/a") else 0.0
         scale_t = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[units[col["gpu__time_duration.sum"]]]
         scale_b = {"byte": 1, "Kbyte": 1e3, "KB": 1e3, "Mbyte": 1e6, "MB": 1e6, "Gbyte": 1e9, "GB": 1e9, "B": 1}[units[col["dram__bytes_read.sum"]]]
+        stalls = {}
+        for reason, i in stall_cols.items():
+            v = r[i].replace(",", "")
+            stalls[reason] = float(v) if v not in ("", "n/a") else 0.0
+        warps = num("launch__grid_size") * num("launch__block_size") / 32
         out.append({
             "name": short_name(r[col["Kernel Name"]]),
+            "inst_per_warp": num("smsp__inst_executed.sum") / warps if "smsp__inst_executed.sum" in col and warps else None,
+            "stalls": stalls,
             "us": num("gpu__time_duration.sum") * scale_t,
             "read": num("dram__bytes_read.sum") * scale_b,
             "grid": int(num("launch__grid_size")),
@@ -47,6 +59,16 @@ def read_ncu(path):
             "occ": num("sm__warps_active.avg.pct_of_peak_sustained_active"),
         })
     return out
+
+
+def stall_text(k):
+    """' inst/warp 2232, 6.7 cyc/inst: wait 1.3, long_scoreboard 1.0' (empty without the metrics)."""
+    if not k.get("stalls") or not k.get("inst_per_warp"):
+        return ""
+    cycles = sum(k["stalls"].values())  # every reason, 'selected' (the issue cycle itself) included
+    top = sorted(((v, n) for n, v in k["stalls"].items() if n != "selected"), reverse=True)[:2]
+    return (f"  inst/warp {k['inst_per_warp']:.0f}, {cycles:.1f} cyc/inst: "
+            + ", ".join(f"{n} {v:.1f}" for v, n in top))
 
 
 def main():
@@ -75,7 +97,7 @@ def main():
             rate = k["read"] / (k["us"] * 1e-6) / 1e9 if k["us"] > 0 else 0.0
             share = f"{100 * rate / gbps:6.1f}" if gbps else "     -"
             print(f"  {k['name'][:58]:<58} {k['grid']:>6} {k['block']:>4} {k['regs']:>4} {k['occ']:>5.1f} {k['us']:>8.2f} "
-                  f"{k['read'] / 1e6:>8.2f} {rate:>7.0f} {share}")
+                  f"{k['read'] / 1e6:>8.2f} {rate:>7.0f} {share}{stall_text(k)}")
         total = sum(k["us"] for k in kernels)
         read = sum(k["read"] for k in kernels)
         line = f"  {len(kernels)} kernels: {total:.1f} us, {read / 1e6:.1f} MB read"
