@@ -494,7 +494,7 @@ TEST_CASE("make_plan: attention takes fewer, longer key chunks where its grid wo
         if (n.name == "s1.attention") {
           by_streams[b.streams] = p.spec(n.spec).constant("SPLIT");
           // kv_heads x streams x SPLIT CTAs: at most one wave of 512 once the split is below its start
-          // (unless shared memory stopped it first), and four CTAs an SM.
+          // (unless shared memory stopped it first), and five CTAs an SM.
           if (to_one_wave && by_streams[b.streams] < 8) CHECK(n.launch.grid[0] * n.launch.grid[1] <= 512);
           CHECK(n.launch.smem <= 44 * 1024);
         }
@@ -905,6 +905,7 @@ TEST_CASE("tfe-plan dump --preset-fp8: the preset with the FP8 forms random --fp
   CHECK(read_text(dir / "dump_fp8_err.txt").find("fp8 = require, but the head has no FP8 form for fc") !=
         std::string::npos);
 }
+
 TEST_CASE("make_plan: a head whose attention does not fit the arch's shared memory, or whose head_dim is over "
           "512, is refused by its header fields") {
   HeadHeader h = preset_header("tiny");
