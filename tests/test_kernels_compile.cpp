@@ -148,14 +148,17 @@ TEST_CASE("kernels: every Params struct is the registry's 8-byte slots in order"
 }
 
 // compiler/launch_shapes.cpp repeats, in host code, the block size and dynamic shared memory that
-// gemv (GemvShape) and ring_attention (AttnShape) compute for themselves. A launch with less shared memory
-// than the kernel uses corrupts its neighbours', so the two must agree for every shape, not only for the
-// ones the GPU tests launch: a probe states each host value as a static_assert on the kernel's own
-// constants, over a sweep of shapes, and NVRTC (no GPU) checks them.
+// gemv (GemvShape) and ring_attention (AttnShape) compute for themselves, and the block that topk and
+// rescore size their reductions by. A launch with less shared memory than the kernel uses corrupts its
+// neighbours', so the two must agree for every shape, not only for the ones the GPU tests launch: a probe
+// states each host value as a static_assert on the kernel's own constants, over a sweep of shapes, and
+// NVRTC (no GPU) checks them.
 namespace {
 
 struct ShapeProbe {
-  std::string source = "#include \"gemv.cuh\"\n#include \"ring_attention.cuh\"\nnamespace tfe_probe {\nusing namespace tfe::kernels;\n";
+  std::string source =
+      "#include \"gemv.cuh\"\n#include \"ring_attention.cuh\"\n#include \"topk.cuh\"\n#include \"rescore.cuh\"\n"
+      "namespace tfe_probe {\nusing namespace tfe::kernels;\n";
   int cases = 0;
   void gemv(const KernelSpec& spec, int64_t smem_offset = 0) {
     const LaunchShape l = launch_shape(spec, 1);
@@ -177,6 +180,13 @@ struct ShapeProbe {
                           l.smem + smem_offset, spec.uri());
     ++cases;
   }
+  // topk and rescore size their block reductions and candidate warps by their own constants.
+  void block(const KernelSpec& spec, const std::string& kernel_block, int64_t offset = 0) {
+    const LaunchShape l = launch_shape(spec, 1);
+    source += fmt::format("static_assert({} == {}, \"{}: block {}\");\n", kernel_block, l.block + offset, spec.uri(),
+                          l.block + offset);
+    ++cases;
+  }
   std::string text() const { return source + "}  // namespace tfe_probe\n"; }
 };
 
@@ -195,7 +205,8 @@ KernelSpec gemv_spec(int64_t k, int64_t n, int64_t weight, int64_t epilogue, int
 
 }  // namespace
 
-TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_attention are the kernels' own") {
+TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_attention, and the block of topk and "
+          "rescore, are the kernels' own") {
   ShapeProbe probe;
   // ring_attention: group sizes 1..16, head_dim 6..256 (4-byte loads below a multiple of 8, several loads
   // a lane at 256), windows from one tile to many, every split.
@@ -221,10 +232,19 @@ TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_att
             if (cols == 32 && epilogue == kc::kEpilogueSwiGLU) continue;
             probe.gemv(gemv_spec(m.k, m.n, weight, epilogue, rows, cols));
           }
-  CHECK(probe.cases == 9 * 5 * 8 + 9 * 2 * 5 * 5 * 2 - 9 * 2 * 5);
+  probe.block(make_spec("topk", {{"VOCAB", 32000}, {"CHUNK", 2048}, {"CAND_K", 64}}), "kTopkThreads");
+  probe.block(make_spec("rescore", {{"HIDDEN", 4096}, {"CAND_K", 64}, {"WEIGHT", 0}, {"MAX_STEPS", 8}}),
+              "32 * kRescoreWarps");
+  CHECK(probe.cases == 9 * 5 * 8 + 9 * 2 * 5 * 5 * 2 - 9 * 2 * 5 + 2);
   CHECK_NOTHROW(check_compiles("launch_shape_probe", probe.text(), CompileOptions{}));
 
   // The probe does catch a host value the kernel does not compute.
+  const KernelSpec topk = make_spec("topk", {{"VOCAB", 32000}, {"CHUNK", 2048}, {"CAND_K", 64}});
+  ShapeProbe wrong_topk;
+  wrong_topk.block(topk, "kTopkThreads", 32);
+  CHECK_THROWS_WITH_AS(check_compiles("launch_shape_probe_topk", wrong_topk.text(), CompileOptions{}),
+                       doctest::Contains(fmt::format("{}: block {}", topk.uri(), launch_shape(topk, 1).block + 32).c_str()),
+                       Error);
   const KernelSpec llama = attention_spec(32, 8, 128, 511, 4);
   ShapeProbe wrong_attention;
   wrong_attention.attention(llama, 16);
