@@ -331,6 +331,10 @@ void validate(const Plan& p) {
       const int64_t hi = name == "EPILOGUE" ? kc::kEpilogueTop1 : flag ? 1 : kMaxSpecConstant;
       if (v < lo || v > hi) fail("plan: spec {}: {} = {} is outside {}..{}", s.uri(), name, v, lo, hi);
     }
+    // A kernel limit, not a header one: a head may have any head_dim, a plan only one ring_attention takes.
+    if (s.kernel == "ring_attention" && s.constant("HEAD_DIM") > kMaxAttentionHeadDim)
+      fail("plan: spec {}: HEAD_DIM = {} is above {}, the most ring_attention takes", s.uri(), s.constant("HEAD_DIM"),
+           kMaxAttentionHeadDim);
     const std::string uri = s.uri();
     if (i > 0 && !(p.specs[i - 1].uri() < uri))
       fail("plan: specs must be sorted by uri and unique; `{}` follows `{}`", uri, p.specs[i - 1].uri());

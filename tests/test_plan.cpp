@@ -708,6 +708,14 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
             find(p, "s1.attention").launch.smem = 200 * 1024;
           },
           "node s1.attention: 204800 bytes of dynamic shared memory a CTA; sm_80 allows at most 166912");
+  refused("a ring_attention head_dim over the kernel's limit",
+          [&](Plan& p) {
+            for (KernelSpec& spec : p.specs)
+              if (spec.kernel == "ring_attention")
+                for (auto& [name, v] : spec.constants)
+                  if (name == "HEAD_DIM") v = 1024;
+          },
+          "HEAD_DIM = 1024 is above 512, the most ring_attention takes");
   refused("a block other than the kernel's", [&](Plan& p) { find(p, "s1.attention").launch.block = 256; },
           "is not kernel ring_attention's for 16 rows");
   refused("rows other than the bucket's", [&](Plan& p) { param(find(p, "s1.final_norm"), "rows").i = 17; },
