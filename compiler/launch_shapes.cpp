@@ -27,29 +27,36 @@ int64_t saturating_add(int64_t a, int64_t b) {
   return __builtin_add_overflow(a, b, &s) ? std::numeric_limits<int64_t>::max() : s;
 }
 
-// gemv (kernels/gemv.cuh, GemvShape): a CTA owns COLS output columns (for SwiGLU: 16 gate rows and the
-// 16 matching up rows) and KSPLIT warps that split K in steps of 4 lanes x one 16-byte weight chunk: 8, or
-// 16 for a narrow output (fewer than 64 tiles of 16 columns).
-int64_t gemv_ksplit(const KernelSpec& spec) {
-  const int64_t step = spec.constant("WEIGHT") == kc::kWeightFP8 ? 64 : 32;
-  const int64_t steps = ceil_div(spec.constant("K"), step);
-  const int64_t most = ceil_div(spec.constant("N"), 16) < 64 ? 16 : 8;
-  return steps < most ? steps : most;
+// gemv (kernels/gemv.cuh, GemvShape): a column tile is COLS output columns (for SwiGLU: 16 gate rows and
+// the 16 matching up rows) and KSPLIT warps that split K in steps of 4 lanes x one 16-byte weight chunk: 8,
+// or 16 for a narrow output (fewer than 64 tiles of 16 columns); fewer (a power of two) where K gives a
+// warp under 4 steps, and then a CTA's 8 warps run 8 / KSPLIT tiles.
+int64_t gemv_steps(const KernelSpec& spec) {
+  return ceil_div(spec.constant("K"), spec.constant("WEIGHT") == kc::kWeightFP8 ? 64 : 32);
 }
+bool gemv_narrow(const KernelSpec& spec) { return ceil_div(spec.constant("N"), 16) < 64; }
+int64_t gemv_ksplit(const KernelSpec& spec) {
+  const int64_t steps = gemv_steps(spec);
+  if (gemv_narrow(spec)) return std::min<int64_t>(16, steps);
+  int64_t split = 1;
+  while (split * 2 <= std::max<int64_t>(1, steps / 4) && split < 8) split *= 2;
+  return split;
+}
+int64_t gemv_tiles_per_cta(const KernelSpec& spec) { return gemv_narrow(spec) ? 1 : 8 / gemv_ksplit(spec); }
+int64_t gemv_warps(const KernelSpec& spec) { return gemv_ksplit(spec) * gemv_tiles_per_cta(spec); }
 
 // gemv's dynamic shared memory (GemvShape::DYNAMIC, RING_BYTES): a ring-loop shape at two weight tiles
 // (SwiGLU or COLS 32), in bf16 or in FP8 above 8 input rows (two n tiles), keeps its ring there, 3 stages
-// of KSPLIT warps' weight and x chunks (16 bytes a lane each) within 96 KB; 0 for every other shape.
+// of the CTA's warps' weight and x chunks (16 bytes a lane each) within 96 KB; 0 for every other shape.
 int64_t gemv_dynamic_smem(const KernelSpec& spec) {
-  const int64_t k = spec.constant("K"), n = spec.constant("N");
+  const int64_t k = spec.constant("K");
   const bool fp8 = spec.constant("WEIGHT") == kc::kWeightFP8;
   const int64_t mt = spec.constant("EPILOGUE") == kc::kEpilogueSwiGLU ? 2 : spec.constant("COLS") / 16;
   const int64_t nt = ceil_div(spec.constant("ROWS"), 8);
-  const bool narrow = ceil_div(n, 16) < 64;
-  const bool ring = (k * (fp8 ? 1 : 2)) % 16 == 0 && k % 8 == 0 && !narrow;
+  const bool ring = (k * (fp8 ? 1 : 2)) % 16 == 0 && k % 8 == 0 && !gemv_narrow(spec);
   if (!ring || mt != 2 || (fp8 && nt != 2)) return 0;
   constexpr int64_t kBudget = 96 * 1024, kSlotBytes = 512;
-  const int64_t warps = gemv_ksplit(spec);
+  const int64_t warps = gemv_warps(spec);
   const int64_t x_slots = nt * (fp8 ? 2 : 1);  // 16-byte x chunks per lane and step (FP8: 16 k)
   const bool x_ring = kBudget / (warps * (2 * mt + x_slots) * kSlotBytes) >= 2;
   const int64_t slots = 2 * mt + (x_ring ? x_slots : 0);
@@ -106,9 +113,9 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
     const int64_t row_tile = spec.constant("ROWS"), cols = spec.constant("COLS");
     if (cols != 16 && (cols != 32 || spec.constant("EPILOGUE") == kc::kEpilogueSwiGLU))
       fail("launch_shape {}: COLS is {}; gemv takes 16, or 32 with an epilogue other than SwiGLU", spec.uri(), cols);
-    s.grid[0] = ceil_div(spec.constant("N"), cols);
+    s.grid[0] = ceil_div(ceil_div(spec.constant("N"), cols), gemv_tiles_per_cta(spec));
     s.grid[1] = ceil_div(rows, row_tile);
-    s.block = 32 * gemv_ksplit(spec);
+    s.block = 32 * gemv_warps(spec);
     s.smem = gemv_dynamic_smem(spec);
     s.rows_axis = 1;
     s.rows_per_block = row_tile;

@@ -22,6 +22,11 @@ typedef __nv_bfloat16 bf16;
 __host__ __device__ constexpr long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 __host__ __device__ constexpr long long min_ll(long long a, long long b) { return a < b ? a : b; }
 __host__ __device__ constexpr long long max_ll(long long a, long long b) { return a > b ? a : b; }
+__host__ __device__ constexpr long long pow2_at_most(long long n) {  // n >= 1
+  long long p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
 
 // Programmatic dependent launch (sm_90). A kernel launched with the programmatic-serialization attribute
 // may start while its predecessor in the stream is still running; it must not read anything an earlier

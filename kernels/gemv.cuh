@@ -1,8 +1,9 @@
 // Few-row GEMV on the tensor cores: y[r, j] = epilogue(sum_k w[j, k] x[r, k]) for up to ROWS input rows
 // per CTA (grid.y tiles larger row counts).
 //
-// Mapping (compiler/launch_shapes.cpp mirrors GemvShape): a CTA owns COLS (16 or 32) output columns
-// j0..j0+COLS-1 and KSPLIT warps; warp w takes the K steps w, w + KSPLIT, ... Each step is one mma.sync
+// Mapping (compiler/launch_shapes.cpp mirrors GemvShape): a column tile is COLS (16 or 32) output columns
+// j0..j0+COLS-1 and KSPLIT warps; its warp kw takes the K steps kw, kw + KSPLIT, ... A CTA runs TILES
+// tiles side by side (one, unless K is too short to give each warp 4 steps). Each step is one mma.sync
 // m16n8k16 tile row per 16 weight rows: lane (g = lane / 4, t = lane % 4) loads one 16-byte chunk of
 // weight rows j0+g and j0+g+8 (and j0+16+g, j0+24+g at COLS 32) at k0 = step * 4E + t * E, and the
 // 16-byte chunk of x at the same k0 for input row g (+8 per n tile). A dot product is invariant under a
@@ -70,7 +71,15 @@ struct GemvShape {
   // The count depends on N alone, not on COLS, so that a column's sum stays the same at COLS 16 and 32.
   // Mirrored by launch_shapes.cpp gemv_ksplit.
   static constexpr bool NARROW = ceil_div(N, 16) < 64;
-  static constexpr int KSPLIT = static_cast<int>(min_ll(NARROW ? 16 : 8, STEPS));
+  // Warps a column tile's K is split over, and column tiles a CTA. A tile's warps each take at least 4 K
+  // steps where K allows: with fewer, a CTA is over before its loads pipeline, and a short K (two_stage's
+  // lr_b: 512, 1 FP8 step a warp at KSPLIT 8) ran 2000 one-load CTAs in four waves at a third of the copy
+  // rate. There KSPLIT drops (a power of two) and the CTA's 8 warps take 8 / KSPLIT tiles instead, so the
+  // grid shrinks by as much. Like NARROW, this depends on K and N alone: a column's sum is the same at
+  // every row count. Mirrored by launch_shapes.cpp gemv_ksplit / gemv_tiles_per_cta.
+  static constexpr int KSPLIT = static_cast<int>(NARROW ? min_ll(16, STEPS) : min_ll(8, pow2_at_most(max_ll(1, STEPS / 4))));
+  static constexpr int TILES = NARROW ? 1 : 8 / KSPLIT;  // column tiles a CTA
+  static constexpr int WARPS = KSPLIT * TILES;
   static constexpr int XCHUNKS = E / 8;                                 // 16-byte x chunks per k0
   static constexpr int MMAS = E / 4;                                    // k16 mmas per chunk
   static constexpr bool W_VEC = (K * WBYTES) % 16 == 0;
@@ -79,7 +88,7 @@ struct GemvShape {
   // A narrow output loads directly: UNROLL steps in flight per warp, more than the stages that fit in 48 KB
   // beside 16 warps.
   static constexpr bool RING = W_VEC && X_VEC && !NARROW;
-  // A ring slot is one 16-byte chunk per lane (a warp's 512 bytes); the rings of the KSPLIT warps share
+  // A ring slot is one 16-byte chunk per lane (a warp's 512 bytes); the rings of the WARPS warps share
   // BUDGET bytes of shared memory. x goes through the ring too (its L2 latency then hides behind the
   // weights') wherever two stages of weights and x fit; else x is loaded into registers one step ahead.
   // Depth, measured (kernels/README.md, gemv performance): 3 steps at one weight tile, 2 at two (where more
@@ -97,12 +106,12 @@ struct GemvShape {
   static constexpr bool DYNAMIC = RING && MT == 2 && (NT == 2 || !FP8);
   static constexpr long long BUDGET = (DYNAMIC ? 96 : 48) * 1024;
   static constexpr int W_SLOTS = 2 * MT;
-  static constexpr bool X_RING = BUDGET / (KSPLIT * (W_SLOTS + NT * XCHUNKS) * 512) >= 2;
+  static constexpr bool X_RING = BUDGET / (WARPS * (W_SLOTS + NT * XCHUNKS) * 512) >= 2;
   static constexpr int SLOTS = W_SLOTS + (X_RING ? NT * XCHUNKS : 0);
   static constexpr int STAGES_WANTED = MT == 1 || DYNAMIC ? 3 : 2;
-  static constexpr int STAGES_FIT = static_cast<int>(BUDGET / (KSPLIT * SLOTS * 512));
+  static constexpr int STAGES_FIT = static_cast<int>(BUDGET / (WARPS * SLOTS * 512));
   static constexpr int STAGES = STAGES_WANTED < STAGES_FIT ? STAGES_WANTED : STAGES_FIT;
-  static constexpr long long RING_BYTES = static_cast<long long>(KSPLIT) * STAGES * SLOTS * 512;
+  static constexpr long long RING_BYTES = static_cast<long long>(WARPS) * STAGES * SLOTS * 512;
   static_assert(!RING || STAGES >= 2, "the ring holds the step being computed and at least one in flight");
   // Steps per batch of the direct-load loop, measured: 4 for bf16 at one n tile; 2 for FP8 and for two n
   // tiles, where deeper unrolling costs occupancy and measured slower. A narrow output's few CTAs (one per
@@ -209,8 +218,8 @@ __device__ __forceinline__ void gemv_step(float (&acc)[S::MT][S::NT][4], const u
   }
 }
 
-// kEpilogueTop1, in warp 0 once the K split is joined: per input row, one Top1Part of the CTA's columns
-// (record blockIdx.x of the row's PARTS = ceil(N / COLS)) instead of its COLS logits, which top1 then
+// kEpilogueTop1, in a tile's first warp once the K split is joined: per input row, one Top1Part of the
+// tile's columns (record `tile` of the row's PARTS = ceil(N / COLS)) instead of its COLS logits, which top1 then
 // joins. The logits are the ones kEpilogueF32 would store (FP8: acc times the row scale), so the max and
 // its index are exact; only sum exp(l - max) has an order of its own. Lane (g, t) holds, of input row
 // n * 8 + 2t + b, columns j0 + 16m + g + 8h (accumulator 2h + b of tile (m, n)): its own MT x 2 are folded
@@ -220,10 +229,11 @@ __device__ __forceinline__ void gemv_step(float (&acc)[S::MT][S::NT][4], const u
 // tail tile) are left out; rows past nrows are computed (the shuffles need every lane) but not stored.
 template <typename S, long long N, long long COLS>
 __device__ __forceinline__ void write_top1_parts(const float (&acc)[S::MT][S::NT][4], const float* scale,
-                                                 Top1Part* out, long long j0, long long row0, long long nrows,
+                                                 Top1Part* out, long long tile, long long row0, long long nrows,
                                                  int g, int t) {
   static_assert(S::MT == COLS / 16, "one weight tile per 16 columns (not SwiGLU)");
   constexpr long long PARTS = ceil_div(N, COLS);
+  const long long j0 = tile * COLS;
   bool in[S::MT][2];
   float sc[S::MT][2];
 #pragma unroll
@@ -235,7 +245,7 @@ __device__ __forceinline__ void write_top1_parts(const float (&acc)[S::MT][S::NT
       sc[m][h] = S::FP8 && in[m][h] ? scale[j] : 1.0f;
     }
   const auto logit = [&](int m, int n, int i) { return S::FP8 ? acc[m][n][i] * sc[m][i >> 1] : acc[m][n][i]; };
-  Top1Part* row_out = out + row0 * PARTS + blockIdx.x;
+  Top1Part* row_out = out + row0 * PARTS + tile;
 #pragma unroll
   for (int n = 0; n < S::NT; ++n)
 #pragma unroll
@@ -269,7 +279,7 @@ __device__ __forceinline__ void write_top1_parts(const float (&acc)[S::MT][S::NT
 }
 
 template <typename Cfg>
-__global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::KSPLIT,
+__global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::WARPS,
                                   GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::MIN_CTAS)
     gemv(const GemvParams p) {
   using S = GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>;
@@ -277,7 +287,11 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
   constexpr long long W_ROW_BYTES = K * S::WBYTES, X_ROW_BYTES = K * 2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const long long j0 = static_cast<long long>(blockIdx.x) * Cfg::COLS;
+  // Warp `warp` runs K split kw of the CTA's column tile `warp / KSPLIT`; tiles past N (the last CTA's)
+  // load nothing and write nothing, but join and wait with the rest.
+  const int kw = warp % S::KSPLIT;
+  const long long tile = static_cast<long long>(blockIdx.x) * S::TILES + warp / S::KSPLIT;
+  const long long j0 = tile * Cfg::COLS;
   const long long row0 = static_cast<long long>(blockIdx.y) * Cfg::ROWS;
   const long long nrows = min_ll(Cfg::ROWS, p.rows - row0);
   if (nrows <= 0) return;
@@ -314,7 +328,7 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
 
   // The direct-load loop: UNROLL steps of loads, then their mmas.
   auto direct_loop = [&] {
-    for (long long s0 = warp; s0 < S::STEPS; s0 += static_cast<long long>(S::KSPLIT) * S::UNROLL) {
+    for (long long s0 = kw; s0 < S::STEPS; s0 += static_cast<long long>(S::KSPLIT) * S::UNROLL) {
       uint4 wc[S::UNROLL][S::MT][2];
       uint4 xc[S::UNROLL][S::NT][S::XCHUNKS];
 #pragma unroll
@@ -345,12 +359,13 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
     }
   };
 
-  // Join the K split in warp order: warp 0 adds warps 1, 2, ... in turn. `part(v)` is where warp v > 0
-  // leaves its tiles, ACC floats per lane, lane-minor.
+  // Join the K split in warp order: a tile's first warp (kw 0) adds its warps kw 1, 2, ... in turn.
+  // `part(v)` is where warp v of the CTA leaves its tiles when its kw > 0, ACC floats per lane,
+  // lane-minor.
   constexpr int ACC = S::MT * S::NT * 4;
   auto join = [&](auto part) {
     if constexpr (S::KSPLIT > 1) {
-      if (warp > 0) {
+      if (kw > 0) {
         float* mine = part(warp);
 #pragma unroll
         for (int m = 0; m < S::MT; ++m)
@@ -360,9 +375,9 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
             for (int i = 0; i < 4; ++i) mine[((m * S::NT + n) * 4 + i) * 32 + lane] = acc[m][n][i];
       }
       __syncthreads();
-      if (warp > 0) return false;
+      if (kw > 0) return false;
       for (int v = 1; v < S::KSPLIT; ++v) {
-        const float* theirs = part(v);
+        const float* theirs = part(warp + v);
 #pragma unroll
         for (int m = 0; m < S::MT; ++m)
 #pragma unroll
@@ -381,21 +396,21 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
     // partial tiles for the join (ACC x 128 bytes, less than two stages).
     __shared__ uint4 static_ring[S::DYNAMIC ? 1 : S::RING_BYTES / 16];
     extern __shared__ uint4 dynamic_ring[];
-    uint4 (&ring)[S::KSPLIT][S::STAGES][S::SLOTS][32] =
-        *reinterpret_cast<uint4 (*)[S::KSPLIT][S::STAGES][S::SLOTS][32]>(S::DYNAMIC ? dynamic_ring : static_ring);
+    uint4 (&ring)[S::WARPS][S::STAGES][S::SLOTS][32] =
+        *reinterpret_cast<uint4 (*)[S::WARPS][S::STAGES][S::SLOTS][32]>(S::DYNAMIC ? dynamic_ring : static_ring);
     static_assert(ACC * 32 * 4 <= S::STAGES * S::SLOTS * 32 * 16, "a warp's partial tiles fit its ring");
-    const int nsteps = static_cast<int>((S::STEPS - warp + S::KSPLIT - 1) / S::KSPLIT);  // >= 1: warp < STEPS
+    const int nsteps = static_cast<int>((S::STEPS - kw + S::KSPLIT - 1) / S::KSPLIT);  // >= 1: kw < STEPS
     const unsigned ring_lane = static_cast<unsigned>(__cvta_generic_to_shared(&ring[warp][0][0][lane]));
     constexpr unsigned STAGE_BYTES = S::SLOTS * 32 * 16, SLOT_BYTES = 32 * 16;
 
-    // Step i of this warp (k step warp + i * KSPLIT) into ring stage `stage`: cp.async when the rows are
+    // Step i of this warp (k step kw + i * KSPLIT) into ring stage `stage`: cp.async when the rows are
     // 16-byte aligned, else plain loads stored into the ring one chunk at a time (a rare path, kept from
     // adding to the registers of the common one).
     // `weights` / `xs`: which of the step's chunks to copy (the prologue copies the weights of its first
     // stages before the wait for the predecessor, their x after it).
     const bool async_fill = w_vec && (x_vec || !S::X_RING);
     auto fill = [&](int i, int stage, bool weights = true, bool xs = true) {
-      const long long k0 = (warp + static_cast<long long>(i) * S::KSPLIT) * S::STEP + t * S::E;
+      const long long k0 = (kw + static_cast<long long>(i) * S::KSPLIT) * S::STEP + t * S::E;
       const unsigned dst = ring_lane + stage * STAGE_BYTES;
       if (async_fill) {
         const long long at = k0 * S::WBYTES;
@@ -440,7 +455,7 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
     };
     // This lane's x chunks of step i; zeros past the row's end or past the input rows.
     auto load_x = [&](int i, uint4 (&xc)[S::NT][S::XCHUNKS]) {
-      const long long k0 = (warp + static_cast<long long>(i) * S::KSPLIT) * S::STEP + t * S::E;
+      const long long k0 = (kw + static_cast<long long>(i) * S::KSPLIT) * S::STEP + t * S::E;
 #pragma unroll
       for (int n = 0; n < S::NT; ++n)
 #pragma unroll
@@ -505,13 +520,14 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
     wait_for_predecessors();
     direct_loop();
     release_dependents();
-    __shared__ float part[S::KSPLIT > 1 ? S::KSPLIT - 1 : 1][ACC * 32];
+    __shared__ float part[S::WARPS > 1 ? S::WARPS - 1 : 1][ACC * 32];
     writer = join([&](int v) { return part[v - 1]; });
   }
   if (!writer) return;
 
   if constexpr (EPI == kEpilogueTop1) {
-    write_top1_parts<S, N, Cfg::COLS>(acc, p.scale, static_cast<Top1Part*>(p.y), j0, row0, nrows, g, t);
+    if (tile < ceil_div(N, Cfg::COLS))
+      write_top1_parts<S, N, Cfg::COLS>(acc, p.scale, static_cast<Top1Part*>(p.y), tile, row0, nrows, g, t);
   } else {
     // Accumulator i of tile (m, n): lane row h = i / 2 of the tile, input row n * 8 + 2t + (i % 2). SwiGLU
     // writes its tile 0 (gate) with tile 1 (up); the other epilogues write every tile.

@@ -148,7 +148,7 @@ TEST_CASE("kernels: every Params struct is the registry's 8-byte slots in order"
 }
 
 // compiler/launch_shapes.cpp repeats, in host code, the block size and dynamic shared memory that
-// gemv (GemvShape) and ring_attention (AttnShape) compute for themselves, and the block that topk and
+// gemv (GemvShape) and ring_attention (AttnShape) compute for themselves (and gemv's column tiles a CTA), and the block that topk and
 // rescore size their reductions by. A launch with less shared memory than the kernel uses corrupts its
 // neighbours', so the two must agree for every shape, not only for the ones the GPU tests launch: a probe
 // states each host value as a static_assert on the kernel's own constants, over a sweep of shapes, and
@@ -160,12 +160,14 @@ struct ShapeProbe {
       "#include \"gemv.cuh\"\n#include \"ring_attention.cuh\"\n#include \"topk.cuh\"\n#include \"rescore.cuh\"\n"
       "namespace tfe_probe {\nusing namespace tfe::kernels;\n";
   int cases = 0;
-  void gemv(const KernelSpec& spec, int64_t smem_offset = 0) {
+  void gemv(const KernelSpec& spec, int64_t smem_offset = 0, int64_t grid_offset = 0) {
     const LaunchShape l = launch_shape(spec, 1);
     const std::string shape = fmt::format("GemvShape<{}, {}, {}, {}, {}, {}>", spec.constant("K"), spec.constant("N"),
                                           spec.constant("WEIGHT"), spec.constant("EPILOGUE"), spec.constant("ROWS"),
                                           spec.constant("COLS"));
-    source += fmt::format("static_assert(32 * {0}::KSPLIT == {1}, \"{2}: block {1}\");\n", shape, l.block, spec.uri());
+    source += fmt::format("static_assert(32 * {0}::WARPS == {1}, \"{2}: block {1}\");\n", shape, l.block, spec.uri());
+    source += fmt::format("static_assert(ceil_div(ceil_div({0}, {1}), {2}::TILES) == {3}, \"{4}: grid {3}\");\n",
+                          spec.constant("N"), spec.constant("COLS"), shape, l.grid[0] + grid_offset, spec.uri());
     source += fmt::format("static_assert(({0}::DYNAMIC ? {0}::RING_BYTES : 0) == {1}, \"{2}: smem {1}\");\n", shape,
                           l.smem + smem_offset, spec.uri());
     ++cases;
@@ -223,7 +225,8 @@ TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_att
     int64_t k, n;
   };
   for (const Linear& m : {Linear{12288, 4096}, Linear{8192, 6144}, Linear{4096, 14336}, Linear{14336, 4096},
-                          Linear{4096, 32000}, Linear{4096, 512}, Linear{512, 4096}, Linear{100, 40}, Linear{72, 3000}})
+                          Linear{4096, 32000}, Linear{4096, 512}, Linear{512, 4096}, Linear{1024, 2048},
+                          Linear{100, 40}, Linear{72, 3000}})
     for (int64_t weight : {kc::kWeightBF16, kc::kWeightFP8})
       for (int64_t epilogue : {kc::kEpilogueBF16, kc::kEpilogueF32, kc::kEpilogueResidual, kc::kEpilogueSwiGLU,
                                kc::kEpilogueTop1})
@@ -235,7 +238,7 @@ TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_att
   probe.block(make_spec("topk", {{"VOCAB", 32000}, {"CHUNK", 2048}, {"CAND_K", 64}}), "kTopkThreads");
   probe.block(make_spec("rescore", {{"HIDDEN", 4096}, {"CAND_K", 64}, {"WEIGHT", 0}, {"MAX_STEPS", 8}}),
               "32 * kRescoreWarps");
-  CHECK(probe.cases == 9 * 5 * 8 + 9 * 2 * 5 * 5 * 2 - 9 * 2 * 5 + 2);
+  CHECK(probe.cases == 9 * 5 * 8 + 10 * 2 * 5 * 5 * 2 - 10 * 2 * 5 + 2);
   CHECK_NOTHROW(check_compiles("launch_shape_probe", probe.text(), CompileOptions{}));
 
   // The probe does catch a host value the kernel does not compute.
@@ -257,6 +260,13 @@ TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_att
   CHECK_THROWS_WITH_AS(check_compiles("launch_shape_probe_gemv", wrong_gemv.text(), CompileOptions{}),
                        doctest::Contains(fmt::format("{}: smem {}", swiglu.uri(), launch_shape(swiglu, 1).smem + 512).c_str()),
                        Error);
+  // lr_b's short K: 8 warps over 4 column tiles a CTA, so the grid is a quarter of the tiles.
+  const KernelSpec short_k = gemv_spec(512, 32000, kc::kWeightFP8, kc::kEpilogueBF16, 1, 16);
+  CHECK(launch_shape(short_k, 1).grid[0] == 500);
+  ShapeProbe wrong_grid;
+  wrong_grid.gemv(short_k, 0, 1);
+  CHECK_THROWS_WITH_AS(check_compiles("launch_shape_probe_gemv_grid", wrong_grid.text(), CompileOptions{}),
+                       doctest::Contains(fmt::format("{}: grid {}", short_k.uri(), 501).c_str()), Error);
 }
 
 TEST_CASE("tfe-plan compile: a head file to an artifact and a second run of all hits") {

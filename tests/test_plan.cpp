@@ -578,7 +578,8 @@ TEST_CASE("make_plan: a dense step ends in the lm_head gemv writing top1 partial
 }
 
 TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows with K >= 2048, in bf16 only with 512 "
-          "CTAs left, and two weight tiles keep their ring in up to 96 KB of dynamic shared memory") {
+          "CTAs left, a short K several column tiles a CTA, and two weight tiles keep their ring in up to 96 KB of "
+          "dynamic shared memory") {
   for (const auto& [name, header] : golden_heads()) {
       CAPTURE(name);
       const Plan p = make_plan(header, golden_options());
@@ -594,7 +595,17 @@ TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows with K >= 
                                    (big_n + 15) / 16 >= 64 && spec.constant("K") >= 2048 &&
                                    (spec_fp8 || (big_n + 31) / 32 >= 512);
           CHECK(cols == (expect_wide ? 32 : 16));
-          CHECK(n.launch.grid[0] == (big_n + cols - 1) / cols);
+          // A column tile's warps split K so that each takes at least 4 steps of 32 (bf16) or 64 (FP8)
+          // where K allows (8 at most, 16 for a narrow output); a CTA then runs 8 / split tiles.
+          const int64_t steps = (spec.constant("K") + (spec_fp8 ? 63 : 31)) / (spec_fp8 ? 64 : 32);
+          const bool narrow = (big_n + 15) / 16 < 64;
+          int64_t split = narrow ? std::min<int64_t>(16, steps) : 1;
+          while (!narrow && split < 8 && split * 2 <= steps / 4) split *= 2;
+          const int64_t tiles = narrow ? 1 : 8 / split;
+          CHECK(n.launch.block == 32 * split * tiles);
+          CHECK(n.launch.grid[0] == ((big_n + cols - 1) / cols + tiles - 1) / tiles);
+          if (name.starts_with("tfe-two-stage") && n.name.ends_with("lr_b"))
+            CHECK(tiles == (spec_fp8 ? 4 : 2));  // K 512: 8 (FP8) or 16 steps
           // Two weight tiles in bf16, or in FP8 above 8 rows: 3 stages x 8 warps x (4 weight + x chunks) x
           // 512 bytes, x chunks 2 per 8 rows in FP8 and 1 in bf16.
           const bool two_tiles = cols == 32 || spec.constant("EPILOGUE") == kc::kEpilogueSwiGLU;

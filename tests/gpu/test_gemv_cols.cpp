@@ -73,37 +73,45 @@ std::vector<uint8_t> run_gemv(const KernelSpec& spec, const Inputs& in, int64_t 
 TFE_GPU_TEST_CASE("gemv: COLS 16 and COLS 32 write the same bits, bf16 and FP8, f32 and residual outputs") {
   auto stream = cuda::create_stream();
   std::mt19937_64 rng(2026);
-  constexpr int64_t K = 2048, N = 1000;  // 1000 = 31 x 32 + 8: the last COLS 32 CTA holds 8 columns
-  for (const int64_t weight : {kc::kWeightBF16, kc::kWeightFP8})
-    for (const int64_t epilogue : {kc::kEpilogueF32, kc::kEpilogueResidual})
-      for (const int64_t rows : {int64_t{16}, int64_t{11}}) {
-        CAPTURE(weight);
-        CAPTURE(epilogue);
-        CAPTURE(rows);
-        const Inputs in = random_inputs(rng, rows, K, N, weight == kc::kWeightFP8);
-        std::vector<uint8_t> y[2];
-        for (int i = 0; i < 2; ++i) {
-          const KernelSpec spec = make_spec("gemv", {{"ROWS", 16}, {"K", K}, {"N", N}, {"WEIGHT", weight},
-                                                     {"EPILOGUE", epilogue}, {"COLS", i == 0 ? 16 : 32}});
-          y[i] = run_gemv(spec, in, rows, stream.get());
-        }
-        CHECK(y[0] == y[1]);
-        // Every output was written: no NaN left from the fill.
-        size_t unwritten = 0;
-        if (epilogue == kc::kEpilogueF32) {
-          for (size_t e = 0; e < y[1].size(); e += 4) {
-            float v;
-            std::memcpy(&v, &y[1][e], 4);
-            unwritten += v != v;
+  // 1000 = 31 x 32 + 8: the last COLS 32 CTA holds 8 columns. K 512 gives a warp too few steps, so a CTA
+  // runs several column tiles (69 of 16 columns, 35 of 32: the last CTA's later tiles lie past N).
+  struct Shape {
+    int64_t k, n;
+  };
+  for (const Shape& shape : {Shape{2048, 1000}, Shape{512, 1096}}) {
+    const int64_t K = shape.k, N = shape.n;
+    for (const int64_t weight : {kc::kWeightBF16, kc::kWeightFP8})
+      for (const int64_t epilogue : {kc::kEpilogueF32, kc::kEpilogueResidual})
+        for (const int64_t rows : {int64_t{16}, int64_t{11}}) {
+          CAPTURE(K);
+          CAPTURE(weight);
+          CAPTURE(epilogue);
+          CAPTURE(rows);
+          const Inputs in = random_inputs(rng, rows, K, N, weight == kc::kWeightFP8);
+          std::vector<uint8_t> y[2];
+          for (int i = 0; i < 2; ++i) {
+            const KernelSpec spec = make_spec("gemv", {{"ROWS", 16}, {"K", K}, {"N", N}, {"WEIGHT", weight},
+                                                       {"EPILOGUE", epilogue}, {"COLS", i == 0 ? 16 : 32}});
+            y[i] = run_gemv(spec, in, rows, stream.get());
           }
-        } else {
-          for (size_t e = 0; e < y[1].size(); e += 2) {
-            const unsigned bits = y[1][e] | (y[1][e + 1] << 8);
-            unwritten += (bits & 0x7f80u) == 0x7f80u && (bits & 0x7fu) != 0;  // bf16 NaN
+          CHECK(y[0] == y[1]);
+          // Every output was written: no NaN left from the fill.
+          size_t unwritten = 0;
+          if (epilogue == kc::kEpilogueF32) {
+            for (size_t e = 0; e < y[1].size(); e += 4) {
+              float v;
+              std::memcpy(&v, &y[1][e], 4);
+              unwritten += v != v;
+            }
+          } else {
+            for (size_t e = 0; e < y[1].size(); e += 2) {
+              const unsigned bits = y[1][e] | (y[1][e + 1] << 8);
+              unwritten += (bits & 0x7f80u) == 0x7f80u && (bits & 0x7fu) != 0;  // bf16 NaN
+            }
           }
+          CHECK(unwritten == 0);
         }
-        CHECK(unwritten == 0);
-      }
+  }
 }
 
 }  // namespace

@@ -138,6 +138,10 @@ TFE_GPU_TEST_CASE("top1: the lm_head gemv's partials and their join against CPU 
       {2048, 5000, 16, 11, all},
       {2048, 5000, 8, 11, all},
       {2048, 1000, 4, 3, all},
+      // A short K: a CTA runs several column tiles (2 in bf16, 4 in FP8 at K 512; 4 and 8 at K 256), and
+      // the last CTA's tiles past N write no record.
+      {512, 2000, 4, 3, all},
+      {256, 1300, 16, 16, {Pattern::random}},
       {100, 300, 2, 2, all},
   };
   for (const Case& c : cases)
