@@ -1,8 +1,11 @@
 // topk against the reference on score rows made to reach every path of its radix select: random scores,
 // ascending ones (every large key in one chunk, so the join's partials arrive in score order), equal and
-// few-valued scores (ties across chunks and within a radix bucket, which the early exit takes whole), and
-// signed zeros (which must tie); shapes with CAND_K below and above a chunk's candidates and with one short
-// part. The selection is exact (no arithmetic on the scores), so the candidates must equal the reference's,
+// few-valued scores (ties across chunks and within a radix bucket, which the early exit takes whole),
+// signed zeros (which must tie), and scores that differ in their lowest 11 bits only (one bucket through
+// the first two passes, ties within the last digit); shapes with CAND_K below and above a chunk's
+// candidates, with one short part, with chunks smaller than CAND_K (every chunk's bucket taken whole in
+// the first pass), and at the planner's largest CAND_K with a join staged in shared memory and one read
+// from global memory. The selection is exact (no arithmetic on the scores), so the candidates must equal the reference's,
 // ties to the lower id included. Each shape runs twice on the same rows: the row tickets must be back at
 // zero after a pass.
 #include <algorithm>
@@ -19,7 +22,7 @@
 namespace tfe::test {
 namespace {
 
-enum class Pattern { random, ascending, equal, few_values, signed_zeros };
+enum class Pattern { random, ascending, equal, few_values, signed_zeros, low_bits };
 
 std::vector<float> score_row(std::mt19937_64& rng, Pattern pattern, int64_t vocab) {
   std::vector<float> row(static_cast<size_t>(vocab));
@@ -33,6 +36,11 @@ std::vector<float> score_row(std::mt19937_64& rng, Pattern pattern, int64_t voca
       case Pattern::equal: v = 1.5f; break;
       case Pattern::few_values: v = static_cast<float>(three(rng)); break;
       case Pattern::signed_zeros: v = three(rng) == 0 ? -0.0f : three(rng) == 1 ? 0.0f : -1.0f; break;
+      case Pattern::low_bits: {
+        const uint32_t bits = 0x3f800000u | static_cast<uint32_t>(rng() & 0x7ffu);  // 1.0 plus 0 .. 2047 ulps
+        std::memcpy(&v, &bits, 4);
+        break;
+      }
     }
   }
   return row;
@@ -72,12 +80,20 @@ TFE_GPU_TEST_CASE("topk: equals the reference on random, ascending, tied and sig
   auto stream = cuda::create_stream();
   std::mt19937_64 rng(4242);
   const std::vector<Pattern> patterns = {Pattern::random, Pattern::ascending, Pattern::equal, Pattern::few_values,
-                                         Pattern::signed_zeros, Pattern::random};
+                                         Pattern::signed_zeros, Pattern::low_bits, Pattern::random};
   const int64_t rows = static_cast<int64_t>(patterns.size());
   // (vocab, chunk, cand_k): tfe-two-stage's; 300 of each 1024-score chunk, 1500 partials joined (three
-  // tiles of the CTA's threads); one short part.
+  // tiles of the CTA's threads); one short part; chunks of 100 for 300 candidates; cand_k 512 (the
+  // planner's largest, at its 4096-score chunks) with 4096 and 8192 partials staged (the largest static
+  // shared memory) and 32768 read from global memory.
   for (const auto& [vocab, chunk, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-           {32000, 2048, 64}, {5000, 1024, 300}, {300, 2048, 16}}) {
+           {32000, 2048, 64},
+           {5000, 1024, 300},
+           {300, 2048, 16},
+           {1000, 100, 300},
+           {32000, 4096, 512},
+           {65536, 4096, 512},
+           {262144, 4096, 512}}) {
     CAPTURE(vocab);
     CAPTURE(chunk);
     CAPTURE(k);
