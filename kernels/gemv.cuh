@@ -288,9 +288,11 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   // Warp `warp` runs K split kw of the CTA's column tile `warp / KSPLIT`; tiles past N (the last CTA's)
-  // load nothing and write nothing, but join and wait with the rest.
-  const int kw = warp % S::KSPLIT;
-  const long long tile = static_cast<long long>(blockIdx.x) * S::TILES + warp / S::KSPLIT;
+  // load nothing and write nothing, but join and wait with the rest. At one tile a CTA the tile stays a
+  // function of blockIdx alone, so its weight-row pointers stay in uniform registers.
+  const int kw = S::TILES == 1 ? warp : warp % S::KSPLIT;
+  const long long tile = S::TILES == 1 ? static_cast<long long>(blockIdx.x)
+                                       : static_cast<long long>(blockIdx.x) * S::TILES + warp / S::KSPLIT;
   const long long j0 = tile * Cfg::COLS;
   const long long row0 = static_cast<long long>(blockIdx.y) * Cfg::ROWS;
   const long long nrows = min_ll(Cfg::ROWS, p.rows - row0);
