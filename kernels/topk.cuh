@@ -13,22 +13,12 @@
 // runs it, so the result does not depend on the order of arrival.
 //
 // Selection (both levels): scores map to order-preserving 32-bit keys (-0 folded onto +0 so that they
-// tie, as floats compare). A radix select narrows to the bucket (prefix under mask) that holds the k-th
-// largest key and how many of its keys are taken (`need`), in at most 3 passes of 11, 10 and 11 bits from
-// the top (the first is sign, exponent and 2 mantissa bits); it stops early once that bucket is taken
-// whole. A pass counts its digits into a shared histogram; each thread sums 4 bins (thread 0 the top 4)
-// and a warp reduction gives the 16 warp totals; from them every thread knows the warp whose 128 bins
-// hold the need-th key, and every warp rescans those bins to find the digit itself rather than wait for
-// one thread to publish it: 2 barriers a pass, at most 6 a level (8-bit digits took 4 a pass, at most 16).
-// The histogram is then still read after the pass's last barrier, so consecutive passes count into
-// different histograms: 2048 bins for passes 1 and 3, 1024 for pass 2 (hence the narrow digit in the
-// middle: 12 KB fits beside the 32 KB key stage under the 48 KB of static shared memory, two 2048-bin
-// histograms would not). Both are cleared before each level, the first again during pass 2 for pass 3.
-// Histograms use integer shared-memory atomics; a warp with many lanes in the bucket adds once per group
-// of equal digits (__match_any_sync: the join's partials and tied rows put most of a warp's keys in few
-// bins, and same-address atomics would serialize), one with few adds once per lane (later passes, where
-// most keys lie outside the bucket). Their result does not depend on order. A final pass in position
-// order takes every key above the bucket and the first `need` keys in it; an element's output slot is the
+// tie, as floats compare). A radix select, 8 bits per pass from the top, narrows to the bucket (prefix
+// under mask) that holds the k-th largest key and how many of its keys are taken (`need`); it stops
+// early once that bucket is taken whole. Histograms use integer shared-memory atomics, one per group of
+// equal digits in a warp (__match_any_sync: the top digits of a score row are few, and same-address
+// atomics would serialize); their result does not depend on order. A final pass in position order
+// takes every key above the bucket and the first `need` keys in it; an element's output slot is the
 // number of taken elements before it, so the output order is the same every run.
 #pragma once
 #include "common.cuh"
@@ -70,124 +60,66 @@ __device__ __forceinline__ unsigned order_key(float v) {
 }
 
 struct TopkSmem {
-  alignas(16) unsigned hist_a[2048];  // passes 1 and 3
-  alignas(16) unsigned hist_b[1024];  // pass 2
-  alignas(16) unsigned warp_total[kTopkWarps];
+  unsigned hist[256];
+  unsigned warp_total[kTopkWarps];
+  unsigned found_digit, found_need, found_count;
   unsigned tile_gt[2][kTopkWarps], tile_eq[2][kTopkWarps];
 };
 
-// A warp counts its digits by groups of equal digits when at least this many of its lanes are in the
-// bucket; with fewer, same-address conflicts are bounded by that count. (In a chunk's first pass the 32
-// keys of a warp of normal scores fall in about 22 digits, 3-4 at most equal; the join's partials, a few
-// exponents wide, and tied rows gather far more. 0 always matches, 33 never: one to measure.)
-constexpr int kTopkMatchLanes = 16;
-
-// Zeroes both histograms, as radix_bucket requires on entry; a barrier must follow before the call.
-__device__ __forceinline__ void clear_histograms(TopkSmem& sm) {
-  const int tid = threadIdx.x;
-  reinterpret_cast<uint4*>(sm.hist_a)[tid] = make_uint4(0, 0, 0, 0);
-  if (tid < 1024 / 4) reinterpret_cast<uint4*>(sm.hist_b)[tid] = make_uint4(0, 0, 0, 0);
-}
-static_assert(kTopkThreads * 4 == 2048, "topk: a thread clears and owns 4 bins of an 11-bit pass");
-
-// One pass of radix_bucket over the digit (k >> SHIFT) & (2^BITS - 1), counted into `hist` (zero on
-// entry). `stale` (the histogram of the pass before last: its readers all passed this pass's first
-// barrier) is cleared here for the next pass, or null. Returns true when the bucket found is taken whole.
-template <int SHIFT, int BITS, typename KeyAt>
-__device__ __forceinline__ bool radix_pass(const KeyAt& key_at, int n, unsigned* hist, unsigned* stale,
-                                           unsigned& prefix, unsigned& mask, unsigned& need, TopkSmem& sm) {
-  constexpr int BINS = 1 << BITS;
-  static_assert(BINS % 128 == 0 && BINS <= 4 * kTopkThreads, "topk: a warp's 32 threads own 128 bins");
-  const int tid = threadIdx.x, lane = tid & 31;
-  // A trip count shared by the CTA keeps every lane in the ballot and the match.
-  for (int base = 0; base < n; base += kTopkThreads) {
-    const int i = base + tid;
-    bool in = false;
-    unsigned digit = BINS;  // not in the bucket
-    if (i < n) {
-      const unsigned k = key_at(i);
-      in = (k & mask) == prefix;
-      if (in) digit = (k >> SHIFT) & (BINS - 1u);
-    }
-    if (__popc(__ballot_sync(0xffffffffu, in)) >= kTopkMatchLanes) {
-      const unsigned peers = __match_any_sync(0xffffffffu, digit);
-      if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[digit], static_cast<unsigned>(__popc(peers)));
-    } else if (in) {
-      atomicAdd(&hist[digit], 1u);
-    }
-  }
-  __syncthreads();
-  // Thread t owns bins BINS - 4t - 4 .. BINS - 4t - 1 (.w the highest), so that warps, and lanes within a
-  // warp, in ascending order count from the top.
-  const auto bins_of = [&](int t) {
-    return 4 * t < BINS ? *reinterpret_cast<const uint4*>(hist + BINS - 4 * t - 4) : make_uint4(0, 0, 0, 0);
-  };
-  {
-    const uint4 c = bins_of(tid);
-    const unsigned total = __reduce_add_sync(0xffffffffu, c.x + c.y + c.z + c.w);
-    if (lane == 0) sm.warp_total[tid >> 5] = total;
-  }
-  if (stale) reinterpret_cast<uint4*>(stale)[tid] = make_uint4(0, 0, 0, 0);
-  __syncthreads();
-  // Every thread finds the warp w whose bins hold the need-th key (the warps before it count fewer than
-  // `need`); warp_total is rewritten only after the next pass's first barrier, which every reader passes
-  // first.
-  int w = 0;
-  unsigned above = 0;  // keys in the bins of the warps before w
-  {
-    unsigned total[kTopkWarps];
-#pragma unroll
-    for (int q = 0; q < kTopkWarps / 4; ++q) {
-      const uint4 t4 = reinterpret_cast<const uint4*>(sm.warp_total)[q];
-      total[4 * q] = t4.x, total[4 * q + 1] = t4.y, total[4 * q + 2] = t4.z, total[4 * q + 3] = t4.w;
-    }
-    unsigned run = 0;
-#pragma unroll
-    for (int q = 0; q < kTopkWarps; ++q) {
-      run += total[q];
-      if (run < need) ++w, above = run;
-    }
-  }
-  // Every warp scans warp w's bins, so that the digit needs no barrier to reach the CTA.
-  const uint4 c = bins_of(w * 32 + lane);
-  const unsigned sum = c.x + c.y + c.z + c.w;
-  unsigned incl = sum;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += v;
-  }
-  unsigned run = above + incl - sum;  // keys above this lane's bins
-  const int hit = __ffs(__ballot_sync(0xffffffffu, run < need && run + sum >= need)) - 1;
-  // This lane's bins from the highest; meaningful in lane `hit` only.
-  unsigned digit = static_cast<unsigned>(BINS - 4 * (w * 32 + lane) - 1), count = c.w;
-  if (run + c.w < need) {
-    run += c.w, --digit, count = c.z;
-    if (run + c.z < need) {
-      run += c.z, --digit, count = c.y;
-      if (run + c.y < need) run += c.y, --digit, count = c.x;
-    }
-  }
-  digit = __shfl_sync(0xffffffffu, digit, hit);
-  count = __shfl_sync(0xffffffffu, count, hit);
-  need -= __shfl_sync(0xffffffffu, run, hit);
-  prefix |= digit << SHIFT;
-  mask |= static_cast<unsigned>(BINS - 1) << SHIFT;
-  return count == need;
-}
-
 // The bucket of the need-th largest of key_at(0 .. n-1) (1 <= need <= n): on return, the keys k with
 // (k & mask) > prefix are all taken and `need` of those with (k & mask) == prefix. Every thread of the
-// CTA (kTopkThreads, whole warps) calls it with the same n and need, with both histograms zero and a
-// barrier since they were cleared; it leaves them dirty.
+// CTA (kTopkThreads, whole warps) calls it with the same n and need.
 template <typename KeyAt>
 __device__ __forceinline__ void radix_bucket(const KeyAt& key_at, int n, unsigned& prefix, unsigned& mask,
                                              unsigned& need, TopkSmem& sm) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   prefix = 0;
   mask = 0;
-  if (radix_pass<21, 11>(key_at, n, sm.hist_a, nullptr, prefix, mask, need, sm)) return;
-  if (radix_pass<11, 10>(key_at, n, sm.hist_b, sm.hist_a, prefix, mask, need, sm)) return;
-  radix_pass<0, 11>(key_at, n, sm.hist_a, nullptr, prefix, mask, need, sm);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    if (tid < 256) sm.hist[tid] = 0;
+    __syncthreads();
+    // A trip count shared by the CTA keeps every lane in the match.
+    for (int base = 0; base < n; base += kTopkThreads) {
+      const int i = base + tid;
+      unsigned digit = 256u;  // not in the bucket
+      if (i < n) {
+        const unsigned k = key_at(i);
+        if ((k & mask) == prefix) digit = (k >> shift) & 255u;
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, digit);
+      if (digit < 256u && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[digit], static_cast<unsigned>(__popc(peers)));
+    }
+    __syncthreads();
+    // Counts from the highest digit down; the digit where the running count reaches `need` holds the
+    // need-th largest key.
+    unsigned c = 0, incl = 0;
+    if (tid < 256) {
+      c = sm.hist[255 - tid];
+      incl = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      if (lane == 31) sm.warp_total[warp] = incl;
+    }
+    __syncthreads();
+    if (tid < 256) {
+      for (int w = 0; w < warp; ++w) incl += sm.warp_total[w];
+      const unsigned excl = incl - c;
+      if (excl < need && incl >= need) {
+        sm.found_digit = 255u - static_cast<unsigned>(tid);
+        sm.found_need = need - excl;
+        sm.found_count = c;
+      }
+    }
+    __syncthreads();
+    // found_* are rewritten only after the next pass's second barrier, which every reader passes first.
+    prefix |= sm.found_digit << shift;
+    mask |= 255u << shift;
+    need = sm.found_need;
+    if (sm.found_count == need) break;  // the bucket is taken whole: lower digits change nothing
+  }
 }
 
 // Calls take(i, slot) for each taken element, slot = the number of taken elements before position i
@@ -240,7 +172,6 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk(const TopkParams p) {
   const int tid = threadIdx.x;
   const long long part = blockIdx.x, r = blockIdx.y;
   if (r >= p.rows) return;
-  clear_histograms(sm);  // the barrier after the keys are staged orders it before the first pass
 
   // This CTA's chunk: its KP best into the row's partials.
   const long long begin = part * S::CHUNK;
@@ -263,9 +194,6 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk(const TopkParams p) {
       out_id[slot] = static_cast<int>(begin + i);
     });
   }
-  // Every thread has passed take_in_order's barriers, so no one reads the histograms any more; the
-  // barrier in last_to_arrive orders the clearing before the join's first pass.
-  clear_histograms(sm);
 
   // The last CTA of the row to arrive joins its partials.
   if (!last_to_arrive(p.arrivals + r, S::PARTS)) return;
