@@ -24,9 +24,8 @@
 // Join: after a cluster barrier, CTA c computes the outputs c, c + SPLIT, .. of the G * HEAD_DIM from every
 // CTA's (m, l, o_c) in chunk order:
 //   M = max_c m_c, w_c = exp(m_c - M), L = sum_c l_c w_c, o = bf16((sum_c o_c w_c) / L),
-// then a second barrier keeps every CTA's shared memory alive until its peers have read it (a relaxed one:
-// nothing is published after the join). Every sum has a fixed order, so eager launches and graph replays
-// agree bit for bit.
+// then a second barrier keeps every CTA's shared memory alive until its peers have read it. Every sum has a
+// fixed order, so eager launches and graph replays agree bit for bit.
 // Why a ring in shared memory rather than registers: a CTA that loads its whole chunk before using it must
 // hold the chunk, and the register file of the GPU holds about half of the 16 windows of a 16-stream
 // llama3 step, so such a grid runs in two waves, each a whole chain of loads, scores and join. Streamed
@@ -123,10 +122,6 @@ __device__ __forceinline__ uint4 load_kv(const bf16* at) {
 // All threads of all CTAs of the cluster: release this CTA's shared-memory writes, acquire the peers'.
 __device__ __forceinline__ void cluster_barrier() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// The same rendezvous without ordering memory: only that every thread of the cluster has arrived.
-__device__ __forceinline__ void cluster_barrier_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
 }
 // A float at `local` (this CTA's shared memory) in the shared memory of cluster CTA `rank`.
 __device__ __forceinline__ float load_peer(const float* local, unsigned rank) {
@@ -366,33 +361,25 @@ __global__ void TFE_ATTENTION_CLUSTER(Cfg::SPLIT)
     }
   } else {
     cluster_barrier();  // every chunk's partial is complete and visible to the cluster
-    // Each output's SPLIT chunk values and their heads' (m, l): all 3 x SPLIT peer loads are issued before
-    // any is used, so the join waits for one round trip of distributed shared memory, not two.
+    // Each head's chunk weights, computed by every thread that needs them (SPLIT peers' m and l).
     for (long long e = c + SPLIT * tid; e < G * HD; e += SPLIT * S::THREADS) {
       const long long g = e / HD;
-      float mc[SPLIT], lc[SPLIT], oc[SPLIT];
+      float mc[SPLIT], mx = neg_inf();
 #pragma unroll
       for (int cc = 0; cc < SPLIT; ++cc) {
         mc[cc] = load_peer(part + g, cc);
-        lc[cc] = load_peer(part + G + g, cc);
-        oc[cc] = load_peer(part + 2 * G + e, cc);
+        mx = fmaxf(mx, mc[cc]);
       }
-      float mx = neg_inf();
-#pragma unroll
-      for (int cc = 0; cc < SPLIT; ++cc) mx = fmaxf(mx, mc[cc]);
       float sum = 0.0f, lsum = 0.0f;
 #pragma unroll
       for (int cc = 0; cc < SPLIT; ++cc) {
         const float w = mc[cc] == neg_inf() ? 0.0f : expf(mc[cc] - mx);
-        sum += oc[cc] * w;
-        lsum += lc[cc] * w;
+        sum += load_peer(part + 2 * G + e, cc) * w;
+        lsum += load_peer(part + G + g, cc) * w;
       }
       o[e] = to_bf16(lsum > 0.0f ? sum / lsum : 0.0f);
     }
-    // Peers may still be reading this CTA's partial: its shared memory must outlive their loads. Those
-    // loads have returned by the time a peer arrives (their values are consumed before it), and nothing
-    // written here is read after it, so the arrive needs no release fence.
-    cluster_barrier_relaxed();
+    cluster_barrier();  // peers may still be reading this CTA's partial
   }
 }
 

@@ -24,9 +24,6 @@ namespace tfe {
 namespace {
 
 constexpr int64_t kAlign = 256;
-// Padding between out_token and out_conf up to which one copy of the span between them brings both back
-// (the planner's alignment leaves less than kAlign).
-constexpr int64_t kOutputsGapMax = kAlign;
 
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
@@ -97,10 +94,6 @@ struct Runtime::Impl {
   cuda::Event staged[2];
   int next_staging = 0;
   cuda::PinnedMemory host_outputs;  // out_token | out_conf of the largest bucket
-  // Where the plan lays out_conf right after out_token (the planner does), a draft call brings both back
-  // in one copy of the span between them: one device-to-host round trip fewer a call. conf_at is then
-  // out_conf's byte offset from out_token's start; -1 where they lie apart (two copies).
-  int64_t conf_at = -1;
   std::vector<cuda::Library> libraries;
   std::map<std::string, cuda::LoadedKernel> kernels;  // by spec uri
   cuda::GemmRunner gemm;
@@ -302,10 +295,7 @@ void Runtime::Impl::open_device(const OpenOptions& o) {
     staged[i] = cuda::create_event();
     TFE_CUDA(cudaEventRecord(staged[i].get(), stream));
   }
-  const int64_t gap = b_out_conf->offset - (b_out_token->offset + b_out_token->bytes);
-  if (gap >= 0 && gap <= kOutputsGapMax) conf_at = b_out_conf->offset - b_out_token->offset;
-  const int64_t host_bytes = conf_at >= 0 ? conf_at + b_out_conf->bytes : b_out_token->bytes + b_out_conf->bytes;
-  host_outputs = cuda::allocate_pinned(static_cast<size_t>(host_bytes), "draft outputs");
+  host_outputs = cuda::allocate_pinned(static_cast<size_t>(b_out_token->bytes + b_out_conf->bytes), "draft outputs");
 }
 
 void Runtime::Impl::upload_weights(const HeadFile& file) {
@@ -627,22 +617,14 @@ DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
     const size_t tok_bytes = static_cast<size_t>(streams * max_steps) * sizeof(int32_t);
     const size_t conf_bytes = static_cast<size_t>(streams * max_steps) * sizeof(float);
     std::byte* host = r.host_outputs.data();
-    const std::byte* device_tokens = r.arena + r.b_out_token->offset;
-    size_t conf_at = tok_bytes;
-    if (r.conf_at >= 0) {
-      conf_at = static_cast<size_t>(r.conf_at);
-      TFE_CUDA(cudaMemcpyAsync(host, device_tokens, conf_at + conf_bytes, cudaMemcpyDeviceToHost, r.stream));
-      r.stats.bytes_downloaded += conf_at + conf_bytes;
-    } else {
-      TFE_CUDA(cudaMemcpyAsync(host, device_tokens, tok_bytes, cudaMemcpyDeviceToHost, r.stream));
-      TFE_CUDA(cudaMemcpyAsync(host + tok_bytes, r.arena + r.b_out_conf->offset, conf_bytes, cudaMemcpyDeviceToHost,
-                               r.stream));
-      r.stats.bytes_downloaded += tok_bytes + conf_bytes;
-    }
+    TFE_CUDA(cudaMemcpyAsync(host, r.arena + r.b_out_token->offset, tok_bytes, cudaMemcpyDeviceToHost, r.stream));
+    TFE_CUDA(cudaMemcpyAsync(host + tok_bytes, r.arena + r.b_out_conf->offset, conf_bytes, cudaMemcpyDeviceToHost,
+                             r.stream));
     TFE_CUDA(cudaStreamSynchronize(r.stream));
+    r.stats.bytes_downloaded += tok_bytes + conf_bytes;
 
     const auto* tokens = reinterpret_cast<const int32_t*>(host);
-    const auto* confs = reinterpret_cast<const float*>(host + conf_at);
+    const auto* confs = reinterpret_cast<const float*>(host + tok_bytes);
     out.streams = n;
     out.steps = steps;
     out.width = 0;  // hidden states stay on the device (read_buffer("h2") holds the last step's)
