@@ -77,7 +77,8 @@ struct GemvShape {
   // rate. There KSPLIT drops (a power of two) and the CTA's 8 warps take 8 / KSPLIT tiles instead, so the
   // grid shrinks by as much. Like NARROW, this depends on K and N alone: a column's sum is the same at
   // every row count. Mirrored by launch_shapes.cpp gemv_ksplit / gemv_tiles_per_cta.
-  static constexpr int KSPLIT = static_cast<int>(NARROW ? min_ll(16, STEPS) : min_ll(8, pow2_at_most(max_ll(1, STEPS / 4))));
+  static constexpr int KSPLIT =
+      static_cast<int>(NARROW ? min_ll(16, STEPS) : min_ll(8, pow2_at_most(max_ll(1, STEPS / 4))));
   static constexpr int TILES = NARROW ? 1 : 8 / KSPLIT;  // column tiles a CTA
   static constexpr int WARPS = KSPLIT * TILES;
   static constexpr int XCHUNKS = E / 8;                                 // 16-byte x chunks per k0
@@ -219,14 +220,14 @@ __device__ __forceinline__ void gemv_step(float (&acc)[S::MT][S::NT][4], const u
 }
 
 // kEpilogueTop1, in a tile's first warp once the K split is joined: per input row, one Top1Part of the
-// tile's columns (record `tile` of the row's PARTS = ceil(N / COLS)) instead of its COLS logits, which top1 then
-// joins. The logits are the ones kEpilogueF32 would store (FP8: acc times the row scale), so the max and
-// its index are exact; only sum exp(l - max) has an order of its own. Lane (g, t) holds, of input row
+// tile's columns (record `tile` of the row's PARTS = ceil(N / COLS)) instead of its COLS logits, which top1
+// then joins. The logits are the ones kEpilogueF32 would store (FP8: acc times the row scale), so the max
+// and its index are exact; only sum exp(l - max) has an order of its own. Lane (g, t) holds, of input row
 // n * 8 + 2t + b, columns j0 + 16m + g + 8h (accumulator 2h + b of tile (m, n)): its own MT x 2 are folded
-// in registers in column order, then the 8 lanes of one t (lane bits 2-4) by xor 4, 8, 16 butterflies.
-// Both orders are fixed, and both lanes of a butterfly step combine the same two values (compare, or add,
-// which commutes), so every lane ends with the same bits whatever the scheduling. Columns past N (the
-// tail tile) are left out; rows past nrows are computed (the shuffles need every lane) but not stored.
+// in registers in column order, then the 8 lanes of one t (lane bits 2-4) by xor 4, 8, 16 butterflies. Both
+// orders are fixed, and both lanes of a butterfly step combine the same two values (compare, or add, which
+// commutes), so every lane ends with the same bits whatever the scheduling. Columns past N (the tail tile)
+// are left out; rows past nrows are computed (the shuffles need every lane) but not stored.
 template <typename S, long long N, long long COLS>
 __device__ __forceinline__ void write_top1_parts(const float (&acc)[S::MT][S::NT][4], const float* scale,
                                                  Top1Part* out, long long tile, long long row0, long long nrows,

@@ -2,12 +2,12 @@
 // ascending ones (every large key in one chunk, so the join's partials arrive in score order), equal and
 // few-valued scores (ties across chunks and within a radix bucket, which the early exit takes whole),
 // signed zeros (which must tie), and scores that differ in their lowest 11 bits only (one bucket through
-// the top digits, ties within the lowest); shapes with CAND_K below and above a chunk's
-// candidates, with one short part, with chunks smaller than CAND_K (every chunk's bucket taken whole in
-// the first pass), and at the planner's largest CAND_K with a join staged in shared memory and one read
-// from global memory. The selection is exact (no arithmetic on the scores), so the candidates must equal the reference's,
-// ties to the lower id included. Each shape runs twice on the same rows: the row tickets must be back at
-// zero after a pass.
+// the top digits, ties within the lowest); shapes with CAND_K below and above a chunk's candidates, with
+// one short part, with chunks smaller than CAND_K (every chunk's bucket taken whole in the first pass), and
+// at the planner's largest CAND_K with a join staged in shared memory and one read from global memory. The
+// selection is exact (no arithmetic on the scores), so the candidates must equal the reference's, ties to
+// the lower id included. Each shape runs twice on the same rows: the row tickets must be back at zero after
+// a pass.
 #include <algorithm>
 #include <cstring>
 #include <tuple>
