@@ -74,11 +74,12 @@ TFE_GPU_TEST_CASE("gemv: COLS 16 and COLS 32 write the same bits, bf16 and FP8, 
   auto stream = cuda::create_stream();
   std::mt19937_64 rng(2026);
   // 1000 = 31 x 32 + 8: the last COLS 32 CTA holds 8 columns. K 512 gives a warp too few steps, so a CTA
-  // runs several column tiles (69 of 16 columns, 35 of 32: the last CTA's later tiles lie past N).
+  // runs several column tiles (69 of 16 columns, 35 of 32: the last CTA's later tiles lie past N); K 100
+  // the same through the direct-load loop (its rows are not a whole number of 16-byte chunks).
   struct Shape {
     int64_t k, n;
   };
-  for (const Shape& shape : {Shape{2048, 1000}, Shape{512, 1096}}) {
+  for (const Shape& shape : {Shape{2048, 1000}, Shape{512, 1096}, Shape{100, 1096}}) {
     const int64_t K = shape.k, N = shape.n;
     for (const int64_t weight : {kc::kWeightBF16, kc::kWeightFP8})
       for (const int64_t epilogue : {kc::kEpilogueF32, kc::kEpilogueResidual})

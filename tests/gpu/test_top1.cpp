@@ -142,6 +142,7 @@ TFE_GPU_TEST_CASE("top1: the lm_head gemv's partials and their join against CPU 
       // the last CTA's tiles past N write no record.
       {512, 2000, 4, 3, all},
       {256, 1300, 16, 16, {Pattern::random}},
+      {100, 1300, 4, 3, {Pattern::random}},  // rows not 16-byte aligned: the direct-load loop, 8 tiles a CTA
       {100, 300, 2, 2, all},
   };
   for (const Case& c : cases)
