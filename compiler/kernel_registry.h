@@ -55,6 +55,9 @@ struct LaunchShape {
   bool operator==(const LaunchShape&) const = default;
 };
 LaunchShape launch_shape(const KernelSpec& spec, int64_t rows);
+// gemv: the column tiles one CTA runs (kernels/gemv.cuh GemvShape::TILES): 1, or more where K is too short
+// to give each of a tile's warps 4 steps.
+int64_t gemv_tiles_per_cta(const KernelSpec& spec);
 
 // What a launch of a specialization for `rows` rows may touch through each pointer parameter: bytes from
 // the argument's offset (0: the parameter is not read, and may be null). Operands addressed through an id

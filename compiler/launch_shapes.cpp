@@ -30,7 +30,7 @@ int64_t saturating_add(int64_t a, int64_t b) {
 // gemv (kernels/gemv.cuh, GemvShape): a column tile is COLS output columns (for SwiGLU: 16 gate rows and
 // the 16 matching up rows) and KSPLIT warps that split K in steps of 4 lanes x one 16-byte weight chunk: 8,
 // or 16 for a narrow output (fewer than 64 tiles of 16 columns); fewer (a power of two) where K gives a
-// warp under 4 steps, and then a CTA's 8 warps run 8 / KSPLIT tiles.
+// warp under 4 steps, and then a CTA's 8 warps run 8 / KSPLIT tiles (gemv_tiles).
 int64_t gemv_steps(const KernelSpec& spec) {
   return ceil_div(spec.constant("K"), spec.constant("WEIGHT") == kc::kWeightFP8 ? 64 : 32);
 }
@@ -42,8 +42,8 @@ int64_t gemv_ksplit(const KernelSpec& spec) {
   while (split * 2 <= std::max<int64_t>(1, steps / 4) && split < 8) split *= 2;
   return split;
 }
-int64_t gemv_tiles_per_cta(const KernelSpec& spec) { return gemv_narrow(spec) ? 1 : 8 / gemv_ksplit(spec); }
-int64_t gemv_warps(const KernelSpec& spec) { return gemv_ksplit(spec) * gemv_tiles_per_cta(spec); }
+int64_t gemv_tiles(const KernelSpec& spec) { return gemv_narrow(spec) ? 1 : 8 / gemv_ksplit(spec); }
+int64_t gemv_warps(const KernelSpec& spec) { return gemv_ksplit(spec) * gemv_tiles(spec); }
 
 // gemv's dynamic shared memory (GemvShape::DYNAMIC, RING_BYTES): a ring-loop shape at two weight tiles
 // (SwiGLU or COLS 32), in bf16 or in FP8 above 8 input rows (two n tiles), keeps its ring there, 3 stages
@@ -94,6 +94,11 @@ constexpr int64_t kRescoreWarps = 4;
 
 }  // namespace
 
+int64_t gemv_tiles_per_cta(const KernelSpec& spec) {
+  if (spec.kernel != "gemv") fail("gemv_tiles_per_cta: {} is not a gemv", spec.uri());
+  return gemv_tiles(spec);
+}
+
 LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
   if (rows < 1) fail("launch_shape {}: rows is {}, must be at least 1", spec.uri(), rows);
   LaunchShape s;
@@ -113,7 +118,7 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
     const int64_t row_tile = spec.constant("ROWS"), cols = spec.constant("COLS");
     if (cols != 16 && (cols != 32 || spec.constant("EPILOGUE") == kc::kEpilogueSwiGLU))
       fail("launch_shape {}: COLS is {}; gemv takes 16, or 32 with an epilogue other than SwiGLU", spec.uri(), cols);
-    s.grid[0] = ceil_div(ceil_div(spec.constant("N"), cols), gemv_tiles_per_cta(spec));
+    s.grid[0] = ceil_div(ceil_div(spec.constant("N"), cols), gemv_tiles(spec));
     s.grid[1] = ceil_div(rows, row_tile);
     s.block = 32 * gemv_warps(spec);
     s.smem = gemv_dynamic_smem(spec);

@@ -646,6 +646,16 @@ class Planner {
                        "{} CTAs remain: it halves the x traffic per weight byte and the CTAs; FP8 at 32 runs a "
                        "3-stage ring of weights and x in 96 KB of dynamic shared memory",
                        kGemvWideMinK, kGemvWideCtas));
+    // Shapes whose CTAs run several column tiles (a short K), each once whatever its ROWS and COLS.
+    std::set<std::string> multi;
+    for (const auto& [uri, spec] : specs_)
+      if (spec.kernel == "gemv" && gemv_tiles_per_cta(spec) > 1)
+        multi.insert(fmt::format("{} at K {} N {} {}", gemv_tiles_per_cta(spec), spec.constant("K"),
+                                 spec.constant("N"), spec.constant("WEIGHT") == kc::kWeightFP8 ? "fp8" : "bf16"));
+    choose("gemv column tiles per CTA", multi.empty() ? "1" : fmt::format("{}; 1 elsewhere", fmt::join(multi, ", ")),
+           "a tile's K is split over 8 warps (16 where the output is narrow), over fewer where K would give a warp "
+           "under 4 steps of 16-byte chunks; a CTA's 8 warps then run 8 / split tiles, so that a short K's CTAs "
+           "are not over before their loads pipeline");
     for (auto& [uri, spec] : specs_) p_.specs.push_back(spec);  // std::map: sorted by uri
     if (gemms_ == 0) {
       p_.cublaslt_workspace = 0;

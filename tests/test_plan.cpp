@@ -618,6 +618,13 @@ TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows with K >= 
       // tfe-two-stage's lr_b (32000 x 512) is too short in K, and the tiny heads' linears are narrow.
       // FP8: the 16-stream bucket's linears but gate/up (and lr_a, lr_b) of both full-size heads.
       CHECK((wide > 0) == (name.starts_with("llama3-8b-eagle3") || name == "tfe-two-stage-fp8"));
+      // The plan says which shapes run several tiles a CTA: lr_b of the full-size two_stage head alone.
+      const auto tiles_choice = std::find_if(p.choices.begin(), p.choices.end(),
+                                             [](const auto& c) { return c.subject == "gemv column tiles per CTA"; });
+      REQUIRE(tiles_choice != p.choices.end());
+      CHECK(tiles_choice->decision == (name == "tfe-two-stage-fp8" ? "4 at K 512 N 32000 fp8; 1 elsewhere"
+                                       : name == "tfe-two-stage"   ? "2 at K 512 N 32000 bf16; 1 elsewhere"
+                                                                   : "1"));
   }
   // A plan that asks for 32 columns with SwiGLU, or another width, is refused by its launch shape.
   for (int64_t cols : {int64_t{48}, int64_t{32}}) {
