@@ -207,7 +207,7 @@ int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach&
     if (param == "residual") return epi == kc::kEpilogueResidual ? product({R, n, kBf16}) : 0;
     if (param == "y") {
       if (epi == kc::kEpilogueF32) return product({R, n, kF32});
-      if (epi == kc::kEpilogueTop1) return product({R, ceil_div(n, c("COLS")), kc::kTop1PartBytes});  // one a CTA
+      if (epi == kc::kEpilogueTop1) return product({R, ceil_div(n, c("COLS")), kc::kTop1PartBytes});  // one a tile
       return product({R, n, kBf16});
     }
     return unknown();

@@ -17,8 +17,8 @@
 // SwiGLU: w holds 2N rows (gate 0..N-1, up N..2N-1); the warp runs a second tile on rows N+j0.., whose
 // accumulators land in the same lanes as the gate's, and writes y = bf16(bf16(silu(bf16(gate))) * bf16(up)).
 // FP8 (e4m3 rows with an f32 scale per weight row): chunks widen exactly to bf16; y = scale_j * acc.
-// Top1 (the dense vocabulary head): instead of its COLS fp32 logits, a CTA writes per input row one 16-byte
-// Top1Part of them (max, lowest column at it, sum exp(l - max); write_top1_parts), and top1 joins a row's
+// Top1 (the dense vocabulary head): instead of its COLS fp32 logits, a column tile writes per input row one
+// 16-byte Top1Part of them (max, lowest column at it, sum exp(l - max); write_top1_parts), and top1 joins a row's
 // ceil(N / COLS) records. The logits never go to memory, and the pass over them that top1 used to make (a
 // load, two block reductions, a fence and a ticket per chunk of them) is folded into shuffles of the
 // registers that already hold them.
