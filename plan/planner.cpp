@@ -353,8 +353,8 @@ class Planner {
     return split;
   }
 
-  // The lm_head gemv's output columns per CTA at `rows` rows (gemv() takes the same gemv_cols), and so the
-  // top1 partials per row: one per gemv CTA.
+  // The lm_head gemv's output columns per tile at `rows` rows (gemv() takes the same gemv_cols), and so the
+  // top1 partials per row: one per gemv column tile.
   int64_t lm_head_cols(int64_t rows) const {
     const Matrix& m = matrices_.at("lm_head");
     return gemv_cols(rows, m.k, m.n, kc::kEpilogueTop1, m.weight_kind());

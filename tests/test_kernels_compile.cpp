@@ -241,32 +241,33 @@ TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_att
   CHECK(probe.cases == 9 * 5 * 8 + 10 * 2 * 5 * 5 * 2 - 10 * 2 * 5 + 2);
   CHECK_NOTHROW(check_compiles("launch_shape_probe", probe.text(), CompileOptions{}));
 
-  // The probe does catch a host value the kernel does not compute.
+  // The probe does catch a host value the kernel does not compute: each case states one value off by
+  // `offset`, and its compile must fail naming that value.
+  const auto caught = [](const std::string& name, const ShapeProbe& wrong, const std::string& what) {
+    CAPTURE(name);
+    CHECK_THROWS_WITH_AS(check_compiles(name, wrong.text(), CompileOptions{}), doctest::Contains(what.c_str()), Error);
+  };
   const KernelSpec topk = make_spec("topk", {{"VOCAB", 32000}, {"CHUNK", 2048}, {"CAND_K", 64}});
   ShapeProbe wrong_topk;
   wrong_topk.block(topk, "kTopkThreads", 32);
-  CHECK_THROWS_WITH_AS(check_compiles("launch_shape_probe_topk", wrong_topk.text(), CompileOptions{}),
-                       doctest::Contains(fmt::format("{}: block {}", topk.uri(), launch_shape(topk, 1).block + 32).c_str()),
-                       Error);
+  caught("launch_shape_probe_topk", wrong_topk,
+         fmt::format("{}: block {}", topk.uri(), launch_shape(topk, 1).block + 32));
   const KernelSpec llama = attention_spec(32, 8, 128, 511, 4);
   ShapeProbe wrong_attention;
   wrong_attention.attention(llama, 16);
-  CHECK_THROWS_WITH_AS(check_compiles("launch_shape_probe_attention", wrong_attention.text(), CompileOptions{}),
-                       doctest::Contains(fmt::format("{}: smem {}", llama.uri(), launch_shape(llama, 1).smem + 16).c_str()),
-                       Error);
+  caught("launch_shape_probe_attention", wrong_attention,
+         fmt::format("{}: smem {}", llama.uri(), launch_shape(llama, 1).smem + 16));
   const KernelSpec swiglu = gemv_spec(4096, 14336, kc::kWeightBF16, kc::kEpilogueSwiGLU, 16, 16);
   ShapeProbe wrong_gemv;
   wrong_gemv.gemv(swiglu, 512);
-  CHECK_THROWS_WITH_AS(check_compiles("launch_shape_probe_gemv", wrong_gemv.text(), CompileOptions{}),
-                       doctest::Contains(fmt::format("{}: smem {}", swiglu.uri(), launch_shape(swiglu, 1).smem + 512).c_str()),
-                       Error);
+  caught("launch_shape_probe_gemv", wrong_gemv,
+         fmt::format("{}: smem {}", swiglu.uri(), launch_shape(swiglu, 1).smem + 512));
   // lr_b's short K: 8 warps over 4 column tiles a CTA, so the grid is a quarter of the tiles.
   const KernelSpec short_k = gemv_spec(512, 32000, kc::kWeightFP8, kc::kEpilogueBF16, 1, 16);
   CHECK(launch_shape(short_k, 1).grid[0] == 500);
   ShapeProbe wrong_grid;
   wrong_grid.gemv(short_k, 0, 1);
-  CHECK_THROWS_WITH_AS(check_compiles("launch_shape_probe_gemv_grid", wrong_grid.text(), CompileOptions{}),
-                       doctest::Contains(fmt::format("{}: grid {}", short_k.uri(), 501).c_str()), Error);
+  caught("launch_shape_probe_gemv_grid", wrong_grid, fmt::format("{}: grid {}", short_k.uri(), 501));
 }
 
 TEST_CASE("tfe-plan compile: a head file to an artifact and a second run of all hits") {
