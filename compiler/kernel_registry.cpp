@@ -60,13 +60,11 @@ std::vector<KernelDef> make_defs() {
       {"top1", "top1.cuh", "tfe::kernels::top1", {"VOCAB", "COLS", "MAX_STEPS"},
        {{"part", P::ptr}, {"d2t", P::ptr}, {"out_token", P::ptr}, {"out_conf", P::ptr}, {"next_token", P::ptr},
         {"step", P::i64}, {"rows", P::i64}}},
-      // two_stage candidates: per (row, chunk of CHUNK scores) the chunk's min(CAND_K, CHUNK) highest scores
-      // (ties: lower id) and their draft ids, ascending by id, into part_score / part_id; the last CTA of a
-      // row to arrive (a ticket in `arrivals`, zero between passes) selects the CAND_K highest of the row's
-      // partials into cand, as draft ids ascending.
-      {"topk", "topk.cuh", "tfe::kernels::topk", {"VOCAB", "CHUNK", "CAND_K"},
-       {{"scores", P::ptr}, {"part_score", P::ptr}, {"part_id", P::ptr}, {"arrivals", P::ptr}, {"cand", P::ptr},
-        {"rows", P::i64}}},
+      // two_stage candidates: the CAND_K highest scores of a row (ties: lower id) as draft ids ascending,
+      // into cand. One cluster of SPLIT <= 8 CTAs per row splits the row's scores; the CTAs agree on the
+      // selection through distributed shared memory.
+      {"topk", "topk.cuh", "tfe::kernels::topk", {"VOCAB", "CAND_K", "SPLIT"},
+       {{"scores", P::ptr}, {"cand", P::ptr}, {"rows", P::i64}}},
       // two_stage: exact fp32 logits target_head[d2t(c)] . n of the candidates into exact, in candidate
       // order; the last CTA of a row to arrive (a ticket in `arrivals`) takes their argmax (ties: lower
       // target id) and softmax confidence, and writes like top1.

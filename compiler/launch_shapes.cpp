@@ -146,8 +146,8 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
     s.block = 256;
     s.rows_axis = 0;
   } else if (k == "topk") {
-    // A CTA per (chunk of CHUNK scores, row); the last of a row joins.
-    s.grid[0] = ceil_div(spec.constant("VOCAB"), spec.constant("CHUNK"));
+    // A cluster of SPLIT CTAs per row.
+    s.grid[0] = spec.constant("SPLIT");
     s.grid[1] = rows;
     s.block = kTopkThreads;
     s.rows_axis = 1;
@@ -246,12 +246,8 @@ int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach&
     return unknown();
   }
   if (k == "topk") {
-    const int64_t vocab = c("VOCAB"), chunk = c("CHUNK"), cand_k = c("CAND_K");
-    const int64_t slots = product({ceil_div(vocab, chunk), std::min(cand_k, chunk)});
-    if (param == "scores") return product({R, vocab, kF32});
-    if (param == "part_score" || param == "part_id") return product({R, slots, kI32});
-    if (param == "arrivals") return product({R, kI32});
-    if (param == "cand") return product({R, cand_k, kI32});
+    if (param == "scores") return product({R, c("VOCAB"), kF32});
+    if (param == "cand") return product({R, c("CAND_K"), kI32});
     return unknown();
   }
   fail("param_reach: no reach for kernel `{}`", k);

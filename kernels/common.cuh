@@ -85,6 +85,44 @@ __device__ __forceinline__ bool last_to_arrive(int* arrivals, int ctas) {
   return last;
 }
 
+// Thread-block clusters (sm_90): a kernel declares its cluster with TFE_CLUSTER(n) along x; below sm_90 the
+// planner gives such kernels one CTA a cluster and the macro declares none.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define TFE_CLUSTER(n)
+#else
+#define TFE_CLUSTER(n) __cluster_dims__(n, 1, 1)
+#endif
+// All threads of all CTAs of the cluster: release this CTA's shared-memory writes, acquire the peers'.
+__device__ __forceinline__ void cluster_barrier() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The address of `local` (this CTA's shared memory) in the shared memory of cluster CTA `rank`.
+__device__ __forceinline__ unsigned peer_address(const void* local, unsigned rank) {
+  const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(at), "r"(rank));
+  return remote;
+}
+__device__ __forceinline__ float load_peer(const float* local, unsigned rank) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(peer_address(local, rank)) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned load_peer(const unsigned* local, unsigned rank) {
+  unsigned v;
+  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(peer_address(local, rank)) : "memory");
+  return v;
+}
+// Four consecutive words from a 16-byte aligned `local` in cluster CTA `rank`.
+__device__ __forceinline__ uint4 load_peer_v4(const unsigned* local, unsigned rank) {
+  uint4 v;
+  asm volatile("ld.shared::cluster.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(peer_address(local, rank))
+               : "memory");
+  return v;
+}
+
 // -inf without <cmath> (NVRTC has no INFINITY).
 __device__ __forceinline__ float neg_inf() { return __int_as_float(static_cast<int>(0xff800000u)); }
 

@@ -119,29 +119,8 @@ __device__ __forceinline__ uint4 load_kv(const bf16* at) {
   else return make_uint4(*reinterpret_cast<const unsigned*>(at), 0u, 0u, 0u);
 }
 
-// All threads of all CTAs of the cluster: release this CTA's shared-memory writes, acquire the peers'.
-__device__ __forceinline__ void cluster_barrier() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// A float at `local` (this CTA's shared memory) in the shared memory of cluster CTA `rank`.
-__device__ __forceinline__ float load_peer(const float* local, unsigned rank) {
-  const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(local));
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(at), "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
-
-// Clusters exist from sm_90 on; the planner takes SPLIT = 1 below it.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define TFE_ATTENTION_CLUSTER(split)
-#else
-#define TFE_ATTENTION_CLUSTER(split) __cluster_dims__(split, 1, 1)
-#endif
-
 template <typename Cfg>
-__global__ void TFE_ATTENTION_CLUSTER(Cfg::SPLIT)
+__global__ void TFE_CLUSTER(Cfg::SPLIT)
     __launch_bounds__(128, (AttnShape<Cfg::HEADS, Cfg::KV_HEADS, Cfg::HEAD_DIM, Cfg::WINDOW, Cfg::SPLIT>::MIN_CTAS))
         ring_attention(const RingAttentionParams p) {
   start_after_predecessors();

@@ -1,25 +1,24 @@
-// two_stage candidates: the CAND_K highest scores of a row, ties to the lower id, as draft ids, in one
-// kernel whose CTAs split a row's scores (TopkShape; compiler/launch_shapes.cpp mirrors it).
-//   Grid (PARTS = ceil(VOCAB / CHUNK), rows), 512 threads. A CTA stages its chunk's keys in shared memory
-//   and writes the chunk's KP = min(CAND_K, CHUNK) best (all of a shorter last chunk) to part_score /
-//   part_id [rows, PARTS * KP] at part * KP, ascending by id. Then it takes an integer ticket from
-//   arrivals[r]; the last CTA of the row runs the same selection over the row's JOIN_N partials, writes
-//   cand [rows, CAND_K] ascending by id, and returns the counter to zero for the next pass.
-// The two levels select the global set: an element of the row's top CAND_K has fewer than CAND_K elements
-// of its own chunk ranked above it (each of them ranks above it in the row too), so its chunk keeps it.
-// Only the last part can be short, so the join's valid entries are the prefix [0, JOIN_N) of a row's
-// partials, and ascending position there is ascending id: ties resolved by position are ties to the
-// lower id, the same rule as within a chunk. The join reads the partials in position order whichever CTA
-// runs it, so the result does not depend on the order of arrival.
+// two_stage candidates: the CAND_K highest scores of a row, ties to the lower id, as draft ids ascending,
+// selected by one thread-block cluster per row (TopkShape; compiler/launch_shapes.cpp mirrors it).
+//   Grid (SPLIT, rows), clusters of (SPLIT, 1, 1), 512 threads. CTA c of a row's cluster holds the positions
+//   [c * CHUNK, (c + 1) * CHUNK) of the row, CHUNK = 512 * PER_THREAD, and its thread t the PER_THREAD
+//   consecutive positions from c * CHUNK + t * PER_THREAD (positions past VOCAB hold nothing). A thread's
+//   keys stay in registers up to kTopkRegisterKeys a thread; past that (a vocabulary over SPLIT x 512 x 32,
+//   or one CTA a row below sm_90) they are read again from the scores (through L1) on every pass.
 //
-// Selection (both levels): scores map to order-preserving 32-bit keys (-0 folded onto +0 so that they
-// tie, as floats compare). A radix select, 8 bits per pass from the top, narrows to the bucket (prefix
-// under mask) that holds the k-th largest key and how many of its keys are taken (`need`); it stops
-// early once that bucket is taken whole. Histograms use integer shared-memory atomics, one per group of
-// equal digits in a warp (__match_any_sync: the top digits of a score row are few, and same-address
-// atomics would serialize); their result does not depend on order. A final pass in position order
-// takes every key above the bucket and the first `need` keys in it; an element's output slot is the
-// number of taken elements before it, so the output order is the same every run.
+// Selection: scores map to order-preserving 32-bit keys (-0 folded onto +0 so that they tie, as floats
+// compare). A radix select, 8 bits a pass from the top, narrows to the bucket (prefix under mask) that holds
+// the row's CAND_K-th largest key, and how many of its keys are taken (`need`). In a pass each CTA counts its
+// keys of the bucket by digit into a shared-memory histogram (integer atomics, one per group of equal digits
+// in a warp: the top digits of a score row are few, and same-address atomics would serialize); after a
+// cluster barrier warp 0 of every CTA sums the SPLIT histograms through distributed shared memory and finds
+// the digit, so every CTA of the cluster narrows to the same bucket. The histograms alternate between two
+// buffers, so one cluster barrier a pass suffices. The select stops once the bucket is taken whole.
+// Then every key above the bucket and the first `need` in it, in position order, are taken: each thread
+// counts its keys above and in the bucket, and a scan over the CTA plus the counts of the lower-ranked CTAs
+// (through distributed shared memory, after a second cluster barrier) give each taken element its slot, the
+// number of taken elements before its position. So cand is ascending by id and the same every run: the
+// counts are integers, and nothing depends on the order in which CTAs or warps arrive.
 #pragma once
 #include "common.cuh"
 
@@ -28,30 +27,26 @@ namespace kernels {
 
 struct TopkParams {
   const float* scores;  // [rows, VOCAB]
-  float* part_score;    // [rows, PARTS * KP]
-  int* part_id;         // [rows, PARTS * KP] draft ids
-  int* arrivals;        // [rows], zero between passes
   int* cand;            // [rows, CAND_K] draft ids, ascending
   long long rows;
 };
-static_assert(sizeof(TopkParams) == 8 * 6, "one 8-byte slot per registry parameter");
+static_assert(sizeof(TopkParams) == 8 * 3, "one 8-byte slot per registry parameter");
 
 constexpr int kTopkThreads = 512, kTopkWarps = kTopkThreads / 32;
-// Largest chunk a CTA stages (4 bytes a key of static shared memory), and largest join input the joining
-// CTA stages (in the same array); a larger join reads its keys from global memory (L2) on every pass.
-constexpr long long kTopkMaxChunk = 8192, kTopkJoinStaged = 8192;
+constexpr long long kTopkMaxSplit = 8;     // the portable cluster size
+constexpr long long kTopkRegisterKeys = 32;  // keys a thread holds in registers
 
 template <typename Cfg>
 struct TopkShape {
-  static constexpr long long VOCAB = Cfg::VOCAB, CHUNK = Cfg::CHUNK, CAND_K = Cfg::CAND_K;
-  static constexpr long long PARTS = ceil_div(VOCAB, CHUNK);
-  static constexpr long long KP = min_ll(CAND_K, CHUNK);              // slots per part
-  static constexpr long long LAST = VOCAB - (PARTS - 1) * CHUNK;      // length of the last chunk
-  static constexpr long long JOIN_N = (PARTS - 1) * KP + min_ll(KP, LAST);
-  static constexpr long long STRIDE = PARTS * KP;                     // a row of part_score / part_id
+  static constexpr long long VOCAB = Cfg::VOCAB, CAND_K = Cfg::CAND_K, SPLIT = Cfg::SPLIT;
+  static constexpr long long PER_THREAD = ceil_div(VOCAB, SPLIT * kTopkThreads);
+  static constexpr long long CHUNK = PER_THREAD * kTopkThreads;  // positions of a CTA
+  static constexpr bool IN_REGISTERS = PER_THREAD <= kTopkRegisterKeys;
+  // 16-byte loads of a thread's scores: its first position and the row are then multiples of four, so a
+  // load is all below VOCAB or all past it.
+  static constexpr bool VEC = IN_REGISTERS && VOCAB % 4 == 0 && PER_THREAD % 4 == 0;
   static_assert(CAND_K >= 1 && CAND_K <= VOCAB, "topk: CAND_K must be in 1..VOCAB");
-  static_assert(CHUNK >= 1 && CHUNK <= kTopkMaxChunk, "topk: CHUNK must be in 1..kTopkMaxChunk");
-  static_assert(JOIN_N >= CAND_K, "topk: the partials must hold at least CAND_K entries");
+  static_assert(SPLIT >= 1 && SPLIT <= kTopkMaxSplit, "topk: SPLIT must be in 1..kTopkMaxSplit");
 };
 
 __device__ __forceinline__ unsigned order_key(float v) {
@@ -60,61 +55,117 @@ __device__ __forceinline__ unsigned order_key(float v) {
 }
 
 struct TopkSmem {
-  unsigned hist[256];
-  unsigned warp_total[kTopkWarps];
+  alignas(16) unsigned hist[2][256];  // by pass parity; read by the whole cluster
+  unsigned warp_gt[kTopkWarps], warp_eq[kTopkWarps];
+  unsigned cta_gt, cta_eq;  // this CTA's keys above and in the final bucket; read by higher ranks
   unsigned found_digit, found_need, found_count;
-  unsigned tile_gt[2][kTopkWarps], tile_eq[2][kTopkWarps];
 };
 
-// The bucket of the need-th largest of key_at(0 .. n-1) (1 <= need <= n): on return, the keys k with
-// (k & mask) > prefix are all taken and `need` of those with (k & mask) == prefix. Every thread of the
-// CTA (kTopkThreads, whole warps) calls it with the same n and need.
-template <typename KeyAt>
-__device__ __forceinline__ void radix_bucket(const KeyAt& key_at, int n, unsigned& prefix, unsigned& mask,
-                                             unsigned& need, TopkSmem& sm) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+// A thread's keys: in registers, or read from the scores at each use.
+template <typename S>
+struct ThreadKeys {
+  unsigned reg[S::IN_REGISTERS ? S::PER_THREAD : 1];
+  const float* at;  // the thread's first score
+  int n;            // its positions below VOCAB: 0 .. PER_THREAD
+
+  __device__ __forceinline__ void load(const float* first, long long valid) {
+    at = first;
+    n = static_cast<int>(valid < 0 ? 0 : min_ll(valid, S::PER_THREAD));
+    if constexpr (S::VEC) {
+#pragma unroll
+      for (int j = 0; j < S::PER_THREAD; j += 4) {
+        if (j < n) {
+          const float4 v = *reinterpret_cast<const float4*>(first + j);
+          reg[j] = order_key(v.x);
+          reg[j + 1] = order_key(v.y);
+          reg[j + 2] = order_key(v.z);
+          reg[j + 3] = order_key(v.w);
+        }
+      }
+    } else if constexpr (S::IN_REGISTERS) {
+#pragma unroll
+      for (int j = 0; j < S::PER_THREAD; ++j)
+        if (j < n) reg[j] = order_key(first[j]);
+    }
+  }
+  __device__ __forceinline__ unsigned operator[](int j) const {
+    if constexpr (S::IN_REGISTERS) return reg[j];
+    else return order_key(at[j]);
+  }
+};
+
+template <typename S>
+constexpr int kTopkUnroll = S::IN_REGISTERS ? static_cast<int>(S::PER_THREAD) : 4;
+
+// The bucket of the row's need-th largest key: on return, the keys k with (k & mask) > prefix are all
+// taken and `need` of those with (k & mask) == prefix. Every thread of every CTA of the cluster calls it.
+template <typename S>
+__device__ __forceinline__ void cluster_radix_bucket(const ThreadKeys<S>& keys, unsigned& prefix, unsigned& mask,
+                                                     unsigned& need, TopkSmem& sm) {
+  const int tid = threadIdx.x, lane = tid & 31;
   prefix = 0;
   mask = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    if (tid < 256) sm.hist[tid] = 0;
-    __syncthreads();
-    // A trip count shared by the CTA keeps every lane in the match.
-    for (int base = 0; base < n; base += kTopkThreads) {
-      const int i = base + tid;
+  sm.hist[tid >> 8][tid & 255] = 0;  // both buffers: 512 threads
+  __syncthreads();
+  for (int pass = 0, shift = 24; shift >= 0; ++pass, shift -= 8) {
+    unsigned* hist = sm.hist[pass & 1];
+#pragma unroll kTopkUnroll<S>
+    for (int j = 0; j < S::PER_THREAD; ++j) {
       unsigned digit = 256u;  // not in the bucket
-      if (i < n) {
-        const unsigned k = key_at(i);
+      if (j < keys.n) {
+        const unsigned k = keys[j];
         if ((k & mask) == prefix) digit = (k >> shift) & 255u;
       }
-      const unsigned peers = __match_any_sync(0xffffffffu, digit);
-      if (digit < 256u && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[digit], static_cast<unsigned>(__popc(peers)));
+      // After the first pass few keys are left in the bucket: a warp with none skips the match.
+      if (__any_sync(0xffffffffu, digit < 256u)) {
+        const unsigned peers = __match_any_sync(0xffffffffu, digit);
+        if (digit < 256u && lane == __ffs(peers) - 1) atomicAdd(&hist[digit], static_cast<unsigned>(__popc(peers)));
+      }
     }
-    __syncthreads();
-    // Counts from the highest digit down; the digit where the running count reaches `need` holds the
-    // need-th largest key.
-    unsigned c = 0, incl = 0;
-    if (tid < 256) {
-      c = sm.hist[255 - tid];
-      incl = c;
+    if constexpr (S::SPLIT > 1) cluster_barrier();  // every CTA's histogram of this pass is complete
+    else __syncthreads();
+    // The other buffer was last read in the previous pass, before every CTA arrived at this barrier.
+    if (tid < 256) sm.hist[(pass + 1) & 1][tid] = 0;
+    if (tid < 32) {
+      // Lane l sums the cluster's bins 248 - 8l .. 255 - 8l (lane 0 the highest), then counts from the
+      // highest digit down: the digit where the running count reaches `need` holds the need-th largest key.
+      const int low = 248 - 8 * lane;
+      unsigned c[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+      for (int cc = 0; cc < S::SPLIT; ++cc) {
+        uint4 a, b;
+        if constexpr (S::SPLIT > 1) {
+          a = load_peer_v4(hist + low, cc);
+          b = load_peer_v4(hist + low + 4, cc);
+        } else {
+          a = *reinterpret_cast<const uint4*>(hist + low);
+          b = *reinterpret_cast<const uint4*>(hist + low + 4);
+        }
+        c[0] += a.x, c[1] += a.y, c[2] += a.z, c[3] += a.w, c[4] += b.x, c[5] += b.y, c[6] += b.z, c[7] += b.w;
+      }
+      const unsigned total = c[0] + c[1] + c[2] + c[3] + c[4] + c[5] + c[6] + c[7];
+      unsigned incl = total;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
         const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
         if (lane >= o) incl += v;
       }
-      if (lane == 31) sm.warp_total[warp] = incl;
-    }
-    __syncthreads();
-    if (tid < 256) {
-      for (int w = 0; w < warp; ++w) incl += sm.warp_total[w];
-      const unsigned excl = incl - c;
-      if (excl < need && incl >= need) {
-        sm.found_digit = 255u - static_cast<unsigned>(tid);
-        sm.found_need = need - excl;
-        sm.found_count = c;
+      unsigned before = incl - total;
+      if (before < need && incl >= need) {
+#pragma unroll
+        for (int b = 7; b >= 0; --b) {
+          if (before + c[b] >= need) {
+            sm.found_digit = static_cast<unsigned>(low + b);
+            sm.found_need = need - before;
+            sm.found_count = c[b];
+            break;
+          }
+          before += c[b];
+        }
       }
     }
     __syncthreads();
-    // found_* are rewritten only after the next pass's second barrier, which every reader passes first.
+    // found_* are rewritten only after the next pass's cluster barrier, which every reader passes first.
     prefix |= sm.found_digit << shift;
     mask |= 255u << shift;
     need = sm.found_need;
@@ -122,96 +173,79 @@ __device__ __forceinline__ void radix_bucket(const KeyAt& key_at, int n, unsigne
   }
 }
 
-// Calls take(i, slot) for each taken element, slot = the number of taken elements before position i
-// (0 .. taken - 1). A tile of kTopkThreads positions at a time; tile_* are double-buffered so one
-// barrier per tile suffices.
-template <typename KeyAt, typename Take>
-__device__ __forceinline__ void take_in_order(const KeyAt& key_at, int n, unsigned prefix, unsigned mask,
-                                              unsigned need, TopkSmem& sm, const Take& take) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const unsigned below = (1u << lane) - 1u;
-  unsigned gt_base = 0, eq_base = 0;
-  for (int base = 0, tile = 0; base < n; base += kTopkThreads, ++tile) {
-    const int i = base + tid;
-    const unsigned k = i < n ? key_at(i) & mask : 0u;
-    const bool gt = i < n && k > prefix, eq = i < n && k == prefix;
-    const unsigned bg = __ballot_sync(0xffffffffu, gt), be = __ballot_sync(0xffffffffu, eq);
-    const int buf = tile & 1;
-    if (lane == 0) {
-      sm.tile_gt[buf][warp] = __popc(bg);
-      sm.tile_eq[buf][warp] = __popc(be);
-    }
-    __syncthreads();
-    unsigned gt_before = gt_base + __popc(bg & below), eq_before = eq_base + __popc(be & below);
-    unsigned gt_tile = 0, eq_tile = 0;
-    for (int w = 0; w < kTopkWarps; ++w) {
-      if (w < warp) {
-        gt_before += sm.tile_gt[buf][w];
-        eq_before += sm.tile_eq[buf][w];
-      }
-      gt_tile += sm.tile_gt[buf][w];
-      eq_tile += sm.tile_eq[buf][w];
-    }
-    if (gt || (eq && eq_before < need)) take(i, static_cast<int>(gt_before + min(eq_before, need)));
-    gt_base += gt_tile;
-    eq_base += eq_tile;
-  }
-}
-
-// Two CTAs per SM: without a minimum, ptxas held the kernel to 40 registers and spilled.
 template <typename Cfg>
-__global__ void __launch_bounds__(kTopkThreads, 2) topk(const TopkParams p) {
+__global__ void TFE_CLUSTER(Cfg::SPLIT) __launch_bounds__(kTopkThreads, 1) topk(const TopkParams p) {
   start_after_predecessors();
   using S = TopkShape<Cfg>;
-  constexpr int PER_THREAD = static_cast<int>(ceil_div(S::CHUNK, kTopkThreads));
-  constexpr int N = static_cast<int>(S::JOIN_N);
-  constexpr bool STAGED = S::JOIN_N <= kTopkJoinStaged;
-  constexpr long long KEYS = STAGED && S::JOIN_N > S::CHUNK ? S::JOIN_N : S::CHUNK;
-  __shared__ unsigned keys[KEYS];
   __shared__ TopkSmem sm;
-  const int tid = threadIdx.x;
-  const long long part = blockIdx.x, r = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // A cluster is the SPLIT CTAs of one row (grid.x == SPLIT): its CTA rank is blockIdx.x, and the whole
+  // cluster shares r and returns together.
+  const unsigned rank = blockIdx.x;
+  const long long r = blockIdx.y;
   if (r >= p.rows) return;
 
-  // This CTA's chunk: its KP best into the row's partials.
-  const long long begin = part * S::CHUNK;
-  const int len = static_cast<int>(min_ll(S::CHUNK, S::VOCAB - begin));
-  const float* s = p.scores + r * S::VOCAB + begin;
-#pragma unroll
-  for (int j = 0; j < PER_THREAD; ++j) {
-    const int i = j * kTopkThreads + tid;
-    if (i < len) keys[i] = order_key(s[i]);
-  }
-  __syncthreads();
-  {
-    const auto key_at = [&](int i) { return keys[i]; };
-    unsigned prefix, mask, need = static_cast<unsigned>(min_ll(S::KP, len));
-    radix_bucket(key_at, len, prefix, mask, need, sm);
-    float* out_score = p.part_score + r * S::STRIDE + part * S::KP;
-    int* out_id = p.part_id + r * S::STRIDE + part * S::KP;
-    take_in_order(key_at, len, prefix, mask, need, sm, [&](int i, int slot) {
-      out_score[slot] = s[i];
-      out_id[slot] = static_cast<int>(begin + i);
-    });
-  }
+  const long long first = rank * S::CHUNK + static_cast<long long>(tid) * S::PER_THREAD;
+  ThreadKeys<S> keys;
+  keys.load(p.scores + r * S::VOCAB + first, S::VOCAB - first);
 
-  // The last CTA of the row to arrive joins its partials.
-  if (!last_to_arrive(p.arrivals + r, S::PARTS)) return;
-
-  const float* score = p.part_score + r * S::STRIDE;
-  const int* id = p.part_id + r * S::STRIDE;
-  if constexpr (STAGED) {
-    for (int i = tid; i < N; i += kTopkThreads) keys[i] = order_key(__ldcg(score + i));
-    __syncthreads();
-  }
-  const auto key_at = [&](int i) -> unsigned {
-    if constexpr (STAGED) return keys[i];
-    else return order_key(__ldcg(score + i));
-  };
   unsigned prefix, mask, need = static_cast<unsigned>(S::CAND_K);
-  radix_bucket(key_at, N, prefix, mask, need, sm);
+  cluster_radix_bucket(keys, prefix, mask, need, sm);
+
+  // Keys above the bucket and in it, before this thread's first position: a scan over the CTA's warps in
+  // order, then the lower-ranked CTAs' totals.
+  unsigned gt = 0, eq = 0;
+#pragma unroll kTopkUnroll<S>
+  for (int j = 0; j < S::PER_THREAD; ++j) {
+    if (j < keys.n) {
+      const unsigned k = keys[j] & mask;
+      gt += k > prefix;
+      eq += k == prefix;
+    }
+  }
+  unsigned gt_incl = gt, eq_incl = eq;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned g = __shfl_up_sync(0xffffffffu, gt_incl, o), e = __shfl_up_sync(0xffffffffu, eq_incl, o);
+    if (lane >= o) gt_incl += g, eq_incl += e;
+  }
+  if (lane == 31) sm.warp_gt[warp] = gt_incl, sm.warp_eq[warp] = eq_incl;
+  __syncthreads();
+  unsigned gt_before = gt_incl - gt, eq_before = eq_incl - eq, cta_gt = 0, cta_eq = 0;
+  for (int w = 0; w < kTopkWarps; ++w) {
+    if (w < warp) gt_before += sm.warp_gt[w], eq_before += sm.warp_eq[w];
+    cta_gt += sm.warp_gt[w];
+    cta_eq += sm.warp_eq[w];
+  }
+  if constexpr (S::SPLIT > 1) {
+    if (tid == 0) sm.cta_gt = cta_gt, sm.cta_eq = cta_eq;
+    cluster_barrier();
+    // Lane cc < rank reads CTA cc's totals; integer sums, so the order of the shuffles does not matter.
+    unsigned g = 0, e = 0;
+    if (static_cast<unsigned>(lane) < rank) g = load_peer(&sm.cta_gt, lane), e = load_peer(&sm.cta_eq, lane);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) g += __shfl_xor_sync(0xffffffffu, g, o), e += __shfl_xor_sync(0xffffffffu, e, o);
+    gt_before += g;
+    eq_before += e;
+    // This CTA has read its peers; it waits below, before it exits, until they have read it.
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  }
+
   int* out = p.cand + r * S::CAND_K;
-  take_in_order(key_at, N, prefix, mask, need, sm, [&](int i, int slot) { out[slot] = __ldcg(id + i); });
+#pragma unroll kTopkUnroll<S>
+  for (int j = 0; j < S::PER_THREAD; ++j) {
+    if (j < keys.n) {
+      const unsigned k = keys[j] & mask;
+      if (k > prefix) {
+        out[gt_before + min(eq_before, need)] = static_cast<int>(first + j);
+        ++gt_before;
+      } else if (k == prefix && eq_before < need) {
+        out[gt_before + eq_before] = static_cast<int>(first + j);
+        ++eq_before;
+      }
+    }
+  }
+  if constexpr (S::SPLIT > 1) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
 }  // namespace kernels

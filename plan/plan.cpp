@@ -104,7 +104,7 @@ bool param_writes(std::string_view kernel, std::string_view param) {
       {"qk_rope_kv", {"q_out", "ring_k", "ring_v"}},
       {"ring_attention", {"o"}},
       {"top1", {"out_token", "out_conf", "next_token"}},
-      {"topk", {"part_score", "part_id", "arrivals", "cand"}},
+      {"topk", {"cand"}},
       {"rescore", {"exact", "arrivals", "out_token", "out_conf", "next_token"}},
   };
   const auto it = writes.find(kernel);

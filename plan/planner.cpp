@@ -307,12 +307,9 @@ class Planner {
     } else {
       add(a, "u", BufferRole::activation, DType::BF16, {B, hh.lowrank});
       add(a, "scores", BufferRole::activation, DType::F32, {B, hh.draft_vocab});
-      add(a, "part_score", BufferRole::activation, DType::F32, {B, topk_parts() * topk_part_slots()});
-      add(a, "part_id", BufferRole::activation, DType::I32, {B, topk_parts() * topk_part_slots()});
       add(a, "cand", BufferRole::activation, DType::I32, {B, int64_t{hh.cand_k}});
       add(a, "exact", BufferRole::activation, DType::F32, {B, int64_t{hh.cand_k}});
-      // topk's and rescore's per-row tickets: zero at open, and every pass returns them to zero.
-      add(a, "topk_arrivals", BufferRole::activation, DType::I32, {B});
+      // rescore's per-row tickets: zero at open, and every pass returns them to zero.
       add(a, "rescore_arrivals", BufferRole::activation, DType::I32, {B});
     }
     add(a, "next_token", BufferRole::activation, DType::I32, {B});
@@ -361,13 +358,16 @@ class Planner {
   }
   int64_t top1_parts(int64_t rows) const { return (h().draft_vocab + lm_head_cols(rows) - 1) / lm_head_cols(rows); }
 
-  // topk chunk: 2048 scores (4 per thread of its CTA: 16 CTAs for a 32000-score row), 4096 above
-  // cand_k 256 so that a chunk still drops at least seven eighths of its scores before the join.
-  int64_t topk_chunk() const { return h().cand_k > 256 ? 4096 : 2048; }
-  int64_t topk_parts() const { return (h().draft_vocab + topk_chunk() - 1) / topk_chunk(); }
-  int64_t topk_part_slots() const { return std::min<int64_t>(h().cand_k, topk_chunk()); }
+  // topk's CTAs per row, one cluster: 8 keys a thread of 512 (a CTA per 4096 scores) up to the portable
+  // cluster size 8, so a 32000-score row spreads over 8 SMs and every pass's histogram is short; larger
+  // vocabularies give each thread more keys (registers up to 32: 131072 scores). Clusters need sm_90: one
+  // CTA a row below it.
+  int64_t topk_split() const {
+    if (sm_version(p_.options) < 90) return 1;
+    return std::clamp<int64_t>((h().draft_vocab + 4095) / 4096, 1, 8);
+  }
   KernelSpec topk_spec() const {
-    return make_spec("topk", {{"VOCAB", h().draft_vocab}, {"CHUNK", topk_chunk()}, {"CAND_K", int64_t{h().cand_k}}});
+    return make_spec("topk", {{"VOCAB", h().draft_vocab}, {"CAND_K", int64_t{h().cand_k}}, {"SPLIT", topk_split()}});
   }
 
   // A kernel node: the args are checked against the kernel's parameters (a mismatch is a planner bug).
@@ -514,8 +514,7 @@ class Planner {
         nodes.push_back(gemv(pre + "lr_b", s, matrices_.at("lr_b"), B, kc::kEpilogueF32, "u", "scores",
                              none("residual"), fixed, B));
         nodes.push_back(kernel(pre + "topk", s, topk_spec(), fixed, B,
-                               {buf("scores", "scores"), buf("part_score", "part_score"), buf("part_id", "part_id"),
-                                buf("arrivals", "topk_arrivals"), buf("cand", "cand"), i64("rows", B)}));
+                               {buf("scores", "scores"), buf("cand", "cand"), i64("rows", B)}));
         nodes.push_back(kernel(pre + "rescore", s,
                                make_spec("rescore", {{"HIDDEN", H},
                                                      {"CAND_K", int64_t{hh.cand_k}},
@@ -630,8 +629,9 @@ class Planner {
     } else {
       choose("lr_a draft", "gemv", draft_reason);
       choose("lr_b draft", "gemv f32 scores + topk",
-             fmt::format("{} partials of the best {} of {} scores per row, joined by the last CTA to arrive",
-                         topk_parts(), topk_part_slots(), topk_chunk()));
+             fmt::format("one cluster of {} CTAs per row selects the best {} of {} scores: the CTAs agree on "
+                         "each radix pass through distributed shared memory, with no partials, fence or ticket",
+                         topk_split(), hh.cand_k, hh.draft_vocab));
       choose("target_head draft", "rescore",
              fmt::format("only the {} candidate rows of target_head are read per row, a warp each; a warp of "
                          "the last CTA to arrive joins",

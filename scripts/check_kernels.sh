@@ -62,12 +62,12 @@ for heads, kvh, hd, window, ring in [(32, 8, 128, 511, 520), (32, 8, 128, 128, 1
 for vocab, cols, steps in [(32000, 16, 8), (32000, 32, 8), (128256, 16, 8), (262144, 16, 16), (300, 16, 1),
                            (5000, 32, 16)]:
     add("top1", "top1.cuh", VOCAB=vocab, COLS=cols, MAX_STEPS=steps)
-# topk: the planner's chunks (2048; 4096 above cand_k 256), a chunk smaller than CAND_K, one part, a join
-# staged at kTopkJoinStaged (65536 / 4096 x 512: the most static shared memory), and a join too large to
-# stage in shared memory (262144 / 4096 x 512).
-for vocab, chunk, k in [(32000, 2048, 64), (32000, 4096, 512), (65536, 4096, 512), (262144, 4096, 512),
-                        (300, 2048, 16), (1000, 100, 300), (5000, 2048, 1)]:
-    add("topk", "topk.cuh", VOCAB=vocab, CHUNK=chunk, CAND_K=k)
+# topk: the planner's splits (8 at 32000 scores with 8 keys a thread, 16 at 65536 and 32 at 131072, the most
+# held in registers; one CTA a row, as below sm_90), keys read from the scores past 32 a thread (262144 / 8,
+# 40000 / 1), scalar loads (5001; 1000 / 8 with one key a thread and empty CTAs), CAND_K 1 and 512.
+for vocab, k, split in [(32000, 64, 8), (32000, 512, 8), (65536, 512, 8), (131072, 512, 8), (262144, 512, 8),
+                        (40000, 64, 1), (5001, 300, 2), (1000, 300, 8), (300, 16, 1), (5000, 1, 2)]:
+    add("topk", "topk.cuh", VOCAB=vocab, CAND_K=k, SPLIT=split)
 for hidden, k in [(4096, 64), (8192, 512), (64, 16), (100, 5)]:
     for weight in [0, 1]:
         add("rescore", "rescore.cuh", HIDDEN=hidden, CAND_K=k, WEIGHT=weight, MAX_STEPS=8)

@@ -235,7 +235,7 @@ TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_att
             if (cols == 32 && epilogue == kc::kEpilogueSwiGLU) continue;
             probe.gemv(gemv_spec(m.k, m.n, weight, epilogue, rows, cols));
           }
-  probe.block(make_spec("topk", {{"VOCAB", 32000}, {"CHUNK", 2048}, {"CAND_K", 64}}), "kTopkThreads");
+  probe.block(make_spec("topk", {{"VOCAB", 32000}, {"CAND_K", 64}, {"SPLIT", 8}}), "kTopkThreads");
   probe.block(make_spec("rescore", {{"HIDDEN", 4096}, {"CAND_K", 64}, {"WEIGHT", 0}, {"MAX_STEPS", 8}}),
               "32 * kRescoreWarps");
   CHECK(probe.cases == 9 * 5 * 8 + 10 * 2 * 5 * 5 * 2 - 10 * 2 * 5 + 2);
@@ -247,7 +247,7 @@ TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_att
     CAPTURE(name);
     CHECK_THROWS_WITH_AS(check_compiles(name, wrong.text(), CompileOptions{}), doctest::Contains(what.c_str()), Error);
   };
-  const KernelSpec topk = make_spec("topk", {{"VOCAB", 32000}, {"CHUNK", 2048}, {"CAND_K", 64}});
+  const KernelSpec topk = make_spec("topk", {{"VOCAB", 32000}, {"CAND_K", 64}, {"SPLIT", 8}});
   ShapeProbe wrong_topk;
   wrong_topk.block(topk, "kTopkThreads", 32);
   caught("launch_shape_probe_topk", wrong_topk,

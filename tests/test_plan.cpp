@@ -303,8 +303,7 @@ TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role
       {"x", {R::activation, R::table}}, {"y", {R::activation, R::table}}, {"g", {R::activation}},
       {"residual", {R::activation}}, {"qkv", {R::activation}}, {"q_out", {R::activation}}, {"q", {R::activation}},
       {"o", {R::activation}}, {"part", {R::activation}}, {"next_token", {R::activation}},
-      {"scores", {R::activation}}, {"part_score", {R::activation}}, {"part_id", {R::activation}},
-      {"cand", {R::activation}}, {"exact", {R::activation}}, {"n", {R::activation}}, {"arrivals", {R::activation}}};
+      {"scores", {R::activation}}, {"cand", {R::activation}}, {"exact", {R::activation}}, {"n", {R::activation}}, {"arrivals", {R::activation}}};
   for (const auto& [name, h] : golden_heads()) {
     CAPTURE(name);
     const Plan p = make_plan(h, golden_options());
@@ -525,6 +524,41 @@ TEST_CASE("make_plan: attention takes fewer, longer key chunks where its grid wo
   CHECK(w.at(4) == 4);
   CHECK(w.at(8) == 2);
   CHECK(w.at(16) == 1);
+}
+
+TEST_CASE("make_plan: two_stage topk is one cluster of CTAs per row, 4096 scores a CTA up to 8, one below sm_90") {
+  const auto topk_of = [](const HeadHeader& h, const std::string& arch) {
+    PlanOptions o;
+    o.arch = arch;
+    const Plan p = make_plan(h, o);
+    // The CTAs of a row agree through distributed shared memory: no partials or tickets between them.
+    for (const char* gone : {"part_score", "part_id", "topk_arrivals"}) CHECK(p.arena.find(gone) == nullptr);
+    std::set<int64_t> splits;
+    for (const auto& b : p.buckets)
+      for (const auto& n : b.nodes)
+        if (n.name.ends_with("topk")) {
+          const KernelSpec& spec = p.spec(n.spec);
+          CHECK(spec.constant("VOCAB") == h.draft_vocab);
+          CHECK(spec.constant("CAND_K") == h.cand_k);
+          CHECK(n.launch.grid[0] == spec.constant("SPLIT"));  // one cluster a row
+          CHECK(n.launch.grid[1] == b.streams);
+          splits.insert(spec.constant("SPLIT"));
+        }
+    REQUIRE(splits.size() == 1);
+    return *splits.begin();
+  };
+  HeadHeader h = preset_header("tfe-two-stage");
+  CHECK(h.draft_vocab == 32000);
+  CHECK(topk_of(h, "sm_90") == 8);
+  CHECK(topk_of(h, "sm_80") == 1);
+  h.draft_vocab = 4096;
+  CHECK(topk_of(h, "sm_90") == 1);
+  h.draft_vocab = 4097;
+  CHECK(topk_of(h, "sm_90") == 2);
+  h.draft_vocab = 20000;
+  CHECK(topk_of(h, "sm_90") == 5);
+  h.draft_vocab = 128256;
+  CHECK(topk_of(h, "sm_100") == 8);
 }
 
 TEST_CASE("make_plan: a dense step ends in the lm_head gemv writing top1 partials and one top1 node joining "

@@ -8,7 +8,7 @@
 // one element allowed), normalized error < 1e-2; fp32 scores and exact logits: normalized error < 1e-4;
 // the dense head's top1 partials (its logits are never stored) and top1's picks: check_top1 (gpu_test.h),
 // the draft id equal where the reference's top two differ by more than 1e-3 (relative).
-// Selections made without arithmetic on the GPU's own values (topk partials and candidates, the
+// Selections made without arithmetic on the GPU's own values (topk's candidates, the
 // two_stage pick) are exact, ties to the lower id included.
 #include <algorithm>
 #include <functional>
@@ -178,8 +178,6 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
   } else {
     const auto u = buf("u");
     const auto scores = as_vector<float>(rt.read_buffer("scores"));
-    const auto part_score = as_vector<float>(rt.read_buffer("part_score"));
-    const auto part_id = as_vector<int32_t>(rt.read_buffer("part_id"));
     const auto cand = as_vector<int32_t>(rt.read_buffer("cand"));
     const auto exact = as_vector<float>(rt.read_buffer("exact"));
     const auto ur = st.lin("lr_a", nr, rows);
@@ -188,31 +186,15 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
     ref::linear_f32(st.linear("lr_b"), first_rows(u, h.lowrank), sw, st.threads);
     CHECK(f32_error(std::span<const float>(scores).first(sw.size()), sw) < 1e-4);
     const auto th = st.linear("target_head");
-    const int64_t K = h.cand_k, chunk = node_spec(plan, "s1.topk").constant("CHUNK");
-    const int64_t parts = (Vd + chunk - 1) / chunk, kp = std::min(K, chunk);
-    // The best `count` of s (ties: lower id) as ids ascending, offset by `first`: the order both topk
-    // kernels write.
-    auto best_ascending = [](std::span<const float> s, int64_t count, int64_t first) {
-      std::vector<int32_t> ids = ref::topk(s, static_cast<int>(count));
-      for (auto& i : ids) i += static_cast<int32_t>(first);
-      std::sort(ids.begin(), ids.end());
-      return ids;
-    };
+    const int64_t K = h.cand_k;
     for (int64_t r = 0; r < rows; ++r) {
       CAPTURE(r);
       const auto s = row(scores, r, Vd);
-      // topk selects, at both levels, on the GPU's scores without arithmetic: exact, ties included.
-      for (int64_t part = 0; part < parts; ++part) {
-        CAPTURE(part);
-        const int64_t begin = part * chunk, len = std::min(chunk, Vd - begin), count = std::min(kp, len);
-        const size_t at = static_cast<size_t>(r * parts * kp + part * kp);
-        const std::vector<int32_t> got(part_id.begin() + at, part_id.begin() + at + count);
-        CHECK(got == best_ascending(s.subspan(static_cast<size_t>(begin), static_cast<size_t>(len)), count, begin));
-        for (int64_t i = 0; i < count; ++i)
-          CHECK(part_score[at + i] == s[static_cast<size_t>(part_id[at + i])]);
-      }
+      // topk selects on the GPU's scores without arithmetic: exact, ties included, ids ascending.
+      std::vector<int32_t> best = ref::topk(s, static_cast<int>(K));
+      std::sort(best.begin(), best.end());
       const auto got = row(cand, r, K);
-      CHECK(std::vector<int32_t>(got.begin(), got.end()) == best_ascending(s, K, 0));
+      CHECK(std::vector<int32_t>(got.begin(), got.end()) == best);
       // rescore's logits on the GPU's candidates.
       std::vector<float> want;
       std::vector<int32_t> target;

@@ -1,13 +1,13 @@
 // topk against the reference on score rows made to reach every path of its radix select: random scores,
-// ascending ones (every large key in one chunk, so the join's partials arrive in score order), equal and
-// few-valued scores (ties across chunks and within a radix bucket, which the early exit takes whole),
-// signed zeros (which must tie), and scores that differ in their lowest 11 bits only (one bucket through
-// the top digits, ties within the lowest); shapes with CAND_K below and above a chunk's candidates, with
-// one short part, with chunks smaller than CAND_K (every chunk's bucket taken whole in the first pass), and
-// at the planner's largest CAND_K with a join staged in shared memory and one read from global memory. The
-// selection is exact (no arithmetic on the scores), so the candidates must equal the reference's, ties to
-// the lower id included. Each shape runs twice on the same rows: the row tickets must be back at zero after
-// a pass.
+// ascending ones (every large key in the last CTAs of the cluster), equal and few-valued scores (ties across
+// CTAs and within a radix bucket, which the early exit takes whole), signed zeros (which must tie), and
+// scores that differ in their lowest 11 bits only (one bucket through the top digits, ties within the
+// lowest); shapes with the planner's split (8 CTAs at 32000 scores; 16 and 32 keys a thread in registers at
+// 65536 and 131072), keys read from the scores (262144 over 8 CTAs, 40000 over one, as below sm_90), scalar
+// loads (a vocabulary not a multiple of four; one key a thread), CTAs past the vocabulary, CAND_K 1 and the
+// planner's largest, 512. The selection is exact (no arithmetic on the scores), so the candidates must equal
+// the reference's, ties to the lower id included. Each shape runs twice on the same rows: nothing of a pass
+// may be left for the next.
 #include <algorithm>
 #include <cstring>
 #include <tuple>
@@ -51,18 +51,12 @@ std::vector<std::vector<int32_t>> run_topk(const KernelSpec& spec, const std::ve
                                            int passes, cudaStream_t s) {
   const TestKernel kernel = load_test_kernel(spec);
 
-  const int64_t vocab = spec.constant("VOCAB"), chunk = spec.constant("CHUNK"), k = spec.constant("CAND_K");
-  const int64_t parts = (vocab + chunk - 1) / chunk, stride = parts * std::min(k, chunk);
+  const int64_t k = spec.constant("CAND_K");
   auto d_scores = cuda::allocate_device(scores.size() * 4, "scores");
-  auto part_score = cuda::allocate_device(static_cast<size_t>(rows * stride) * 4, "part_score");
-  auto part_id = cuda::allocate_device(static_cast<size_t>(rows * stride) * 4, "part_id");
-  auto arrivals = cuda::allocate_device(static_cast<size_t>(rows) * 4, "arrivals");
   auto cand = cuda::allocate_device(static_cast<size_t>(rows * k) * 4, "cand");
   TFE_CUDA(cudaMemcpyAsync(d_scores.data(), scores.data(), scores.size() * 4, cudaMemcpyHostToDevice, s));
-  TFE_CUDA(cudaMemsetAsync(arrivals.data(), 0, static_cast<size_t>(rows) * 4, s));
-  uint64_t slots[6] = {reinterpret_cast<uint64_t>(d_scores.data()), reinterpret_cast<uint64_t>(part_score.data()),
-                       reinterpret_cast<uint64_t>(part_id.data()),  reinterpret_cast<uint64_t>(arrivals.data()),
-                       reinterpret_cast<uint64_t>(cand.data()),     static_cast<uint64_t>(rows)};
+  uint64_t slots[3] = {reinterpret_cast<uint64_t>(d_scores.data()), reinterpret_cast<uint64_t>(cand.data()),
+                       static_cast<uint64_t>(rows)};
   const LaunchShape shape = launch_shape(spec, rows);
   std::vector<std::vector<int32_t>> out;
   for (int pass = 0; pass < passes; ++pass) {
@@ -82,27 +76,26 @@ TFE_GPU_TEST_CASE("topk: equals the reference on random, ascending, tied and sig
   const std::vector<Pattern> patterns = {Pattern::random, Pattern::ascending, Pattern::equal, Pattern::few_values,
                                          Pattern::signed_zeros, Pattern::low_bits, Pattern::random};
   const int64_t rows = static_cast<int64_t>(patterns.size());
-  // (vocab, chunk, cand_k): tfe-two-stage's; 300 of each 1024-score chunk, 1500 partials joined (three
-  // tiles of the CTA's threads); one short part; chunks of 100 for 300 candidates; cand_k 512 (the
-  // planner's largest, at its 4096-score chunks) with 4096 and 8192 partials staged (the largest static
-  // shared memory) and 32768 read from global memory.
-  for (const auto& [vocab, chunk, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-           {32000, 2048, 64},
-           {5000, 1024, 300},
-           {300, 2048, 16},
-           {1000, 100, 300},
-           {32000, 4096, 512},
-           {65536, 4096, 512},
-           {262144, 4096, 512}}) {
+  // (vocab, cand_k, split): tfe-two-stage's first.
+  for (const auto& [vocab, k, split] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{32000, 64, 8},
+                                                                                      {32000, 512, 8},
+                                                                                      {65536, 512, 8},
+                                                                                      {131072, 512, 8},
+                                                                                      {262144, 512, 8},
+                                                                                      {40000, 64, 1},
+                                                                                      {5001, 300, 2},
+                                                                                      {1000, 300, 8},
+                                                                                      {300, 16, 1},
+                                                                                      {5000, 1, 2}}) {
     CAPTURE(vocab);
-    CAPTURE(chunk);
     CAPTURE(k);
+    CAPTURE(split);
     std::vector<float> scores;
     for (const Pattern p : patterns) {
       const auto row = score_row(rng, p, vocab);
       scores.insert(scores.end(), row.begin(), row.end());
     }
-    const KernelSpec spec = make_spec("topk", {{"VOCAB", vocab}, {"CHUNK", chunk}, {"CAND_K", k}});
+    const KernelSpec spec = make_spec("topk", {{"VOCAB", vocab}, {"CAND_K", k}, {"SPLIT", split}});
     const auto passes = run_topk(spec, scores, rows, 2, stream.get());
     for (int64_t r = 0; r < rows; ++r) {
       CAPTURE(r);
