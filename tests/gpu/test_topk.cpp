@@ -1,13 +1,15 @@
-// topk against the reference on score rows made to reach every path of its radix select: random scores,
-// ascending ones (every large key in the last CTAs of the cluster), equal and few-valued scores (ties across
-// CTAs and within a radix bucket, which the early exit takes whole), signed zeros (which must tie), and
-// scores that differ in their lowest 11 bits only (one bucket through the top digits, ties within the
-// lowest); shapes with the planner's split (8 CTAs at 32000 scores; 16 and 32 keys a thread in registers at
-// 65536 and 131072), keys read from the scores (262144 over 8 CTAs, 40000 over one, as below sm_90), scalar
-// loads (a vocabulary not a multiple of four; one key a thread), CTAs past the vocabulary, CAND_K 1 and the
-// planner's largest, 512. The selection is exact (no arithmetic on the scores), so the candidates must equal
-// the reference's, ties to the lower id included. Each shape runs twice on the same rows: nothing of a pass
-// may be left for the next.
+// topk against the reference on score rows made to reach every path of its bound and radix select:
+// random scores; ascending ones (every large key in the last CTAs of the cluster, the bound far below
+// them); equal and few-valued scores (ties across CTAs and within a radix bucket, which the early exit
+// takes whole; a bound equal to the largest key); signed zeros (which must tie); scores that differ in
+// their lowest 11 bits only (a first digit below bit 8, so the next overlaps it); and one peak of equal
+// scores every 97 positions over low noise (keys equal to the bound taken, ties to the lower id).
+// Shapes: the planner's split (8 CTAs at 32000 scores; 16 and 32 keys a thread in registers at 65536 and
+// 131072), keys read from the scores (262144 over 8 CTAs, 40000 over one, as below sm_90), scalar loads
+// (a vocabulary not a multiple of four; one key a thread), CTAs past the vocabulary, CAND_K 1 and the
+// planner's largest, 512. The selection is exact (no arithmetic on the scores), so the candidates must
+// equal the reference's, ties to the lower id included. Each shape runs twice on the same rows: nothing
+// of a pass may be left for the next.
 #include <algorithm>
 #include <cstring>
 #include <tuple>
@@ -22,7 +24,7 @@
 namespace tfe::test {
 namespace {
 
-enum class Pattern { random, ascending, equal, few_values, signed_zeros, low_bits };
+enum class Pattern { random, ascending, equal, few_values, signed_zeros, low_bits, peaks };
 
 std::vector<float> score_row(std::mt19937_64& rng, Pattern pattern, int64_t vocab) {
   std::vector<float> row(static_cast<size_t>(vocab));
@@ -36,6 +38,7 @@ std::vector<float> score_row(std::mt19937_64& rng, Pattern pattern, int64_t voca
       case Pattern::equal: v = 1.5f; break;
       case Pattern::few_values: v = static_cast<float>(three(rng)); break;
       case Pattern::signed_zeros: v = three(rng) == 0 ? -0.0f : three(rng) == 1 ? 0.0f : -1.0f; break;
+      case Pattern::peaks: v = i % 97 == 0 ? 5.0f : normal(rng) - 10.0f; break;
       case Pattern::low_bits: {
         const uint32_t bits = 0x3f800000u | static_cast<uint32_t>(rng() & 0x7ffu);  // 1.0 plus 0 .. 2047 ulps
         std::memcpy(&v, &bits, 4);
@@ -74,7 +77,8 @@ TFE_GPU_TEST_CASE("topk: equals the reference on random, ascending, tied and sig
   auto stream = cuda::create_stream();
   std::mt19937_64 rng(4242);
   const std::vector<Pattern> patterns = {Pattern::random, Pattern::ascending, Pattern::equal, Pattern::few_values,
-                                         Pattern::signed_zeros, Pattern::low_bits, Pattern::random};
+                                         Pattern::signed_zeros, Pattern::low_bits, Pattern::peaks,
+                                         Pattern::random};
   const int64_t rows = static_cast<int64_t>(patterns.size());
   // (vocab, cand_k, split): tfe-two-stage's first.
   for (const auto& [vocab, k, split] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{32000, 64, 8},
