@@ -16,11 +16,13 @@
 // histogram (integer atomics, so the counts do not depend on their order); after a cluster barrier warp 0 of
 // every CTA sums the SPLIT histograms through distributed shared memory and finds the digit, so every CTA of
 // the cluster narrows to the same bucket. The histograms alternate between two buffers, so one cluster
-// barrier a pass suffices. The select stops once the bucket is taken whole. For scores of one sign the bound
-// skips the pass over sign and exponent, which narrows nothing, and leaves a few percent of the keys to count.
+// barrier a pass suffices. The select stops once the bucket is taken whole. Where the keys taken share their
+// sign and high exponent bits, as the largest logits of a row do, the bound skips the pass over those bits
+// (which would narrow nothing) and leaves a few percent of the keys to count: a 64-of-32000 select then
+// takes two passes.
 // Then every key above the bucket and the first `need` in it, in position order, are taken: each thread
 // counts its keys above and in the bucket, and a scan over the CTA plus the counts of the lower-ranked CTAs
-// (through distributed shared memory, after a second cluster barrier) give each taken element its slot, the
+// (through distributed shared memory, after one more cluster barrier) give each taken element its slot, the
 // number of taken elements before its position. So cand is ascending by id and the same every run: the
 // counts are integers, and nothing depends on the order in which CTAs or warps arrive.
 #pragma once
