@@ -192,7 +192,9 @@ __device__ __forceinline__ void cluster_radix_bucket(const ThreadKeys<S>& keys, 
       // highest digit down: the digit where the running count reaches `need` holds the need-th largest key.
       const int low = 248 - 8 * lane;
       unsigned c[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll
+      // Four peers' loads in flight (32 registers): all eight took the 64 registers that two CTAs an SM
+      // leave, and spilled where a thread holds one key.
+#pragma unroll 4
       for (int cc = 0; cc < S::SPLIT; ++cc) {
         uint4 a, b;
         if constexpr (S::SPLIT > 1) {
