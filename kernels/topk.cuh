@@ -240,7 +240,8 @@ __device__ __forceinline__ void cluster_radix_bucket(const ThreadKeys<S>& keys, 
 }
 
 template <typename Cfg>
-__global__ void TFE_CLUSTER(Cfg::SPLIT) __launch_bounds__(kTopkThreads, TopkShape<Cfg>::MIN_CTAS) topk(const TopkParams p) {
+__global__ void TFE_CLUSTER(Cfg::SPLIT) __launch_bounds__(kTopkThreads, TopkShape<Cfg>::MIN_CTAS)
+    topk(const TopkParams p) {
   start_after_predecessors();
   using S = TopkShape<Cfg>;
   __shared__ TopkSmem sm;
