@@ -64,6 +64,8 @@ const KernelSpec& Plan::spec(std::string_view uri) const {
 
 int sm_version(const PlanOptions& o) { return std::stoi(o.arch.substr(3)); }
 
+int64_t max_cluster_ctas(const PlanOptions& o) { return sm_version(o) >= 90 ? kMaxClusterCtas : 1; }
+
 int64_t max_smem_per_block(const PlanOptions& o) {
   const int sm = sm_version(o);
   if (sm == 90 || (sm >= 100 && sm < 120)) return 227 * 1024;
@@ -335,6 +337,13 @@ void validate(const Plan& p) {
     if (s.kernel == "ring_attention" && s.constant("HEAD_DIM") > kMaxAttentionHeadDim)
       fail("plan: spec {}: HEAD_DIM = {} is above {}, the most ring_attention takes", s.uri(), s.constant("HEAD_DIM"),
            kMaxAttentionHeadDim);
+    // The cluster kernels declare SPLIT CTAs a cluster: a larger cluster does not compile (or, below sm_90,
+    // no cluster does), so a loaded plan asking for one is refused here, not by NVRTC.
+    if ((s.kernel == "ring_attention" || s.kernel == "topk") && s.constant("SPLIT") > max_cluster_ctas(p.options))
+      fail("plan: spec {}: SPLIT = {} is above {}, the most CTAs a cluster takes on {}", s.uri(), s.constant("SPLIT"),
+           max_cluster_ctas(p.options), p.options.arch);
+    if (s.kernel == "topk" && s.constant("CAND_K") > s.constant("VOCAB"))
+      fail("plan: spec {}: CAND_K = {} is above VOCAB = {}", s.uri(), s.constant("CAND_K"), s.constant("VOCAB"));
     const std::string uri = s.uri();
     if (i > 0 && !(p.specs[i - 1].uri() < uri))
       fail("plan: specs must be sorted by uri and unique; `{}` follows `{}`", uri, p.specs[i - 1].uri());

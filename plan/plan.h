@@ -167,6 +167,10 @@ int64_t max_smem_per_block(const PlanOptions& options);
 
 // ring_attention takes head_dim up to this (its per-lane registers grow with head_dim).
 inline constexpr int64_t kMaxAttentionHeadDim = 512;
+// The kernels that split a row's work over a thread-block cluster (ring_attention, topk: constant SPLIT)
+// declare clusters of up to the portable size; clusters exist from sm_90 on, so below it SPLIT is 1.
+inline constexpr int64_t kMaxClusterCtas = 8;
+int64_t max_cluster_ctas(const PlanOptions& options);
 
 // Checks a plan's internal consistency (what a loaded plan must satisfy before the runtime trusts it):
 // header and options valid, ring_rows, buffers inside their arena, aligned, sized by shape and dtype and

@@ -342,9 +342,8 @@ class Planner {
                                         {"SPLIT", split}});
   }
   int64_t attention_split(int64_t rows) const {
-    if (sm_version(p_.options) < 90) return 1;  // clusters need sm_90
     const int64_t keys = h().window + 1;
-    int64_t split = std::min<int64_t>(8, (keys + 7) / 8);
+    int64_t split = std::min<int64_t>(max_cluster_ctas(p_.options), (keys + 7) / 8);
     while (split > 1 && h().kv_heads * rows * split > kAttnWaveCtas && attention_smem(split - 1) <= kAttnSmemPerCta)
       --split;
     return split;
@@ -363,8 +362,7 @@ class Planner {
   // vocabularies give each thread more keys (registers up to 32: 131072 scores). Clusters need sm_90: one
   // CTA a row below it.
   int64_t topk_split() const {
-    if (sm_version(p_.options) < 90) return 1;
-    return std::clamp<int64_t>((h().draft_vocab + 4095) / 4096, 1, 8);
+    return std::clamp<int64_t>((h().draft_vocab + 4095) / 4096, 1, max_cluster_ctas(p_.options));
   }
   KernelSpec topk_spec() const {
     return make_spec("topk", {{"VOCAB", h().draft_vocab}, {"CAND_K", int64_t{h().cand_k}}, {"SPLIT", topk_split()}});

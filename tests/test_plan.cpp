@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "compiler/kernel_registry.h"
 #include "plan/error.h"
@@ -303,7 +304,8 @@ TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role
       {"x", {R::activation, R::table}}, {"y", {R::activation, R::table}}, {"g", {R::activation}},
       {"residual", {R::activation}}, {"qkv", {R::activation}}, {"q_out", {R::activation}}, {"q", {R::activation}},
       {"o", {R::activation}}, {"part", {R::activation}}, {"next_token", {R::activation}},
-      {"scores", {R::activation}}, {"cand", {R::activation}}, {"exact", {R::activation}}, {"n", {R::activation}}, {"arrivals", {R::activation}}};
+      {"scores", {R::activation}}, {"cand", {R::activation}}, {"exact", {R::activation}}, {"n", {R::activation}},
+      {"arrivals", {R::activation}}};
   for (const auto& [name, h] : golden_heads()) {
     CAPTURE(name);
     const Plan p = make_plan(h, golden_options());
@@ -752,14 +754,19 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
           }, "node s1.wqkv arg `scale` is null, but kernel gemv reaches");
   refused("a grid wider than the kernel's mapping", [&](Plan& p) { ++find(p, "s1.lm_head").launch.grid[0]; },
           "node s1.lm_head: launch grid");
-  // A plan made for sm_90 whose arch is then set to sm_80: the GEMV's dynamic ring (96 KB) still fits, so
-  // the attention node is made to ask for more than sm_80's 163 KB.
-  refused("more shared memory than the arch allows a CTA",
-          [&](Plan& p) {
-            p.options.arch = "sm_80";
-            find(p, "s1.attention").launch.smem = 200 * 1024;
-          },
-          "node s1.attention: 204800 bytes of dynamic shared memory a CTA; sm_80 allows at most 166912");
+  // A plan made for sm_80 (attention in one CTA a cluster, the GEMV's 96 KB ring within 163 KB), whose
+  // attention node is then made to ask for more than sm_80's 163 KB.
+  {
+    PlanOptions sm80 = golden_options();
+    sm80.arch = "sm_80";
+    Plan p = make_plan(fp8_head, sm80);
+    CHECK_NOTHROW(validate(p));
+    find(p, "s1.attention").launch.smem = 200 * 1024;
+    CHECK_THROWS_WITH_AS(
+        validate(p),
+        doctest::Contains("node s1.attention: 204800 bytes of dynamic shared memory a CTA; sm_80 allows at most 166912"),
+        Error);
+  }
   refused("a ring_attention head_dim over the kernel's limit",
           [&](Plan& p) {
             for (KernelSpec& spec : p.specs)
@@ -768,6 +775,33 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
                   if (name == "HEAD_DIM") v = 1024;
           },
           "HEAD_DIM = 1024 is above 512, the most ring_attention takes");
+  // A cluster kernel's SPLIT is its cluster: the portable 8 at most, and 1 below sm_90.
+  const auto set_constant = [](Plan& p, std::string_view kernel, std::string_view name, int64_t value) {
+    for (KernelSpec& spec : p.specs)
+      if (spec.kernel == kernel)
+        for (auto& [n, v] : spec.constants)
+          if (n == name) v = value;
+  };
+  refused("a ring_attention cluster over the portable size",
+          [&](Plan& p) { set_constant(p, "ring_attention", "SPLIT", 9); },
+          "SPLIT = 9 is above 8, the most CTAs a cluster takes on sm_90");
+  refused("a ring_attention cluster below sm_90",
+          [&](Plan& p) {
+            p.options.arch = "sm_80";
+            set_constant(p, "ring_attention", "SPLIT", 2);
+          },
+          "SPLIT = 2 is above 1, the most CTAs a cluster takes on sm_80");
+  const Plan two_stage = make_plan(preset_header("tiny-two-stage"), golden_options());
+  CHECK_NOTHROW(validate(two_stage));
+  for (const auto& [what, name, value, message] :
+       std::vector<std::tuple<const char*, const char*, int64_t, const char*>>{
+           {"a topk cluster over the portable size", "SPLIT", 9, "SPLIT = 9 is above 8, the most CTAs a cluster"},
+           {"topk asked for more candidates than scores", "CAND_K", 1 << 20, "CAND_K = 1048576 is above VOCAB"}}) {
+    CAPTURE(what);
+    Plan p = two_stage;
+    set_constant(p, "topk", name, value);
+    CHECK_THROWS_WITH_AS(validate(p), doctest::Contains(message), Error);
+  }
   refused("a block other than the kernel's", [&](Plan& p) { find(p, "s1.attention").launch.block = 256; },
           "is not kernel ring_attention's for 16 rows");
   refused("rows other than the bucket's", [&](Plan& p) { param(find(p, "s1.final_norm"), "rows").i = 17; },
