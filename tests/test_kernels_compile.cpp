@@ -149,10 +149,10 @@ TEST_CASE("kernels: every Params struct is the registry's 8-byte slots in order"
 
 // compiler/launch_shapes.cpp repeats, in host code, the block size and dynamic shared memory that gemv
 // (GemvShape) and ring_attention (AttnShape) compute for themselves (and gemv's column tiles a CTA), and the
-// block that topk and rescore size their reductions by. A launch with less shared memory than the kernel uses corrupts its
-// neighbours', so the two must agree for every shape, not only for the ones the GPU tests launch: a probe
-// states each host value as a static_assert on the kernel's own constants, over a sweep of shapes, and
-// NVRTC (no GPU) checks them.
+// block that topk and rescore size their reductions by. A launch with less shared memory than the kernel
+// uses corrupts its neighbours', so the two must agree for every shape, not only for the ones the GPU tests
+// launch: a probe states each host value as a static_assert on the kernel's own constants, over a sweep of
+// shapes, and NVRTC (no GPU) checks them.
 namespace {
 
 struct ShapeProbe {

@@ -762,10 +762,8 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
     Plan p = make_plan(fp8_head, sm80);
     CHECK_NOTHROW(validate(p));
     find(p, "s1.attention").launch.smem = 200 * 1024;
-    CHECK_THROWS_WITH_AS(
-        validate(p),
-        doctest::Contains("node s1.attention: 204800 bytes of dynamic shared memory a CTA; sm_80 allows at most 166912"),
-        Error);
+    const char* refusal = "node s1.attention: 204800 bytes of dynamic shared memory a CTA; sm_80 allows at most 166912";
+    CHECK_THROWS_WITH_AS(validate(p), doctest::Contains(refusal), Error);
   }
   refused("a ring_attention head_dim over the kernel's limit",
           [&](Plan& p) {
