@@ -38,6 +38,13 @@ std::vector<KernelDef> make_defs() {
       // 16-byte top1 partial per (row, CTA): y is [rows, ceil(N / COLS)] records.
       {"gemv", "gemv.cuh", "tfe::kernels::gemv", {"ROWS", "K", "N", "WEIGHT", "EPILOGUE", "COLS"},
        {{"w", P::ptr}, {"scale", P::ptr}, {"x", P::ptr}, {"y", P::ptr}, {"residual", P::ptr}, {"rows", P::i64}}},
+      // The draft's wqkv GEMV (N = (HEADS + 2 KV_HEADS) x HEAD_DIM columns, [q | k | v]) with qk_rope_kv
+      // as its epilogue, for heads without qk_norm: q rotated into q_out, k rotated and v as is into the
+      // slot's ring row (pos[r] + pos_offset mod RING). ROWS, K, WEIGHT and COLS as for gemv.
+      {"gemv_rope_kv", "gemv.cuh", "tfe::kernels::gemv_rope_kv",
+       {"ROWS", "K", "WEIGHT", "COLS", "HEADS", "KV_HEADS", "HEAD_DIM", "RING"},
+       {{"w", P::ptr}, {"scale", P::ptr}, {"x", P::ptr}, {"inv_freq", P::ptr}, {"slot", P::ptr}, {"pos", P::ptr},
+        {"pos_offset", P::i64}, {"q_out", P::ptr}, {"ring_k", P::ptr}, {"ring_v", P::ptr}, {"rows", P::i64}}},
       // qk_norm (if QK_NORM), RoPE at pos[r] + pos_offset, K/V written to the slot's ring row
       // (pos mod RING); q written to q_out when WRITE_Q. Input rows: [q | k | v] if WRITE_Q else [k | v].
       {"qk_rope_kv", "qk_rope_kv.cuh", "tfe::kernels::qk_rope_kv",

@@ -55,8 +55,11 @@ struct LaunchShape {
   bool operator==(const LaunchShape&) const = default;
 };
 LaunchShape launch_shape(const KernelSpec& spec, int64_t rows);
-// gemv: the column tiles one CTA runs (kernels/gemv.cuh GemvShape::TILES): 1, or more where K is too short
-// to give each of a tile's warps 4 steps.
+// A gemv or gemv_rope_kv spec as the gemv spec of its GEMV (gemv_rope_kv: N = (HEADS + 2 KV_HEADS) x
+// HEAD_DIM, EPILOGUE bf16): its launch shape, tiles and columns are that spec's.
+KernelSpec gemv_equivalent(const KernelSpec& spec);
+// gemv, gemv_rope_kv: the column tiles one CTA runs (kernels/gemv.cuh GemvShape::TILES): 1, or more where K
+// is too short to give each of a tile's warps 4 steps.
 int64_t gemv_tiles_per_cta(const KernelSpec& spec);
 
 // What a launch of a specialization for `rows` rows may touch through each pointer parameter: bytes from

@@ -94,10 +94,20 @@ constexpr int64_t kRescoreWarps = 4;
 
 }  // namespace
 
-int64_t gemv_tiles_per_cta(const KernelSpec& spec) {
-  if (spec.kernel != "gemv") fail("gemv_tiles_per_cta: {} is not a gemv", spec.uri());
-  return gemv_tiles(spec);
+KernelSpec gemv_equivalent(const KernelSpec& spec) {
+  if (spec.kernel == "gemv") return spec;
+  if (spec.kernel != "gemv_rope_kv") fail("gemv_equivalent: {} is not a gemv", spec.uri());
+  // Constants are at most 2^24 (validate), so N stays exact.
+  const int64_t n = (spec.constant("HEADS") + 2 * spec.constant("KV_HEADS")) * spec.constant("HEAD_DIM");
+  return make_spec("gemv", {{"ROWS", spec.constant("ROWS")},
+                            {"K", spec.constant("K")},
+                            {"N", n},
+                            {"WEIGHT", spec.constant("WEIGHT")},
+                            {"EPILOGUE", kc::kEpilogueBF16},
+                            {"COLS", spec.constant("COLS")}});
 }
+
+int64_t gemv_tiles_per_cta(const KernelSpec& spec) { return gemv_tiles(gemv_equivalent(spec)); }
 
 LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
   if (rows < 1) fail("launch_shape {}: rows is {}, must be at least 1", spec.uri(), rows);
@@ -114,14 +124,15 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
     s.grid[0] = rows;
     s.block = spec.constant("THREADS");
     s.rows_axis = 0;
-  } else if (k == "gemv") {
-    const int64_t row_tile = spec.constant("ROWS"), cols = spec.constant("COLS");
-    if (cols != 16 && (cols != 32 || spec.constant("EPILOGUE") == kc::kEpilogueSwiGLU))
+  } else if (k == "gemv" || k == "gemv_rope_kv") {
+    const KernelSpec g = gemv_equivalent(spec);  // gemv_rope_kv: its GEMV's shape, epilogue aside
+    const int64_t row_tile = g.constant("ROWS"), cols = g.constant("COLS");
+    if (cols != 16 && (cols != 32 || g.constant("EPILOGUE") == kc::kEpilogueSwiGLU))
       fail("launch_shape {}: COLS is {}; gemv takes 16, or 32 with an epilogue other than SwiGLU", spec.uri(), cols);
-    s.grid[0] = ceil_div(ceil_div(spec.constant("N"), cols), gemv_tiles(spec));
+    s.grid[0] = ceil_div(ceil_div(g.constant("N"), cols), gemv_tiles(g));
     s.grid[1] = ceil_div(rows, row_tile);
-    s.block = 32 * gemv_warps(spec);
-    s.smem = gemv_dynamic_smem(spec);
+    s.block = 32 * gemv_warps(g);
+    s.smem = gemv_dynamic_smem(g);
     s.rows_axis = 1;
     s.rows_per_block = row_tile;
   } else if (k == "qk_rope_kv") {
@@ -210,6 +221,19 @@ int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach&
       if (epi == kc::kEpilogueTop1) return product({R, ceil_div(n, c("COLS")), kc::kTop1PartBytes});  // one a tile
       return product({R, n, kBf16});
     }
+    return unknown();
+  }
+  if (k == "gemv_rope_kv") {
+    const int64_t heads = c("HEADS"), kvh = c("KV_HEADS"), hd = c("HEAD_DIM"), kk = c("K");
+    const int64_t n = product({saturating_add(heads, product({2, kvh})), hd});
+    const bool fp8 = c("WEIGHT") == kc::kWeightFP8;
+    if (param == "w") return product({n, kk, fp8 ? 1 : kBf16});
+    if (param == "scale") return fp8 ? product({n, kF32}) : 0;
+    if (param == "x") return product({R, kk, kBf16});
+    if (param == "inv_freq") return product({hd / 2, kF32});
+    if (param == "slot" || param == "pos") return product({R, kI32});
+    if (param == "q_out") return product({R, heads, hd, kBf16});
+    if (param == "ring_k" || param == "ring_v") return product({r.slots, c("RING"), kvh, hd, kBf16});
     return unknown();
   }
   if (k == "qk_rope_kv" || k == "ring_attention") {

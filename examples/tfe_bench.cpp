@@ -70,6 +70,7 @@ struct Options {
   std::string fp8 = "auto";
   std::string dependent_launch = "plan";
   int dependent_streams = -1;  // the plan option when planning here; -1: its default
+  std::optional<bool> rope_in_wqkv;  // the plan option when planning here; unset: its default
   std::string streams = "1,2,4,8,16";
   std::string steps = "1..8";
   int iters = 50;
@@ -407,6 +408,7 @@ int run(const Options& o) {
     tfe::PlanOptions p;
     p.fp8 = tfe::fp8_mode_from_name(o.fp8);
     if (o.dependent_streams >= 0) p.dependent_streams = o.dependent_streams;
+    if (o.rope_in_wqkv) p.rope_in_wqkv = *o.rope_in_wqkv;
     open.plan = p;
   }
   open.capture = tfe::OpenOptions::Capture::lazy;
@@ -423,6 +425,7 @@ int run(const Options& o) {
     out["open_capture"] = "lazy";
     out["dependent_launch"] = o.dependent_launch;
     out["dependent_streams"] = rt->plan().options.dependent_streams;
+    out["rope_in_wqkv"] = rt->plan().options.rope_in_wqkv;
   });
   if (!rt) {
     out["errors"] = errors;
@@ -727,6 +730,10 @@ int main(int argc, char** argv) {
                  "plan option without an artifact (whose plan is fixed: tfe-plan compile --dependent-streams): "
                  "dependent launch in buckets up to N streams (0..16)")
       ->check(CLI::Range(0, 16))
+      ->excludes(artifact);
+  app.add_option("--rope-in-wqkv", o.rope_in_wqkv,
+                 "plan option without an artifact: the draft's RoPE in the wqkv gemv's epilogue where the head has "
+                 "no qk_norm (true, false)")
       ->excludes(artifact);
   app.add_option("--streams", o.streams, "slots per draft call: a list (1,2,4) or range (1..4)");
   app.add_option("--steps", o.steps, "draft steps per call: a list or range");

@@ -39,6 +39,7 @@
 // weights. Without the launch attribute both points are no-ops and the order is the plain one.
 #pragma once
 #include "common.cuh"
+#include "rope.cuh"
 
 namespace tfe {
 namespace kernels {
@@ -279,34 +280,62 @@ __device__ __forceinline__ void write_top1_parts(const float (&acc)[S::MT][S::NT
     }
 }
 
-template <typename Cfg>
-__global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::WARPS,
-                                  GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::MIN_CTAS)
-    gemv(const GemvParams p) {
-  using S = GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>;
-  constexpr long long K = Cfg::K, N = Cfg::N, EPI = Cfg::EPILOGUE;
-  constexpr long long W_ROW_BYTES = K * S::WBYTES, X_ROW_BYTES = K * 2;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  // Warp `warp` runs K split kw of the CTA's column tile `warp / KSPLIT`; tiles past N (the last CTA's)
-  // load nothing and write nothing, but join and wait with the rest. At one tile a CTA the tile stays a
-  // function of blockIdx alone, so its weight-row pointers stay in uniform registers.
-  const int kw = S::TILES == 1 ? warp : warp % S::KSPLIT;
-  const long long tile = S::TILES == 1 ? static_cast<long long>(blockIdx.x)
-                                       : static_cast<long long>(blockIdx.x) * S::TILES + warp / S::KSPLIT;
-  const long long j0 = tile * Cfg::COLS;
-  const long long row0 = static_cast<long long>(blockIdx.y) * Cfg::ROWS;
-  const long long nrows = min_ll(Cfg::ROWS, p.rows - row0);
-  if (nrows <= 0) return;
+// Output column of lane row h (0: g, 1: g + 8) of 16-row weight tile m in column tile `tile`; SwiGLU's
+// second weight tile (the up rows) holds the same columns as its first. PAIR > 0 (gemv_rope_kv, PAIR =
+// HEAD_DIM / 2): 16-column sub-tile u = tile * MT + m holds, of head u / (PAIR / 8), the columns i and
+// i + PAIR for i = 8 (u % (PAIR / 8)) + g, so that each lane's two rows are one rotate-half pair.
+template <long long EPI, long long COLS, long long PAIR>
+__device__ __forceinline__ long long gemv_column(long long tile, int m, int g, int h) {
+  if constexpr (PAIR > 0) {
+    constexpr long long SUBTILES_PER_HEAD = PAIR / 8;
+    const long long u = tile * (COLS / 16) + m;
+    return u / SUBTILES_PER_HEAD * 2 * PAIR + u % SUBTILES_PER_HEAD * 8 + g + PAIR * h;
+  } else {
+    return tile * COLS + (EPI == kEpilogueSwiGLU ? 0 : 16 * m) + g + 8 * h;
+  }
+}
 
-  const unsigned char* w = static_cast<const unsigned char*>(p.w);
-  const unsigned char* x = reinterpret_cast<const unsigned char*>(p.x + row0 * K);
+// This lane's place in a GEMV's CTA: its column tile (a warp runs K split kw of the CTA's tile
+// warp / KSPLIT; at one tile a CTA the tile stays a function of blockIdx alone, so that the weight-row
+// pointers stay in uniform registers), the CTA's input rows row0 .. row0 + nrows - 1, and the lane's
+// (g = lane / 4, t = lane % 4): accumulator i of tile (m, n) is column gemv_column(tile, m, g, i / 2) of
+// input row row0 + n * 8 + 2t + (i % 2). Tiles past N (the last CTA's) load nothing and write nothing, but
+// join and wait with the rest.
+template <typename S, long long ROWS>
+struct GemvLane {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int g = lane >> 2, t = lane & 3;
+  int kw = S::TILES == 1 ? warp : warp % S::KSPLIT;
+  long long tile = S::TILES == 1 ? static_cast<long long>(blockIdx.x)
+                                 : static_cast<long long>(blockIdx.x) * S::TILES + warp / S::KSPLIT;
+  long long row0 = static_cast<long long>(blockIdx.y) * ROWS;
+  long long nrows;
+  __device__ explicit GemvLane(long long rows) : nrows(min_ll(ROWS, rows - row0)) {}
+};
+
+// One CTA of a GEMV up to its accumulators: the K loop and the join of the K split. True in each column
+// tile's writer warp (kw 0), whose acc then holds the tile's sums for the caller's epilogue. (The epilogue
+// stays in the kernel, after this returns, so that its parameters are read from parameter space there
+// and hold no registers through the loop.)
+template <long long K, long long N, long long WEIGHT, long long EPI, long long ROWS, long long COLS, long long PAIR>
+__device__ __forceinline__ bool gemv_run(const void* w_ptr, const bf16* x_ptr, long long rows,
+                                         float (&acc)[GemvShape<K, N, WEIGHT, EPI, ROWS, COLS>::MT]
+                                                     [GemvShape<K, N, WEIGHT, EPI, ROWS, COLS>::NT][4]) {
+  using S = GemvShape<K, N, WEIGHT, EPI, ROWS, COLS>;
+  constexpr long long W_ROW_BYTES = K * S::WBYTES, X_ROW_BYTES = K * 2;
+  const GemvLane<S, ROWS> place(rows);
+  const int lane = place.lane, warp = place.warp, g = place.g, t = place.t, kw = place.kw;
+  const long long tile = place.tile, row0 = place.row0, nrows = place.nrows;
+  if (nrows <= 0) return false;
+
+  const unsigned char* w = static_cast<const unsigned char*>(w_ptr);
+  const unsigned char* x = reinterpret_cast<const unsigned char*>(x_ptr + row0 * K);
   const bool w_vec = (reinterpret_cast<unsigned long long>(w) & 15) == 0;
   const bool x_vec = (reinterpret_cast<unsigned long long>(x) & 15) == 0;
 
-  // Output column and weight row of tile m's lane rows h = 0, 1 (g and g + 8): SwiGLU's second tile is
-  // the up half (rows N..2N-1) of the same columns; at COLS 32 it is the next 16 columns.
-  const auto column = [&](int m, int h) { return j0 + (EPI == kEpilogueSwiGLU ? 0 : 16 * m) + g + 8 * h; };
+  // Output column and weight row of tile m's lane rows h = 0, 1: SwiGLU's second tile is the up half (rows
+  // N..2N-1) of the same columns.
+  const auto column = [&](int m, int h) { return gemv_column<EPI, COLS, PAIR>(tile, m, g, h); };
   const auto weight_row = [&](int m, int h) { return (EPI == kEpilogueSwiGLU ? m * N : 0) + column(m, h); };
   // This lane's two weight rows per tile and its input row per n tile; null when out of range.
   const unsigned char* wrow[S::MT][2];
@@ -321,7 +350,6 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
     xrow[n] = r < nrows ? x + r * X_ROW_BYTES : nullptr;
   }
 
-  float acc[S::MT][S::NT][4];
 #pragma unroll
   for (int m = 0; m < S::MT; ++m)
 #pragma unroll
@@ -526,14 +554,26 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
     __shared__ float part[S::WARPS > 1 ? S::WARPS - 1 : 1][ACC * 32];
     writer = join([&](int v) { return part[v - 1]; });
   }
-  if (!writer) return;
+  return writer;
+}
+
+template <typename Cfg>
+__global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::WARPS,
+                                  GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::MIN_CTAS)
+    gemv(const GemvParams p) {
+  using S = GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>;
+  constexpr long long N = Cfg::N, EPI = Cfg::EPILOGUE, COLS = Cfg::COLS;
+  float acc[S::MT][S::NT][4];
+  if (!gemv_run<Cfg::K, N, Cfg::WEIGHT, EPI, Cfg::ROWS, COLS, 0>(p.w, p.x, p.rows, acc)) return;
+  const GemvLane<S, Cfg::ROWS> place(p.rows);
+  const long long tile = place.tile, row0 = place.row0, nrows = place.nrows;
+  const int g = place.g, t = place.t;
 
   if constexpr (EPI == kEpilogueTop1) {
-    if (tile < ceil_div(N, Cfg::COLS))
-      write_top1_parts<S, N, Cfg::COLS>(acc, p.scale, static_cast<Top1Part*>(p.y), tile, row0, nrows, g, t);
+    if (tile < ceil_div(N, COLS))
+      write_top1_parts<S, N, COLS>(acc, p.scale, static_cast<Top1Part*>(p.y), tile, row0, nrows, g, t);
   } else {
-    // Accumulator i of tile (m, n): lane row h = i / 2 of the tile, input row n * 8 + 2t + (i % 2). SwiGLU
-    // writes its tile 0 (gate) with tile 1 (up); the other epilogues write every tile.
+    // SwiGLU writes its tile 0 (gate) with tile 1 (up); the other epilogues write every tile.
     constexpr int OUT_TILES = EPI == kEpilogueSwiGLU ? 1 : S::MT;
 #pragma unroll
     for (int m = 0; m < OUT_TILES; ++m)
@@ -541,7 +581,7 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
       for (int n = 0; n < S::NT; ++n)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const long long j = column(m, i >> 1);
+          const long long j = gemv_column<EPI, COLS, 0>(tile, m, g, i >> 1);
           const long long r = n * 8 + 2 * t + (i & 1);
           if (j >= N || r >= nrows) continue;
           const long long at = (row0 + r) * N + j;
@@ -561,6 +601,81 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
             static_cast<bf16*>(p.y)[at] = to_bf16(a * round_bf16(up));
           }
         }
+  }
+}
+
+// gemv_rope_kv: the draft's wqkv GEMV with qk_rope_kv (without qk_norm) as its epilogue, in place of the
+// two nodes: q rotated into q_out, k rotated and v as is into the slot's ring row (position pos[r] +
+// pos_offset, mod RING). N = (HEADS + 2 KV_HEADS) x HEAD_DIM columns, [q | k | v] heads; the column
+// tiles hold rotate-half pairs (gemv_column with PAIR = HEAD_DIM / 2), so a lane rotates its own two
+// sums with no exchange. The bits are the two-node path's: each sum is rounded to bf16 (the value qkv
+// would hold), then rotated as kernels/rope.cuh does. A head with qk_norm needs the whole head's sum of
+// squares first, which spans HEAD_DIM / 16 tiles: it keeps the qk_rope_kv node.
+template <typename Cfg>
+struct GemvRopeKvShape {
+  static constexpr long long HEAD_DIM = Cfg::HEAD_DIM, HALF = HEAD_DIM / 2;
+  static constexpr long long N = (Cfg::HEADS + 2 * Cfg::KV_HEADS) * HEAD_DIM;
+  static_assert(HEAD_DIM % 16 == 0, "gemv_rope_kv: a 16-column tile holds 8 rotate-half pairs of one head");
+  using S = GemvShape<Cfg::K, N, Cfg::WEIGHT, kEpilogueBF16, Cfg::ROWS, Cfg::COLS>;
+};
+
+struct GemvRopeKvParams {
+  const void* w;          // wqkv [N, K]: bf16, or e4m3 when WEIGHT is kWeightFP8
+  const float* scale;     // FP8: [N] per weight row; unused for bf16
+  const bf16* x;          // [rows, K]
+  const float* inv_freq;  // [HEAD_DIM / 2]
+  const int* slot;        // [rows]
+  const int* pos;         // [rows]
+  long long pos_offset;
+  bf16* q_out;            // [rows, HEADS, HEAD_DIM]
+  bf16* ring_k;           // [slots, RING, KV_HEADS, HEAD_DIM]
+  bf16* ring_v;
+  long long rows;
+};
+static_assert(sizeof(GemvRopeKvParams) == 8 * 11, "one 8-byte slot per registry parameter");
+
+template <typename Cfg>
+__global__ void __launch_bounds__(32 * GemvRopeKvShape<Cfg>::S::WARPS, GemvRopeKvShape<Cfg>::S::MIN_CTAS)
+    gemv_rope_kv(const GemvRopeKvParams p) {
+  using R = GemvRopeKvShape<Cfg>;
+  using S = typename R::S;
+  constexpr long long HD = R::HEAD_DIM, HALF = R::HALF, N = R::N, QH = Cfg::HEADS, KVH = Cfg::KV_HEADS;
+  float acc[S::MT][S::NT][4];
+  if (!gemv_run<Cfg::K, N, Cfg::WEIGHT, kEpilogueBF16, Cfg::ROWS, Cfg::COLS, HALF>(p.w, p.x, p.rows, acc)) return;
+  const GemvLane<S, Cfg::ROWS> place(p.rows);
+  const long long tile = place.tile, row0 = place.row0, nrows = place.nrows;
+  const int g = place.g, t = place.t;
+
+#pragma unroll
+  for (int m = 0; m < S::MT; ++m) {
+    const long long j = gemv_column<kEpilogueBF16, Cfg::COLS, HALF>(tile, m, g, 0);  // j + HALF: its pair
+    if (j >= N) continue;
+    const long long head = j / HD, i = j % HD;  // i < HALF
+    const float scale_lo = S::FP8 ? p.scale[j] : 1.0f, scale_hi = S::FP8 ? p.scale[j + HALF] : 1.0f;
+#pragma unroll
+    for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        if (n * 8 + 2 * t + b >= nrows) continue;
+        const long long r = row0 + n * 8 + 2 * t + b;
+        // Lane rows g (column j) and g + 8 (j + HALF), rounded to the bf16 that qkv would hold.
+        float lo = acc[m][n][b], hi = acc[m][n][2 + b];
+        if constexpr (S::FP8) lo *= scale_lo, hi *= scale_hi;
+        lo = round_bf16(lo);
+        hi = round_bf16(hi);
+        const long long position = p.pos[r] + p.pos_offset;
+        const long long ring_at = (static_cast<long long>(p.slot[r]) * Cfg::RING + position % Cfg::RING) * KVH * HD;
+        if (head >= QH + KVH) {  // v: stored as is
+          bf16* dst = p.ring_v + ring_at + (head - QH - KVH) * HD;
+          dst[i] = to_bf16(lo);
+          dst[i + HALF] = to_bf16(hi);
+          continue;
+        }
+        const RopeAngle a = rope_angle(position, p.inv_freq[i]);
+        bf16* dst = head < QH ? p.q_out + (r * QH + head) * HD : p.ring_k + ring_at + (head - QH) * HD;
+        dst[i] = rope_lo(lo, hi, a);
+        dst[i + HALF] = rope_hi(lo, hi, a);
+      }
   }
 }
 

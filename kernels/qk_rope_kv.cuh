@@ -5,12 +5,13 @@
 // (q heads, then k heads, then v heads), so a row's heads run side by side on many SMs. A lane holds
 // rotate-half pairs (i, i + HEAD_DIM/2) for i = lane, lane + 32, ... so the norm's sum of squares is one
 // warp reduction and the rotation needs no exchange.
-// Numerics: qk_norm is rms() (two bf16 roundings); RoPE on those bf16 values with cos/sin of
-// float(pos) * inv_freq[i] evaluated in double and rounded to float (a correctly rounded fp32 cos/sin
-// in all but vanishingly rare cases),
-// rotation in fp32, rounded once.
+// Numerics: qk_norm is rms() (two bf16 roundings); RoPE on those bf16 values as kernels/rope.cuh
+// computes it (cos / sin in double rounded to float, the rotation in fp32, rounded once).
+// Draft passes of heads without qk_norm run this in the wqkv GEMV's epilogue instead (gemv_rope_kv in
+// kernels/gemv.cuh), with the same bits.
 #pragma once
 #include "common.cuh"
+#include "rope.cuh"
 
 namespace tfe {
 namespace kernels {
@@ -54,21 +55,11 @@ __global__ void __launch_bounds__(128) qk_rope_kv(const QkRopeKvParams p) {
     return;
   }
   // cos / sin of this lane's pairs: the same for every head of the row.
-  float cs[PAIRS], sn[PAIRS];
+  RopeAngle angle[PAIRS];
 #pragma unroll
   for (int k = 0; k < PAIRS; ++k) {
     const long long i = lane + 32 * k;
-    cs[k] = 1.0f;
-    sn[k] = 0.0f;
-    if (i < HALF) {
-      const float angle = static_cast<float>(position) * p.inv_freq[i];
-      // sincospi reduces its argument exactly (no Payne-Hanek path, no local memory); the 1/pi factor
-      // costs ~1e-16 relative, far below the float rounding of the result.
-      double s, c;
-      sincospi(static_cast<double>(angle) * 0.318309886183790671537767526745028724, &s, &c);
-      cs[k] = static_cast<float>(c);
-      sn[k] = static_cast<float>(s);
-    }
+    angle[k] = i < HALF ? rope_angle(position, p.inv_freq[i]) : RopeAngle{1.0f, 0.0f};
   }
 
   const bool is_q = h < QH;
@@ -98,9 +89,8 @@ __global__ void __launch_bounds__(128) qk_rope_kv(const QkRopeKvParams p) {
   for (int k = 0; k < PAIRS; ++k) {
     const long long i = lane + 32 * k;
     if (i < HALF) {
-      // Explicit roundings: no FMA contraction, each product rounded as the CPU reference rounds it.
-      dst[i] = to_bf16(__fsub_rn(__fmul_rn(lo[k], cs[k]), __fmul_rn(hi[k], sn[k])));
-      dst[i + HALF] = to_bf16(__fadd_rn(__fmul_rn(hi[k], cs[k]), __fmul_rn(lo[k], sn[k])));
+      dst[i] = rope_lo(lo[k], hi[k], angle[k]);
+      dst[i + HALF] = rope_hi(lo[k], hi[k], angle[k]);
     }
   }
 }

@@ -103,6 +103,7 @@ bool param_writes(std::string_view kernel, std::string_view param) {
       {"prepare_x", {"x"}},
       {"copy_rows", {"dst"}},
       {"gemv", {"y"}},
+      {"gemv_rope_kv", {"q_out", "ring_k", "ring_v"}},
       {"qk_rope_kv", {"q_out", "ring_k", "ring_v"}},
       {"ring_attention", {"o"}},
       {"top1", {"out_token", "out_conf", "next_token"}},
@@ -342,6 +343,9 @@ void validate(const Plan& p) {
     if ((s.kernel == "ring_attention" || s.kernel == "topk") && s.constant("SPLIT") > max_cluster_ctas(p.options))
       fail("plan: spec {}: SPLIT = {} is above {}, the most CTAs a cluster takes on {}", s.uri(), s.constant("SPLIT"),
            max_cluster_ctas(p.options), p.options.arch);
+    if (s.kernel == "gemv_rope_kv" && s.constant("HEAD_DIM") % 16 != 0)
+      fail("plan: spec {}: HEAD_DIM = {} is not a multiple of 16, which gemv_rope_kv's tiles of rotate-half pairs "
+           "need", s.uri(), s.constant("HEAD_DIM"));
     if (s.kernel == "topk" && s.constant("CAND_K") > s.constant("VOCAB"))
       fail("plan: spec {}: CAND_K = {} is above VOCAB = {}", s.uri(), s.constant("CAND_K"), s.constant("VOCAB"));
     const std::string uri = s.uri();

@@ -14,7 +14,7 @@
 namespace tfe {
 
 // Version of the plan schema (YAML and struct). Loading another version is refused.
-inline constexpr int kPlanSchemaVersion = 6;
+inline constexpr int kPlanSchemaVersion = 7;
 
 enum class Fp8Mode : uint8_t { automatic, off, require };  // YAML / CLI: auto, off, require
 std::string_view fp8_mode_name(Fp8Mode m);
@@ -31,6 +31,10 @@ struct PlanOptions {
   // 0: none. 2 measured best on the H200 (BENCHMARKS.md, "Programmatic dependent launch"): faster at 1
   // and 2 streams, mixed at 4, slower at 8 and 16.
   int dependent_streams = 2;  // 0..16
+  // The draft's RoPE in the wqkv GEMV's epilogue (kernel gemv_rope_kv) where the head allows it (no
+  // qk_norm, head_dim a multiple of 16); false: the wqkv gemv and a qk_rope_kv node, as heads with
+  // qk_norm run. Both give the same bits.
+  bool rope_in_wqkv = true;
   bool operator==(const PlanOptions&) const = default;
 };
 

@@ -259,6 +259,7 @@ std::string dump_plan_yaml(const Plan& p) {
   o["max_slots"] = p.options.max_slots;
   o["extend_rows"] = p.options.extend_rows;
   o["dependent_streams"] = p.options.dependent_streams;
+  o["rope_in_wqkv"] = p.options.rope_in_wqkv;
   root["options"] = o;
   root["ring_rows"] = p.ring_rows;
   root["fp8"] = p.fp8;
@@ -339,6 +340,7 @@ Plan load_plan_yaml(std::string_view text) {
     p.options.max_slots = o.at("max_slots").i32(1, 4096);
     p.options.extend_rows = o.at("extend_rows").i32(16, 8192);
     p.options.dependent_streams = o.at("dependent_streams").i32(0, 16);
+    p.options.rope_in_wqkv = o.at("rope_in_wqkv").boolean();
     o.done();
     try {
       validate(p.options);

@@ -3,7 +3,8 @@
 //
 // Ordering within a draft step (one stream, so every node sees its predecessors' writes complete):
 //   prepare_x reads (tok | next_token) and (g | h2)   -> x
-//   wqkv x -> qkv; qk_rope_kv qkv -> q, ring K/V at pos + step - 1; attention q, ring -> o
+//   wqkv x -> qkv; qk_rope_kv qkv -> q, ring K/V at pos + step - 1 (without qk_norm one node, gemv_rope_kv:
+//   x -> q, ring K/V); attention q, ring -> o
 //   wo o (+ residual g | h2) -> h1; post_norm h1 -> post; w_gate_up post -> m; w_down m (+ h1) -> h2
 //   final_norm h2 -> n; vocabulary head n -> out_token/out_conf[:, step - 1] and next_token
 // Buffer reuse across steps is safe because every read of a step-(j-1) value precedes the step-j write
@@ -289,7 +290,7 @@ class Planner {
     // Draft activations, for the largest bucket; each name is one value of the step.
     add(a, "g", BufferRole::activation, DType::BF16, {B, H});
     add(a, "x", BufferRole::activation, DType::BF16, {B, 2 * H});
-    add(a, "qkv", BufferRole::activation, DType::BF16, {B, q_width + 2 * kv_width});
+    if (!rope_in_wqkv()) add(a, "qkv", BufferRole::activation, DType::BF16, {B, q_width + 2 * kv_width});
     add(a, "q", BufferRole::activation, DType::BF16, {B, q_width});
     add(a, "o", BufferRole::activation, DType::BF16, {B, q_width});
     add(a, "h1", BufferRole::activation, DType::BF16, {B, H});
@@ -431,8 +432,30 @@ class Planner {
   // dependent: launched early, its CTAs land where the predecessor's last wave leaves room, unevenly, and
   // FP8's one-wave w_down measured 3 us slower so (bf16's w_down, 2 us faster dependent, keeps it).
   bool fp8_gemv_after_gemv(const Node& before, const Node& n) const {
-    const auto gemv = [&](const Node& m) { return m.kind == Node::Kind::kernel && specs_.at(m.spec).kernel == "gemv"; };
+    const auto gemv = [&](const Node& m) { return m.kind == Node::Kind::kernel && is_gemv(specs_.at(m.spec)); };
     return gemv(before) && gemv(n) && specs_.at(n.spec).constant("WEIGHT") == kc::kWeightFP8;
+  }
+  static bool is_gemv(const KernelSpec& spec) { return spec.kernel == "gemv" || spec.kernel == "gemv_rope_kv"; }
+
+  // The draft's RoPE in the wqkv GEMV's epilogue (gemv_rope_kv): a head without qk_norm, whose rotate-half
+  // pairs the GEMV's 16-column tiles can hold 8 at a time. qk_norm needs a head's whole sum of squares,
+  // which spans HEAD_DIM / 16 tiles (CTAs), before any element is rotated.
+  bool rope_in_wqkv() const { return p_.options.rope_in_wqkv && !h().qk_norm && h().head_dim % 16 == 0; }
+  Node wqkv_rope_kv(std::string name, int step, int64_t rows) {
+    const Matrix& m = matrices_.at("wqkv");
+    const auto& hh = h();
+    auto spec = make_spec("gemv_rope_kv", {{"ROWS", rows},
+                                          {"K", m.k},
+                                          {"WEIGHT", m.weight_kind()},
+                                          {"COLS", gemv_cols(rows, m.k, m.n, kc::kEpilogueBF16, m.weight_kind())},
+                                          {"HEADS", hh.heads},
+                                          {"KV_HEADS", hh.kv_heads},
+                                          {"HEAD_DIM", hh.head_dim},
+                                          {"RING", p_.ring_rows}});
+    return kernel(std::move(name), step, spec, Node::Rows::fixed, rows,
+                  {m.w(), m.scale(), buf("x", "x"), buf("inv_freq", "rope_inv_freq"), buf("slot", "slot"),
+                   buf("pos", "pos"), i64("pos_offset", step - 1), buf("q_out", "q"), buf("ring_k", "ring_k"),
+                   buf("ring_v", "ring_v"), i64("rows", rows)});
   }
 
   KernelSpec rmsnorm_spec(int64_t width) const {
@@ -472,12 +495,16 @@ class Planner {
                              {buf("embed", "embed"), buf("input_norm", "input_norm"), buf("hidden_norm", "hidden_norm"),
                               buf("tokens", s == 1 ? "tok" : "next_token"), buf("g", g), buf("x", "x"), i64("rows", B),
                               f32("eps", eps)}));
-      nodes.push_back(gemv(pre + "wqkv", s, wqkv, B, kc::kEpilogueBF16, "x", "qkv", none("residual"), fixed, B));
-      nodes.push_back(kernel(pre + "qk_rope_kv", s, qk_rope_spec(true), fixed, B,
-                             {buf("qkv", "qkv"), norm_arg("q_norm", "q_norm"), norm_arg("k_norm", "k_norm"),
-                              buf("inv_freq", "rope_inv_freq"), buf("slot", "slot"), buf("pos", "pos"),
-                              i64("pos_offset", s - 1), buf("q_out", "q"), buf("ring_k", "ring_k"),
-                              buf("ring_v", "ring_v"), i64("rows", B), f32("eps", eps)}));
+      if (rope_in_wqkv()) {
+        nodes.push_back(wqkv_rope_kv(pre + "wqkv", s, B));
+      } else {
+        nodes.push_back(gemv(pre + "wqkv", s, wqkv, B, kc::kEpilogueBF16, "x", "qkv", none("residual"), fixed, B));
+        nodes.push_back(kernel(pre + "qk_rope_kv", s, qk_rope_spec(true), fixed, B,
+                               {buf("qkv", "qkv"), norm_arg("q_norm", "q_norm"), norm_arg("k_norm", "k_norm"),
+                                buf("inv_freq", "rope_inv_freq"), buf("slot", "slot"), buf("pos", "pos"),
+                                i64("pos_offset", s - 1), buf("q_out", "q"), buf("ring_k", "ring_k"),
+                                buf("ring_v", "ring_v"), i64("rows", B), f32("eps", eps)}));
+      }
       nodes.push_back(kernel(pre + "attention", s,
                              attention_spec(attention_split(B)), fixed, B,
                              {buf("q", "q"), buf("ring_k", "ring_k"), buf("ring_v", "ring_v"), buf("slot", "slot"),
@@ -594,6 +621,20 @@ class Planner {
     const std::string draft_reason =
         fmt::format("at most {} rows a step: memory-bound, a GEMV streams each weight byte once", B);
     for (auto l : {"wqkv", "wo", "w_gate_up", "w_down"}) choose(fmt::format("{} draft", l), "gemv", draft_reason);
+    if (rope_in_wqkv()) {
+      choose("rope draft", "in the wqkv gemv's epilogue (gemv_rope_kv)",
+             "no qk_norm: the gemv's column tiles hold rotate-half pairs, a lane both halves of its own, so it "
+             "rotates q and k and writes q, the ring's K and V without the qkv buffer or a qk_rope_kv node");
+    } else {
+      std::string reason = "option rope_in_wqkv = false";
+      if (p_.options.rope_in_wqkv && hh.qk_norm)
+        reason = "qk_norm needs a head's whole sum of squares, which spans several of the gemv's column tiles, "
+                 "before any element is rotated";
+      else if (p_.options.rope_in_wqkv)
+        reason = fmt::format("head_dim = {} is not a multiple of 16: a gemv column tile of 16 does not hold whole "
+                             "rotate-half pairs", hh.head_dim);
+      choose("rope draft", "qk_rope_kv node after the wqkv gemv", reason);
+    }
     // One line per run of buckets with the same split, e.g. "ring_attention split 8 (streams 1..8), 4 (16)".
     std::vector<std::pair<int64_t, std::vector<int>>> splits;
     for (int b : p_.options.buckets) {
@@ -636,9 +677,12 @@ class Planner {
                          hh.cand_k));
     }
     std::vector<std::string> wide;
-    for (const auto& [uri, spec] : specs_)
-      if (spec.kernel == "gemv" && spec.constant("COLS") == 32)
-        wide.push_back(fmt::format("K {} N {} ROWS {}", spec.constant("K"), spec.constant("N"), spec.constant("ROWS")));
+    for (const auto& [uri, spec] : specs_) {
+      if (!is_gemv(spec)) continue;
+      const KernelSpec g = gemv_equivalent(spec);
+      if (g.constant("COLS") == 32)
+        wide.push_back(fmt::format("K {} N {} ROWS {}", g.constant("K"), g.constant("N"), g.constant("ROWS")));
+    }
     choose("gemv columns per CTA", wide.empty() ? "16" : fmt::format("32 at {}; 16 elsewhere", fmt::join(wide, ", ")),
            fmt::format("32 above 8 rows where K >= {} (and the output is not narrow), in bf16 only where at least "
                        "{} CTAs remain: it halves the x traffic per weight byte and the CTAs; FP8 at 32 runs a "
@@ -646,10 +690,12 @@ class Planner {
                        kGemvWideMinK, kGemvWideCtas));
     // Shapes whose CTAs run several column tiles (a short K), each once whatever its ROWS and COLS.
     std::set<std::string> multi;
-    for (const auto& [uri, spec] : specs_)
-      if (spec.kernel == "gemv" && gemv_tiles_per_cta(spec) > 1)
-        multi.insert(fmt::format("{} at K {} N {} {}", gemv_tiles_per_cta(spec), spec.constant("K"),
-                                 spec.constant("N"), spec.constant("WEIGHT") == kc::kWeightFP8 ? "fp8" : "bf16"));
+    for (const auto& [uri, spec] : specs_) {
+      if (!is_gemv(spec) || gemv_tiles_per_cta(spec) == 1) continue;
+      const KernelSpec g = gemv_equivalent(spec);
+      multi.insert(fmt::format("{} at K {} N {} {}", gemv_tiles_per_cta(g), g.constant("K"), g.constant("N"),
+                               g.constant("WEIGHT") == kc::kWeightFP8 ? "fp8" : "bf16"));
+    }
     choose("gemv column tiles per CTA", multi.empty() ? "1" : fmt::format("{}; 1 elsewhere", fmt::join(multi, ", ")),
            "a tile's K is split over 8 warps (16 where the output is narrow), over fewer where K would give a warp "
            "under 4 steps of 16-byte chunks; a CTA's 8 warps then run 8 / split tiles, so that a short K's CTAs "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compile-checks every kernel in kernels/*.cuh for sm_90 without a GPU:
-#  1. nvcc, one generated translation unit per kernel (gemv: one per ROWS) instantiating TfeConfig-style
+#  1. nvcc, one generated translation unit per kernel (gemv, gemv_rope_kv: one per ROWS) instantiating TfeConfig-style
 #     configs at the llama3-8b-eagle3 and tfe-two-stage shapes, both weight kinds, every epilogue,
 #     ROWS 1, 2, 4, 8, 16, plus odd sizes that take the scalar tails. `-Xptxas -v` reports registers;
 #     any spill or local-memory stack frame fails the check.
@@ -47,6 +47,14 @@ for rows in [1, 2, 4, 8, 16]:
         for k, n, epi in gemv_shapes:
             for cols in [16] if epi == 3 else [16, 32]:
                 add(f"gemv", "gemv.cuh", ROWS=rows, K=k, N=n, WEIGHT=weight, EPILOGUE=epi, COLS=cols)
+# gemv_rope_kv: llama3's wqkv, tiny's (narrow: 128 columns), head_dim 64 and 256.
+for rows in [1, 2, 4, 8, 16]:
+    for weight in [0, 1]:
+        for heads, kvh, hd, k, ring in [(32, 8, 128, 8192, 520), (4, 2, 16, 128, 24), (8, 8, 64, 1024, 520),
+                                        (16, 2, 256, 4096, 1024)]:
+            for cols in [16, 32]:
+                add("gemv_rope_kv", "gemv.cuh", ROWS=rows, K=k, WEIGHT=weight, COLS=cols, HEADS=heads, KV_HEADS=kvh,
+                    HEAD_DIM=hd, RING=ring)
 for heads, kvh, hd, ring in [(32, 8, 128, 520), (32, 8, 128, 144), (16, 2, 256, 1024), (8, 8, 64, 520), (4, 2, 16, 24)]:
     for qk in [0, 1]:
         for wq in [0, 1]:
@@ -80,7 +88,7 @@ import sys, collections, os
 units = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     kernel, source, *consts = line.split()
-    key = kernel + ("_" + consts[0].lower().replace("=", "") if kernel == "gemv" else "")
+    key = kernel + ("_" + consts[0].lower().replace("=", "") if kernel.startswith("gemv") else "")
     units[key].append((kernel, source, consts))
 for key, specs in units.items():
     out = []
@@ -123,6 +131,7 @@ cat >"$work/nvrtc_check.cpp" <<'EOF'
 #include <nvrtc.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -131,12 +140,13 @@ cat >"$work/nvrtc_check.cpp" <<'EOF'
 int main(int argc, char** argv) {
   const std::string dir = argv[2], include = argv[3];
   std::vector<std::string> names, texts;
-  for (const char* f : {"common.cuh", "rmsnorm.cuh", "prepare_x.cuh", "copy_rows.cuh", "gemv.cuh", "qk_rope_kv.cuh",
-                        "ring_attention.cuh", "top1.cuh", "topk.cuh", "rescore.cuh"}) {
-    std::ifstream in(dir + "/" + f);
+  // Every header of kernels/, as the build embeds them (CMakeLists.txt globs kernels/*.cuh).
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".cuh") continue;
+    std::ifstream in(entry.path());
     std::stringstream ss;
     ss << in.rdbuf();
-    names.push_back(f);
+    names.push_back(entry.path().filename().string());
     texts.push_back(ss.str());
   }
   std::vector<const char*> hn, ht;

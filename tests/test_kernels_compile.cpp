@@ -172,6 +172,23 @@ struct ShapeProbe {
                           l.smem + smem_offset, spec.uri());
     ++cases;
   }
+  // gemv_rope_kv's launch is its GEMV's (gemv_equivalent): the kernel's own shape must agree.
+  void rope_gemv(const KernelSpec& spec, int64_t block_offset = 0) {
+    const LaunchShape l = launch_shape(spec, 1);
+    const std::string cfg = fmt::format("RopeCfg{}", cases);
+    source += fmt::format("struct {} {{", cfg);
+    for (const auto& [name, v] : spec.constants) source += fmt::format(" static constexpr long long {} = {};", name, v);
+    source += " };\n";
+    const std::string shape = fmt::format("GemvRopeKvShape<{}>::S", cfg);
+    source += fmt::format("static_assert(32 * {0}::WARPS == {1}, \"{2}: block {1}\");\n", shape,
+                          l.block + block_offset, spec.uri());
+    source += fmt::format("static_assert(ceil_div(ceil_div(GemvRopeKvShape<{0}>::N, {1}), {2}::TILES) == {3}, "
+                          "\"{4}: grid {3}\");\n",
+                          cfg, spec.constant("COLS"), shape, l.grid[0], spec.uri());
+    source += fmt::format("static_assert(({0}::DYNAMIC ? {0}::RING_BYTES : 0) == {1}, \"{2}: smem {1}\");\n", shape,
+                          l.smem, spec.uri());
+    ++cases;
+  }
   void attention(const KernelSpec& spec, int64_t smem_offset = 0) {
     const LaunchShape l = launch_shape(spec, 1);
     const std::string shape =
@@ -192,6 +209,9 @@ struct ShapeProbe {
   std::string text() const { return source + "}  // namespace tfe_probe\n"; }
 };
 
+struct Heads {
+  int64_t heads, kv_heads, head_dim;
+};
 KernelSpec attention_spec(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t window, int64_t split) {
   return make_spec("ring_attention", {{"HEADS", heads},
                                       {"KV_HEADS", kv_heads},
@@ -199,6 +219,16 @@ KernelSpec attention_spec(int64_t heads, int64_t kv_heads, int64_t head_dim, int
                                       {"WINDOW", window},
                                       {"RING", window + 9},
                                       {"SPLIT", split}});
+}
+KernelSpec rope_gemv_spec(const Heads& h, int64_t k, int64_t weight, int64_t rows, int64_t cols) {
+  return make_spec("gemv_rope_kv", {{"ROWS", rows},
+                                    {"K", k},
+                                    {"WEIGHT", weight},
+                                    {"COLS", cols},
+                                    {"HEADS", h.heads},
+                                    {"KV_HEADS", h.kv_heads},
+                                    {"HEAD_DIM", h.head_dim},
+                                    {"RING", 520}});
 }
 KernelSpec gemv_spec(int64_t k, int64_t n, int64_t weight, int64_t epilogue, int64_t rows, int64_t cols) {
   return make_spec("gemv", {{"ROWS", rows}, {"K", k}, {"N", n}, {"WEIGHT", weight}, {"EPILOGUE", epilogue},
@@ -212,9 +242,6 @@ TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_att
   ShapeProbe probe;
   // ring_attention: group sizes 1..16, head_dim 6..256 (4-byte loads below a multiple of 8, several loads
   // a lane at 256), windows from one tile to many, every split.
-  struct Heads {
-    int64_t heads, kv_heads, head_dim;
-  };
   for (const Heads& h : {Heads{32, 8, 128}, Heads{16, 2, 256}, Heads{8, 8, 64}, Heads{4, 2, 16}, Heads{12, 4, 96},
                          Heads{4, 2, 6}, Heads{16, 1, 24}, Heads{96, 8, 128}, Heads{64, 8, 64}})
     for (int64_t window : {7, 15, 63, 128, 511})
@@ -235,10 +262,16 @@ TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_att
             if (cols == 32 && epilogue == kc::kEpilogueSwiGLU) continue;
             probe.gemv(gemv_spec(m.k, m.n, weight, epilogue, rows, cols));
           }
+  // gemv_rope_kv: llama3's wqkv (K 8192, N 6144), a narrow one (tiny: N 128), head_dim 64 and 256.
+  for (const auto& [h, k] : {std::pair{Heads{32, 8, 128}, int64_t{8192}}, std::pair{Heads{4, 2, 16}, int64_t{128}},
+                             std::pair{Heads{8, 8, 64}, int64_t{1024}}, std::pair{Heads{16, 2, 256}, int64_t{4096}}})
+    for (int64_t weight : {kc::kWeightBF16, kc::kWeightFP8})
+      for (int64_t rows : {1, 2, 8, 9, 16})
+        for (int64_t cols : {16, 32}) probe.rope_gemv(rope_gemv_spec(h, k, weight, rows, cols));
   probe.block(make_spec("topk", {{"VOCAB", 32000}, {"CAND_K", 64}, {"SPLIT", 8}}), "kTopkThreads");
   probe.block(make_spec("rescore", {{"HIDDEN", 4096}, {"CAND_K", 64}, {"WEIGHT", 0}, {"MAX_STEPS", 8}}),
               "32 * kRescoreWarps");
-  CHECK(probe.cases == 9 * 5 * 8 + 10 * 2 * 5 * 5 * 2 - 10 * 2 * 5 + 2);
+  CHECK(probe.cases == 9 * 5 * 8 + 10 * 2 * 5 * 5 * 2 - 10 * 2 * 5 + 4 * 2 * 5 * 2 + 2);
   CHECK_NOTHROW(check_compiles("launch_shape_probe", probe.text(), CompileOptions{}));
 
   // The probe does catch a host value the kernel does not compute: each case states one value off by
@@ -252,6 +285,11 @@ TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_att
   wrong_topk.block(topk, "kTopkThreads", 32);
   caught("launch_shape_probe_topk", wrong_topk,
          fmt::format("{}: block {}", topk.uri(), launch_shape(topk, 1).block + 32));
+  const KernelSpec rope = rope_gemv_spec(Heads{32, 8, 128}, 8192, kc::kWeightFP8, 16, 32);
+  ShapeProbe wrong_rope;
+  wrong_rope.rope_gemv(rope, 32);
+  caught("launch_shape_probe_rope_gemv", wrong_rope,
+         fmt::format("{}: block {}", rope.uri(), launch_shape(rope, 1).block + 32));
   const KernelSpec llama = attention_spec(32, 8, 128, 511, 4);
   ShapeProbe wrong_attention;
   wrong_attention.attention(llama, 16);

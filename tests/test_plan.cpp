@@ -176,6 +176,7 @@ TEST_CASE("plan YAML: round trip under varied options and FP8 forms") {
     o.max_slots = 16 + static_cast<int>(rng() % 100);
     o.extend_rows = 16 + static_cast<int>(rng() % 2000);
     o.dependent_streams = static_cast<int>(rng() % 17);
+    o.rope_in_wqkv = rng() % 2 == 0;
     o.arch = rng() % 2 ? "sm_90" : "sm_100";
     const std::string sha = fmt::format("{:016x}", rng());
     const Plan p = make_plan(h, o, sha);
@@ -563,6 +564,59 @@ TEST_CASE("make_plan: two_stage topk is one cluster of CTAs per row, 4096 scores
   CHECK(topk_of(h, "sm_100") == 8);
 }
 
+TEST_CASE("make_plan: a head without qk_norm ropes in the wqkv gemv's epilogue (gemv_rope_kv), one with qk_norm "
+          "or a head_dim not a multiple of 16 keeps the qk_rope_kv node") {
+  // Per step: the wqkv node's kernel, and whether a qk_rope_kv node follows it.
+  const auto draft_rope = [](const HeadHeader& h, const PlanOptions& o = PlanOptions{}) {
+    const Plan p = make_plan(h, o);
+    std::set<std::string> kernels;
+    for (const auto& b : p.buckets) {
+      int ropes = 0, wqkvs = 0;
+      for (const auto& n : b.nodes) {
+        if (n.name.ends_with(".qk_rope_kv")) ++ropes;
+        if (!n.name.ends_with(".wqkv")) continue;
+        ++wqkvs;
+        const KernelSpec& spec = p.spec(n.spec);
+        kernels.insert(spec.kernel);
+        if (spec.kernel != "gemv_rope_kv") continue;
+        // Its GEMV is the wqkv gemv's: the same columns, tiles and launch as the two-node path's.
+        const KernelSpec g = gemv_equivalent(spec);
+        CHECK(g.constant("N") == (h.heads + 2 * h.kv_heads) * h.head_dim);
+        CHECK(g.constant("K") == 2 * h.hidden);
+        CHECK(n.launch == launch_shape(g, b.streams));
+        std::map<std::string, std::string> bound;
+        for (const Arg& a : n.args) bound[a.param] = a.buffer;
+        CHECK(bound["x"] == "x");
+        CHECK(bound["q_out"] == "q");
+        CHECK(bound["ring_k"] == "ring_k");
+        CHECK(bound["ring_v"] == "ring_v");
+      }
+      CHECK(wqkvs == p.options.max_steps);
+      CHECK(ropes == (kernels.count("gemv") ? p.options.max_steps : 0));
+    }
+    REQUIRE(kernels.size() == 1);
+    // The qkv buffer exists only for the two-node path; the extend's qk_rope_kv runs either way.
+    CHECK((p.arena.find("qkv") != nullptr) == (*kernels.begin() == "gemv"));
+    CHECK(std::any_of(p.extend.begin(), p.extend.end(), [](const Node& n) { return n.name == "extend.qk_rope_kv"; }));
+    const auto choice = std::find_if(p.choices.begin(), p.choices.end(), [](const Choice& c) { return c.subject == "rope draft"; });
+    REQUIRE(choice != p.choices.end());
+    return *kernels.begin();
+  };
+  CHECK(draft_rope(preset_header("llama3-8b-eagle3")) == "gemv_rope_kv");
+  CHECK(draft_rope(preset_header("tiny")) == "gemv_rope_kv");
+  CHECK(draft_rope(preset_header("tfe-two-stage")) == "gemv");
+  CHECK(draft_rope(preset_header("tiny-two-stage")) == "gemv");
+  HeadHeader h = preset_header("tiny");
+  h.head_dim = 24;  // 12 pairs: a 16-column tile would split a head's pairs
+  CHECK(draft_rope(h) == "gemv");
+  h.head_dim = 32;
+  h.qk_norm = true;
+  CHECK(draft_rope(h) == "gemv");
+  PlanOptions off;
+  off.rope_in_wqkv = false;
+  CHECK(draft_rope(preset_header("llama3-8b-eagle3"), off) == "gemv");
+}
+
 TEST_CASE("make_plan: a dense step ends in the lm_head gemv writing top1 partials and one top1 node joining "
           "them, a CTA per row, at the gemv's COLS") {
   for (const auto& golden : golden_heads()) {
@@ -751,7 +805,7 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
             Arg& a = param(find(p, "s1.wqkv"), "scale");
             a.kind = Arg::Kind::null;
             a.buffer.clear();
-          }, "node s1.wqkv arg `scale` is null, but kernel gemv reaches");
+          }, "node s1.wqkv arg `scale` is null, but kernel gemv_rope_kv reaches");
   refused("a grid wider than the kernel's mapping", [&](Plan& p) { ++find(p, "s1.lm_head").launch.grid[0]; },
           "node s1.lm_head: launch grid");
   // A plan made for sm_80 (attention in one CTA a cluster, the GEMV's 96 KB ring within 163 KB), whose
@@ -809,8 +863,18 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
   refused("a step other than the node's", [&](Plan& p) { param(find(p, "s2.top1"), "step").i = 3; },
           "node s2.top1 arg `step` = 3");
   refused("a node past max_steps", [&](Plan& p) { find(p, "s4.wo").step = 5; }, "node s4.wo has step 5, outside 1..4");
-  refused("a negative position offset", [&](Plan& p) { param(find(p, "s1.qk_rope_kv"), "pos_offset").i = -1; },
+  refused("a negative position offset", [&](Plan& p) { param(find(p, "s1.wqkv"), "pos_offset").i = -1; },
           "arg `pos_offset` = -1 is outside 0..3");
+  refused("a ring write past the ring", [&](Plan& p) { param(find(p, "s2.wqkv"), "ring_v").byte_offset = 256; },
+          "node s2.wqkv arg `ring_v`: kernel gemv_rope_kv reaches");
+  refused("a gemv_rope_kv head_dim that splits rotate-half pairs across tiles",
+          [&](Plan& p) {
+            for (KernelSpec& spec : p.specs)
+              if (spec.kernel == "gemv_rope_kv")
+                for (auto& [name, v] : spec.constants)
+                  if (name == "HEAD_DIM") v = 24;
+          },
+          "HEAD_DIM = 24 is not a multiple of 16");
   refused("a row stride below the width", [&](Plan& p) { param(find(p, "s1.post_norm"), "x_stride").i = 1; },
           "arg `x_stride` = 1 is outside");
   refused("rows copied through a table of positions", [&](Plan& p) { param(find(p, "s1.gather_g"), "src_index").buffer = "pos"; },
@@ -856,7 +920,7 @@ TEST_CASE("plan YAML: another schema_version is refused naming both versions") {
   CHECK_THROWS_WITH_AS(load_plan_yaml(replace_once(text, now, "schema_version: 99")),
                        doctest::Contains(refusal.c_str()), Error);
   // Checked before anything else: a future plan with other fields is still refused for its version.
-  CHECK_THROWS_WITH_AS(load_plan_yaml("schema_version: 7\nsomething_new: 1\n"), doctest::Contains("schema_version 7"),
+  CHECK_THROWS_WITH_AS(load_plan_yaml("schema_version: 99\nsomething_new: 1\n"), doctest::Contains("schema_version 99"),
                        Error);
 }
 

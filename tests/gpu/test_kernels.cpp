@@ -1,7 +1,9 @@
 // Each kernel of a draft step against runtime/reference_ops.h, on the GPU's own inputs: one pass of
 // one step leaves every intermediate in the arena (g, x, qkv, q, ring K/V, o, h1, post, m, h2, n and
 // the vocabulary head's outputs), and each is recomputed on the CPU from the GPU's values before it, so
-// a difference is the kernel's alone. Every preset's specializations run (the big presets with random
+// a difference is the kernel's alone. A head whose RoPE runs in the wqkv gemv's epilogue (gemv_rope_kv)
+// leaves no qkv: its q and ring K/V are checked against the reference's linear and RoPE of the GPU's x,
+// and "kernels: gemv_rope_kv ..." checks them bit for bit against the two-node path. Every preset's specializations run (the big presets with random
 // weights made in memory), for each bucket's row count.
 //
 // Tolerances: bf16 outputs: more than one bf16 ulp apart on at most 0.1% of the elements (and at least
@@ -88,7 +90,9 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
   const auto pos = as_vector<int32_t>(rt.read_buffer("pos"));
   const auto first_pos = as_vector<int32_t>(rt.read_buffer("first_pos"));
   const auto tok = as_vector<int32_t>(rt.read_buffer("tok"));
-  const auto g = buf("g"), x = buf("x"), qkv = buf("qkv"), q = buf("q"), o = buf("o"), h1 = buf("h1");
+  const bool rope_in_wqkv = plan.arena.find("qkv") == nullptr;
+  const auto g = buf("g"), x = buf("x"), q = buf("q"), o = buf("o"), h1 = buf("h1");
+  const auto qkv = rope_in_wqkv ? std::vector<bf16_bits>{} : buf("qkv");
   const auto post = buf("post"), m = buf("m"), h2 = buf("h2"), n = buf("n");
   const auto ring_k = buf("ring_k"), ring_v = buf("ring_v"), slot_g = buf("slot_g");
   const auto inv_freq = ref::rope_inv_freq(h);
@@ -110,28 +114,35 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
   const auto qr = st.lin("wq", xs, rows), kr = st.lin("wk", xs, rows), vr = st.lin("wv", xs, rows);
   for (int64_t r = 0; r < rows; ++r) {
     CAPTURE(r);
-    const auto got = row(qkv, r, qw + 2 * kvw);
-    check_bf16("wqkv: q", got.first(static_cast<size_t>(qw)), row(qr, r, qw));
-    check_bf16("wqkv: k", got.subspan(static_cast<size_t>(qw), static_cast<size_t>(kvw)), row(kr, r, kvw));
-    check_bf16("wqkv: v", got.last(static_cast<size_t>(kvw)), row(vr, r, kvw));
-    // qk_rope_kv on the GPU's qkv.
-    auto position = [&](std::span<const bf16_bits> in, int64_t heads, const char* norm) {
+    auto position = [&](std::span<const bf16_bits> in, const char* norm) {
       std::vector<bf16_bits> a(in.begin(), in.end()), b(a.size());
       if (h.qk_norm) {
         ref::rmsnorm(in, st.norm(norm), h.rms_eps, b);
         a = b;
       }
       ref::rope(a, hd, pos[r], inv_freq, b);
-      (void)heads;
       return b;
     };
-    check_bf16("qk_rope_kv: q", row(q, r, qw), position(got.first(static_cast<size_t>(qw)), h.heads, "q_norm"));
     const size_t at = static_cast<size_t>((slot[r] * R + pos[r] % R) * kvw);
     const std::span<const bf16_bits> rk(ring_k.data() + at, static_cast<size_t>(kvw));
     const std::span<const bf16_bits> rv(ring_v.data() + at, static_cast<size_t>(kvw));
-    check_bf16("qk_rope_kv: ring k", rk, position(got.subspan(static_cast<size_t>(qw), static_cast<size_t>(kvw)),
-                                                  h.kv_heads, "k_norm"));
-    CHECK(std::equal(rv.begin(), rv.end(), got.last(static_cast<size_t>(kvw)).begin()));  // v is stored as is
+    if (rope_in_wqkv) {
+      // Against the reference's linear, then its RoPE: the GEMV's tolerance (a sum that rounds to the
+      // neighbouring bf16, rare at fp32 summation error, is rotated from there).
+      check_bf16("gemv_rope_kv: q", row(q, r, qw), position(row(qr, r, qw), "q_norm"));
+      check_bf16("gemv_rope_kv: ring k", rk, position(row(kr, r, kvw), "k_norm"));
+      check_bf16("gemv_rope_kv: ring v", rv, row(vr, r, kvw));
+    } else {
+      const auto got = row(qkv, r, qw + 2 * kvw);
+      check_bf16("wqkv: q", got.first(static_cast<size_t>(qw)), row(qr, r, qw));
+      check_bf16("wqkv: k", got.subspan(static_cast<size_t>(qw), static_cast<size_t>(kvw)), row(kr, r, kvw));
+      check_bf16("wqkv: v", got.last(static_cast<size_t>(kvw)), row(vr, r, kvw));
+      // qk_rope_kv on the GPU's qkv.
+      check_bf16("qk_rope_kv: q", row(q, r, qw), position(got.first(static_cast<size_t>(qw)), "q_norm"));
+      check_bf16("qk_rope_kv: ring k", rk,
+                 position(got.subspan(static_cast<size_t>(qw), static_cast<size_t>(kvw)), "k_norm"));
+      CHECK(std::equal(rv.begin(), rv.end(), got.last(static_cast<size_t>(kvw)).begin()));  // v is stored as is
+    }
     // ring_attention on the GPU's q and ring.
     std::vector<bf16_bits> keys, values, orf(static_cast<size_t>(qw));
     for (int64_t p = std::max<int64_t>(first_pos[r], pos[r] - h.window); p <= pos[r]; ++p) {
@@ -262,6 +273,62 @@ TFE_GPU_TEST_CASE("kernels: llama3-8b-eagle3 shapes (random weights in memory), 
 TFE_GPU_TEST_CASE("kernels: tfe-two-stage shapes (random weights in memory), bf16 and FP8") {
   for (bool fp8 : {false, true}) kernels_vs_reference("tfe-two-stage", fp8, {1, 16}, 8);
 }
+// gemv_rope_kv against the wqkv gemv and qk_rope_kv node it replaces (plan option rope_in_wqkv): the
+// same head, extends and draft on two runtimes, one of each path; q, the ring and the drafts must be the
+// same bits (q and the outputs filled with 0xFF, a NaN pattern, before each pass). Every bucket of tiny,
+// and llama3's shapes at 1 and 16 rows (COLS 32 in FP8), bf16 and FP8.
+void rope_paths_agree(const std::string& preset, bool fp8, std::vector<int> buckets) {
+  auto head = random_head_image(preset, 87, fp8);
+  const HeadHeader& h = head->file.header();
+  std::vector<std::unique_ptr<Runtime>> rts;
+  for (bool in_wqkv : {true, false}) {
+    PlanOptions po = test_plan_options(fp8 ? Fp8Mode::require : Fp8Mode::off);
+    po.buckets = buckets;
+    po.max_slots = buckets.back();
+    po.max_steps = 3;
+    po.rope_in_wqkv = in_wqkv;
+    rts.push_back(std::make_unique<Runtime>(Runtime::open(head->file, test_open_options(po))));
+  }
+  const Plan& fused = rts[0]->plan();
+  REQUIRE(fused.arena.find("qkv") == nullptr);        // gemv_rope_kv
+  REQUIRE(rts[1]->plan().arena.find("qkv") != nullptr);  // wqkv gemv + qk_rope_kv
+  std::mt19937_64 rng(23);
+  std::vector<Rows> rows;
+  for (int s = 0; s < buckets.back(); ++s) rows.push_back(random_rows(rng, h, s, 0, 1 + (s * 5) % 13));
+  for (auto& rt : rts) rt->extend(requests(rows));
+  for (int b : buckets) {
+    CAPTURE(b);
+    std::vector<int> slots(static_cast<size_t>(b));
+    std::iota(slots.begin(), slots.end(), 0);
+    std::vector<std::vector<std::byte>> q, ring_k, ring_v, tokens, conf;
+    for (auto& rt : rts) {
+      for (const char* name : {"q", "out_token", "out_conf"}) rt->fill_buffer(name, 0xFF);
+      (void)rt->draft(slots, 3);
+      q.push_back(rt->read_buffer("q"));
+      ring_k.push_back(rt->read_buffer("ring_k"));
+      ring_v.push_back(rt->read_buffer("ring_v"));
+      tokens.push_back(rt->read_buffer("out_token"));
+      conf.push_back(rt->read_buffer("out_conf"));
+    }
+    CHECK(q[0] == q[1]);
+    CHECK(ring_k[0] == ring_k[1]);
+    CHECK(ring_v[0] == ring_v[1]);
+    CHECK(tokens[0] == tokens[1]);
+    CHECK(conf[0] == conf[1]);
+    // The 0xFF fill is gone from every drafted row's q.
+    const auto qv = as_vector<uint16_t>(q[0]);
+    CHECK(std::count(qv.begin(), qv.begin() + b * h.heads * h.head_dim, uint16_t{0xFFFF}) == 0);
+  }
+}
+
+TFE_GPU_TEST_CASE("kernels: gemv_rope_kv equals the wqkv gemv and qk_rope_kv bit for bit, tiny and llama3 shapes") {
+  for (bool fp8 : {false, true}) {
+    CAPTURE(fp8);
+    rope_paths_agree("tiny", fp8, {1, 2, 4, 8, 16});
+    rope_paths_agree("llama3-8b-eagle3", fp8, {1, 16});
+  }
+}
+
 // 16 query heads of 256 over 2 kv heads (8 per group): ring_attention keeps 4 key passes in flight instead of
 // 8 there (its registers would spill at 8), so the window must span many passes: a window of 511 keys, full
 // after prefixes of 600 and 530 rows (in requests of 100, under the ring's 520 rows).
