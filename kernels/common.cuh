@@ -158,6 +158,17 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// Inclusive prefix sum over the lanes of a warp (lane l gets the sum of lanes 0..l): integer, so exact.
+__device__ __forceinline__ unsigned warp_inclusive_sum(unsigned v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned up = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += up;
+  }
+  return v;
+}
+
 // Sum over the CTA: warp butterflies, then the warp totals in warp order. `scratch` holds 32 floats;
 // every thread gets the total. Ends with a barrier, so `scratch` may be reused right after.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {

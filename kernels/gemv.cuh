@@ -295,38 +295,29 @@ __device__ __forceinline__ long long gemv_column(long long tile, int m, int g, i
   }
 }
 
-// This lane's place in a GEMV's CTA: its column tile (a warp runs K split kw of the CTA's tile
-// warp / KSPLIT; at one tile a CTA the tile stays a function of blockIdx alone, so that the weight-row
-// pointers stay in uniform registers), the CTA's input rows row0 .. row0 + nrows - 1, and the lane's
-// (g = lane / 4, t = lane % 4): accumulator i of tile (m, n) is column gemv_column(tile, m, g, i / 2) of
-// input row row0 + n * 8 + 2t + (i % 2). Tiles past N (the last CTA's) load nothing and write nothing, but
-// join and wait with the rest.
-template <typename S, long long ROWS>
-struct GemvLane {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int g = lane >> 2, t = lane & 3;
-  int kw = S::TILES == 1 ? warp : warp % S::KSPLIT;
-  long long tile = S::TILES == 1 ? static_cast<long long>(blockIdx.x)
-                                 : static_cast<long long>(blockIdx.x) * S::TILES + warp / S::KSPLIT;
-  long long row0 = static_cast<long long>(blockIdx.y) * ROWS;
-  long long nrows;
-  __device__ explicit GemvLane(long long rows) : nrows(min_ll(ROWS, rows - row0)) {}
-};
-
-// One CTA of a GEMV up to its accumulators: the K loop and the join of the K split. True in each column
-// tile's writer warp (kw 0), whose acc then holds the tile's sums for the caller's epilogue. (The epilogue
-// stays in the kernel, after this returns, so that its parameters are read from parameter space there
-// and hold no registers through the loop.)
-template <long long K, long long N, long long WEIGHT, long long EPI, long long ROWS, long long COLS, long long PAIR>
-__device__ __forceinline__ bool gemv_run(const void* w_ptr, const bf16* x_ptr, long long rows,
-                                         float (&acc)[GemvShape<K, N, WEIGHT, EPI, ROWS, COLS>::MT]
-                                                     [GemvShape<K, N, WEIGHT, EPI, ROWS, COLS>::NT][4]) {
+// One CTA of a GEMV: the K loop, the join of the K split, and then, in each column tile's writer warp
+// (kw 0), epilogue(acc, tile, row0, nrows, g, t) with the tile's sums: accumulator i of tile (m, n) is
+// column gemv_column(tile, m, g, i / 2) of input row row0 + n * 8 + 2t + (i % 2), this lane's (g = lane /
+// 4, t = lane % 4); rows past nrows are not the input's. kEpilogueTop1 is written here, into `out`, with
+// the FP8 row scales `scale`.
+template <long long K, long long N, long long WEIGHT, long long EPI, long long ROWS, long long COLS, long long PAIR,
+          typename Epilogue>
+__device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, const bf16* x_ptr, void* out,
+                                         long long rows, Epilogue&& epilogue) {
   using S = GemvShape<K, N, WEIGHT, EPI, ROWS, COLS>;
   constexpr long long W_ROW_BYTES = K * S::WBYTES, X_ROW_BYTES = K * 2;
-  const GemvLane<S, ROWS> place(rows);
-  const int lane = place.lane, warp = place.warp, g = place.g, t = place.t, kw = place.kw;
-  const long long tile = place.tile, row0 = place.row0, nrows = place.nrows;
-  if (nrows <= 0) return false;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  // Warp `warp` runs K split kw of the CTA's column tile `warp / KSPLIT`; tiles past N (the last CTA's)
+  // load nothing and write nothing, but join and wait with the rest. At one tile a CTA the tile stays a
+  // function of blockIdx alone, so its weight-row pointers stay in uniform registers.
+  const int kw = S::TILES == 1 ? warp : warp % S::KSPLIT;
+  const long long tile = S::TILES == 1 ? static_cast<long long>(blockIdx.x)
+                                       : static_cast<long long>(blockIdx.x) * S::TILES + warp / S::KSPLIT;
+  const long long j0 = tile * COLS;
+  const long long row0 = static_cast<long long>(blockIdx.y) * ROWS;
+  const long long nrows = min_ll(ROWS, rows - row0);
+  if (nrows <= 0) return;
 
   const unsigned char* w = static_cast<const unsigned char*>(w_ptr);
   const unsigned char* x = reinterpret_cast<const unsigned char*>(x_ptr + row0 * K);
@@ -335,7 +326,10 @@ __device__ __forceinline__ bool gemv_run(const void* w_ptr, const bf16* x_ptr, l
 
   // Output column and weight row of tile m's lane rows h = 0, 1: SwiGLU's second tile is the up half (rows
   // N..2N-1) of the same columns.
-  const auto column = [&](int m, int h) { return gemv_column<EPI, COLS, PAIR>(tile, m, g, h); };
+  const auto column = [&](int m, int h) {
+    if constexpr (PAIR > 0) return gemv_column<EPI, COLS, PAIR>(tile, m, g, h);
+    return j0 + (EPI == kEpilogueSwiGLU ? 0 : 16 * m) + g + 8 * h;  // gemv_column's, from j0 computed once
+  };
   const auto weight_row = [&](int m, int h) { return (EPI == kEpilogueSwiGLU ? m * N : 0) + column(m, h); };
   // This lane's two weight rows per tile and its input row per n tile; null when out of range.
   const unsigned char* wrow[S::MT][2];
@@ -350,6 +344,7 @@ __device__ __forceinline__ bool gemv_run(const void* w_ptr, const bf16* x_ptr, l
     xrow[n] = r < nrows ? x + r * X_ROW_BYTES : nullptr;
   }
 
+  float acc[S::MT][S::NT][4];
 #pragma unroll
   for (int m = 0; m < S::MT; ++m)
 #pragma unroll
@@ -554,7 +549,14 @@ __device__ __forceinline__ bool gemv_run(const void* w_ptr, const bf16* x_ptr, l
     __shared__ float part[S::WARPS > 1 ? S::WARPS - 1 : 1][ACC * 32];
     writer = join([&](int v) { return part[v - 1]; });
   }
-  return writer;
+  if (!writer) return;
+
+  if constexpr (EPI == kEpilogueTop1) {
+    if (tile < ceil_div(N, COLS))
+      write_top1_parts<S, N, COLS>(acc, scale, static_cast<Top1Part*>(out), tile, row0, nrows, g, t);
+  } else {
+    epilogue(acc, tile, row0, nrows, g, t);
+  }
 }
 
 template <typename Cfg>
@@ -563,17 +565,10 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
     gemv(const GemvParams p) {
   using S = GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>;
   constexpr long long N = Cfg::N, EPI = Cfg::EPILOGUE, COLS = Cfg::COLS;
-  float acc[S::MT][S::NT][4];
-  if (!gemv_run<Cfg::K, N, Cfg::WEIGHT, EPI, Cfg::ROWS, COLS, 0>(p.w, p.x, p.rows, acc)) return;
-  const GemvLane<S, Cfg::ROWS> place(p.rows);
-  const long long tile = place.tile, row0 = place.row0, nrows = place.nrows;
-  const int g = place.g, t = place.t;
-
-  if constexpr (EPI == kEpilogueTop1) {
-    if (tile < ceil_div(N, COLS))
-      write_top1_parts<S, N, COLS>(acc, p.scale, static_cast<Top1Part*>(p.y), tile, row0, nrows, g, t);
-  } else {
-    // SwiGLU writes its tile 0 (gate) with tile 1 (up); the other epilogues write every tile.
+  // The elementwise epilogues (kEpilogueTop1 is gemv_run's): SwiGLU writes its tile 0 (gate) with tile 1
+  // (up); the others write every tile.
+  auto epilogue = [&](const float (&acc)[S::MT][S::NT][4], long long tile, long long row0, long long nrows, int g,
+                      int t) {
     constexpr int OUT_TILES = EPI == kEpilogueSwiGLU ? 1 : S::MT;
 #pragma unroll
     for (int m = 0; m < OUT_TILES; ++m)
@@ -601,7 +596,8 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
             static_cast<bf16*>(p.y)[at] = to_bf16(a * round_bf16(up));
           }
         }
-  }
+  };
+  gemv_run<Cfg::K, N, Cfg::WEIGHT, EPI, Cfg::ROWS, COLS, 0>(p.w, p.scale, p.x, p.y, p.rows, epilogue);
 }
 
 // gemv_rope_kv: the draft's wqkv GEMV with qk_rope_kv (without qk_norm) as its epilogue, in place of the
@@ -640,43 +636,42 @@ __global__ void __launch_bounds__(32 * GemvRopeKvShape<Cfg>::S::WARPS, GemvRopeK
   using R = GemvRopeKvShape<Cfg>;
   using S = typename R::S;
   constexpr long long HD = R::HEAD_DIM, HALF = R::HALF, N = R::N, QH = Cfg::HEADS, KVH = Cfg::KV_HEADS;
-  float acc[S::MT][S::NT][4];
-  if (!gemv_run<Cfg::K, N, Cfg::WEIGHT, kEpilogueBF16, Cfg::ROWS, Cfg::COLS, HALF>(p.w, p.x, p.rows, acc)) return;
-  const GemvLane<S, Cfg::ROWS> place(p.rows);
-  const long long tile = place.tile, row0 = place.row0, nrows = place.nrows;
-  const int g = place.g, t = place.t;
-
+  auto epilogue = [&](const float (&acc)[S::MT][S::NT][4], long long tile, long long row0, long long nrows, int g,
+                      int t) {
 #pragma unroll
-  for (int m = 0; m < S::MT; ++m) {
-    const long long j = gemv_column<kEpilogueBF16, Cfg::COLS, HALF>(tile, m, g, 0);  // j + HALF: its pair
-    if (j >= N) continue;
-    const long long head = j / HD, i = j % HD;  // i < HALF
-    const float scale_lo = S::FP8 ? p.scale[j] : 1.0f, scale_hi = S::FP8 ? p.scale[j + HALF] : 1.0f;
+    for (int m = 0; m < S::MT; ++m) {
+      const long long j = gemv_column<kEpilogueBF16, Cfg::COLS, HALF>(tile, m, g, 0);  // j + HALF: its pair
+      if (j >= N) continue;
+      const long long head = j / HD, i = j % HD;  // i < HALF
+      const float scale_lo = S::FP8 ? p.scale[j] : 1.0f, scale_hi = S::FP8 ? p.scale[j + HALF] : 1.0f;
 #pragma unroll
-    for (int n = 0; n < S::NT; ++n)
+      for (int n = 0; n < S::NT; ++n)
 #pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        if (n * 8 + 2 * t + b >= nrows) continue;
-        const long long r = row0 + n * 8 + 2 * t + b;
-        // Lane rows g (column j) and g + 8 (j + HALF), rounded to the bf16 that qkv would hold.
-        float lo = acc[m][n][b], hi = acc[m][n][2 + b];
-        if constexpr (S::FP8) lo *= scale_lo, hi *= scale_hi;
-        lo = round_bf16(lo);
-        hi = round_bf16(hi);
-        const long long position = p.pos[r] + p.pos_offset;
-        const long long ring_at = (static_cast<long long>(p.slot[r]) * Cfg::RING + position % Cfg::RING) * KVH * HD;
-        if (head >= QH + KVH) {  // v: stored as is
-          bf16* dst = p.ring_v + ring_at + (head - QH - KVH) * HD;
-          dst[i] = to_bf16(lo);
-          dst[i + HALF] = to_bf16(hi);
-          continue;
+        for (int b = 0; b < 2; ++b) {
+          if (n * 8 + 2 * t + b >= nrows) continue;
+          const long long r = row0 + n * 8 + 2 * t + b;
+          // Lane rows g (column j) and g + 8 (j + HALF), rounded to the bf16 that qkv would hold.
+          float lo = acc[m][n][b], hi = acc[m][n][2 + b];
+          if constexpr (S::FP8) lo *= scale_lo, hi *= scale_hi;
+          lo = round_bf16(lo);
+          hi = round_bf16(hi);
+          const long long position = p.pos[r] + p.pos_offset;
+          const long long ring_at = (static_cast<long long>(p.slot[r]) * Cfg::RING + position % Cfg::RING) * KVH * HD;
+          if (head >= QH + KVH) {  // v: stored as is
+            bf16* dst = p.ring_v + ring_at + (head - QH - KVH) * HD;
+            dst[i] = to_bf16(lo);
+            dst[i + HALF] = to_bf16(hi);
+            continue;
+          }
+          const RopeAngle a = rope_angle(position, p.inv_freq[i]);
+          bf16* dst = head < QH ? p.q_out + (r * QH + head) * HD : p.ring_k + ring_at + (head - QH) * HD;
+          dst[i] = rope_lo(lo, hi, a);
+          dst[i + HALF] = rope_hi(lo, hi, a);
         }
-        const RopeAngle a = rope_angle(position, p.inv_freq[i]);
-        bf16* dst = head < QH ? p.q_out + (r * QH + head) * HD : p.ring_k + ring_at + (head - QH) * HD;
-        dst[i] = rope_lo(lo, hi, a);
-        dst[i + HALF] = rope_hi(lo, hi, a);
-      }
-  }
+    }
+  };
+  gemv_run<Cfg::K, N, Cfg::WEIGHT, kEpilogueBF16, Cfg::ROWS, Cfg::COLS, HALF>(p.w, p.scale, p.x, nullptr, p.rows,
+                                                                               epilogue);
 }
 
 }  // namespace kernels

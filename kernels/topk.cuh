@@ -207,12 +207,7 @@ __device__ __forceinline__ void cluster_radix_bucket(const ThreadKeys<S>& keys, 
         c[0] += a.x, c[1] += a.y, c[2] += a.z, c[3] += a.w, c[4] += b.x, c[5] += b.y, c[6] += b.z, c[7] += b.w;
       }
       const unsigned total = c[0] + c[1] + c[2] + c[3] + c[4] + c[5] + c[6] + c[7];
-      unsigned incl = total;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-      }
+      const unsigned incl = warp_inclusive_sum(total);
       unsigned before = incl - total;
       if (before < need && incl >= need) {
 #pragma unroll
@@ -272,12 +267,7 @@ __global__ void TFE_CLUSTER(Cfg::SPLIT) __launch_bounds__(kTopkThreads, TopkShap
       eq += k == prefix;
     }
   }
-  unsigned gt_incl = gt, eq_incl = eq;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const unsigned g = __shfl_up_sync(0xffffffffu, gt_incl, o), e = __shfl_up_sync(0xffffffffu, eq_incl, o);
-    if (lane >= o) gt_incl += g, eq_incl += e;
-  }
+  const unsigned gt_incl = warp_inclusive_sum(gt), eq_incl = warp_inclusive_sum(eq);
   if (lane == 31) sm.warp_gt[warp] = gt_incl, sm.warp_eq[warp] = eq_incl;
   __syncthreads();
   unsigned gt_before = gt_incl - gt, eq_before = eq_incl - eq, cta_gt = 0, cta_eq = 0;
