@@ -1042,6 +1042,16 @@ TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
                                       (dir / "dump_err.txt").string());
   CHECK(std::system(bad.c_str()) != 0);
   CHECK(read_text(dir / "dump_err.txt").find("buckets[2] = 2 follows 2") != std::string::npos);
+  // --rope-in-wqkv false: the option reaches the plan, and a head without qk_norm keeps the qk_rope_kv node.
+  const std::string off = fmt::format("{} dump --preset tiny --buckets 1 --rope-in-wqkv false -o {}", TFE_PLAN_EXE, out);
+  REQUIRE(std::system(off.c_str()) == 0);
+  PlanOptions no_fold;
+  no_fold.buckets = {1};
+  no_fold.rope_in_wqkv = false;
+  const Plan q = load_plan_yaml(read_text(out));
+  CHECK(q == make_plan(preset_header("tiny"), no_fold));
+  CHECK(std::any_of(q.buckets[0].nodes.begin(), q.buckets[0].nodes.end(),
+                    [](const Node& n) { return n.name == "s1.qk_rope_kv"; }));
 }
 
 TEST_CASE("tfe-plan dump --preset-fp8: the preset with the FP8 forms random --fp8 writes") {
