@@ -819,21 +819,17 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
     const char* refusal = "node s1.attention: 204800 bytes of dynamic shared memory a CTA; sm_80 allows at most 166912";
     CHECK_THROWS_WITH_AS(validate(p), doctest::Contains(refusal), Error);
   }
-  refused("a ring_attention head_dim over the kernel's limit",
-          [&](Plan& p) {
-            for (KernelSpec& spec : p.specs)
-              if (spec.kernel == "ring_attention")
-                for (auto& [name, v] : spec.constants)
-                  if (name == "HEAD_DIM") v = 1024;
-          },
-          "HEAD_DIM = 1024 is above 512, the most ring_attention takes");
-  // A cluster kernel's SPLIT is its cluster: the portable 8 at most, and 1 below sm_90.
+  // Sets constant `name` of every spec of `kernel`.
   const auto set_constant = [](Plan& p, std::string_view kernel, std::string_view name, int64_t value) {
     for (KernelSpec& spec : p.specs)
       if (spec.kernel == kernel)
         for (auto& [n, v] : spec.constants)
           if (n == name) v = value;
   };
+  refused("a ring_attention head_dim over the kernel's limit",
+          [&](Plan& p) { set_constant(p, "ring_attention", "HEAD_DIM", 1024); },
+          "HEAD_DIM = 1024 is above 512, the most ring_attention takes");
+  // A cluster kernel's SPLIT is its cluster: the portable 8 at most, and 1 below sm_90.
   refused("a ring_attention cluster over the portable size",
           [&](Plan& p) { set_constant(p, "ring_attention", "SPLIT", 9); },
           "SPLIT = 9 is above 8, the most CTAs a cluster takes on sm_90");
@@ -868,13 +864,7 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
   refused("a ring write past the ring", [&](Plan& p) { param(find(p, "s2.wqkv"), "ring_v").byte_offset = 256; },
           "node s2.wqkv arg `ring_v`: kernel gemv_rope_kv reaches");
   refused("a gemv_rope_kv head_dim that splits rotate-half pairs across tiles",
-          [&](Plan& p) {
-            for (KernelSpec& spec : p.specs)
-              if (spec.kernel == "gemv_rope_kv")
-                for (auto& [name, v] : spec.constants)
-                  if (name == "HEAD_DIM") v = 24;
-          },
-          "HEAD_DIM = 24 is not a multiple of 16");
+          [&](Plan& p) { set_constant(p, "gemv_rope_kv", "HEAD_DIM", 24); }, "HEAD_DIM = 24 is not a multiple of 16");
   refused("a row stride below the width", [&](Plan& p) { param(find(p, "s1.post_norm"), "x_stride").i = 1; },
           "arg `x_stride` = 1 is outside");
   refused("rows copied through a table of positions", [&](Plan& p) { param(find(p, "s1.gather_g"), "src_index").buffer = "pos"; },
