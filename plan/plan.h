@@ -28,9 +28,9 @@ struct PlanOptions {
   int max_slots = 64;      // sequences the runtime holds; one scratch slot is added for padding
   int extend_rows = 1024;  // rows one extend chunk takes; larger extends run in chunks
   // Draft passes of buckets up to this many streams launch their kernels dependent (Node::dependent);
-  // 0: none. 2 measured best on the H200 (BENCHMARKS.md, "Programmatic dependent launch"): faster at 1
-  // and 2 streams, mixed at 4, slower at 8 and 16.
-  int dependent_streams = 2;  // 0..16
+  // 0: none. 4 measured best on the H200 (BENCHMARKS.md, "Programmatic dependent launch" and the A/B of
+  // 668a17b): faster at 1, 2 and 4 streams, slower at 8 and 16.
+  int dependent_streams = 4;  // 0..16
   // The draft's RoPE in the wqkv GEMV's epilogue (kernel gemv_rope_kv) where the head allows it (no
   // qk_norm, head_dim a multiple of 16); false: the wqkv gemv and a qk_rope_kv node, as heads with
   // qk_norm run. Both give the same bits.

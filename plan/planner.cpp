@@ -115,7 +115,7 @@ class Planner {
                ? std::string("none")
                : fmt::format("draft passes of buckets up to {} streams", p_.options.dependent_streams),
            "option dependent_streams: programmatic dependent launch overlaps each kernel's start with its "
-           "predecessor's end; measured on the H200 2-4 % faster at 1-2 streams, mixed at 4, slower at 8-16 "
+           "predecessor's end; measured on the H200 2-4 % faster at 1-2 streams, 1-6 us a step at 4, slower at 8-16 "
            "(BENCHMARKS.md); an FP8 GEMV right after a GEMV is launched plainly (measured 3 us faster so)");
     plan_extend();
     finish();

@@ -726,9 +726,9 @@ TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows with K >= 
   }
 }
 
-TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (default 2), but an FP8 GEMV "
+TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (default 4), but an FP8 GEMV "
           "right after a GEMV, and extend kernels never") {
-  CHECK(PlanOptions{}.dependent_streams == 2);
+  CHECK(PlanOptions{}.dependent_streams == 4);
   for (const auto& [name, header] : golden_heads()) {
     CAPTURE(name);
     for (const int limit : {0, 2, 4, 16}) {
