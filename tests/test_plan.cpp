@@ -615,6 +615,9 @@ TEST_CASE("make_plan: a head without qk_norm ropes in the wqkv gemv's epilogue (
   PlanOptions off;
   off.rope_in_wqkv = false;
   CHECK(draft_rope(preset_header("llama3-8b-eagle3"), off) == "gemv");
+  // Only a GEMV has a gemv equivalent.
+  CHECK_THROWS_WITH_AS(gemv_equivalent(make_spec("topk", {{"VOCAB", 300}, {"CAND_K", 16}, {"SPLIT", 1}})),
+                       doctest::Contains("is not a gemv"), Error);
 }
 
 TEST_CASE("make_plan: a dense step ends in the lm_head gemv writing top1 partials and one top1 node joining "
