@@ -224,12 +224,9 @@ int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach&
     return unknown();
   }
   if (k == "gemv_rope_kv") {
-    const int64_t heads = c("HEADS"), kvh = c("KV_HEADS"), hd = c("HEAD_DIM"), kk = c("K");
-    const int64_t n = product({saturating_add(heads, product({2, kvh})), hd});
-    const bool fp8 = c("WEIGHT") == kc::kWeightFP8;
-    if (param == "w") return product({n, kk, fp8 ? 1 : kBf16});
-    if (param == "scale") return fp8 ? product({n, kF32}) : 0;
-    if (param == "x") return product({R, kk, kBf16});
+    const int64_t heads = c("HEADS"), kvh = c("KV_HEADS"), hd = c("HEAD_DIM");
+    // Its GEMV reads what the wqkv gemv reads.
+    if (param == "w" || param == "scale" || param == "x") return param_reach(gemv_equivalent(spec), param, r);
     if (param == "inv_freq") return product({hd / 2, kF32});
     if (param == "slot" || param == "pos") return product({R, kI32});
     if (param == "q_out") return product({R, heads, hd, kBf16});
