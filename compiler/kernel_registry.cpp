@@ -38,6 +38,11 @@ std::vector<KernelDef> make_defs() {
       // 16-byte top1 partial per (row, CTA): y is [rows, ceil(N / COLS)] records.
       {"gemv", "gemv.cuh", "tfe::kernels::gemv", {"ROWS", "K", "N", "WEIGHT", "EPILOGUE", "COLS"},
        {{"w", P::ptr}, {"scale", P::ptr}, {"x", P::ptr}, {"y", P::ptr}, {"residual", P::ptr}, {"rows", P::i64}}},
+      // gemv over a narrow output (fewer than 64 tiles of 16 columns) with each column tile's K split over
+      // a cluster of CSPLIT CTAs, joined through distributed shared memory; grid.x is gemv's times CSPLIT.
+      {"gemv_cluster", "gemv.cuh", "tfe::kernels::gemv_cluster",
+       {"ROWS", "K", "N", "WEIGHT", "EPILOGUE", "COLS", "CSPLIT"},
+       {{"w", P::ptr}, {"scale", P::ptr}, {"x", P::ptr}, {"y", P::ptr}, {"residual", P::ptr}, {"rows", P::i64}}},
       // The draft's wqkv GEMV (N = (HEADS + 2 KV_HEADS) x HEAD_DIM columns, [q | k | v]) with qk_rope_kv
       // as its epilogue, for heads without qk_norm: q rotated into q_out, k rotated and v as is into the
       // slot's ring row (pos[r] + pos_offset mod RING). ROWS, K, WEIGHT and COLS as for gemv.

@@ -55,12 +55,16 @@ struct LaunchShape {
   bool operator==(const LaunchShape&) const = default;
 };
 LaunchShape launch_shape(const KernelSpec& spec, int64_t rows);
-// A gemv or gemv_rope_kv spec as the gemv spec of its GEMV (gemv_rope_kv: N = (HEADS + 2 KV_HEADS) x
-// HEAD_DIM, EPILOGUE bf16): its launch shape, tiles and columns are that spec's.
+// A gemv, gemv_cluster or gemv_rope_kv spec as the gemv spec of its GEMV (gemv_cluster: without CSPLIT;
+// gemv_rope_kv: N = (HEADS + 2 KV_HEADS) x HEAD_DIM, EPILOGUE bf16): its block, tiles and columns are that
+// spec's (gemv_cluster's grid.x is CSPLIT times its).
 KernelSpec gemv_equivalent(const KernelSpec& spec);
-// gemv, gemv_rope_kv: the column tiles one CTA runs (kernels/gemv.cuh GemvShape::TILES): 1, or more where K
-// is too short to give each of a tile's warps 4 steps.
+// gemv, gemv_cluster, gemv_rope_kv: the column tiles one CTA runs (kernels/gemv.cuh GemvShape::TILES): 1, or
+// more where K is too short to give each of a tile's warps 4 steps.
 int64_t gemv_tiles_per_cta(const KernelSpec& spec);
+// The most CTAs a column tile of this GEMV's shape may split its K over as gemv_cluster: every warp of the
+// cluster at least one K step, for a narrow output (GemvShape::NARROW); 1 where the shape is not narrow.
+int64_t gemv_cluster_split_limit(const KernelSpec& spec);
 
 // What a launch of a specialization for `rows` rows may touch through each pointer parameter: bytes from
 // the argument's offset (0: the parameter is not read, and may be null). Operands addressed through an id

@@ -96,6 +96,11 @@ constexpr int64_t kRescoreWarps = 4;
 
 KernelSpec gemv_equivalent(const KernelSpec& spec) {
   if (spec.kernel == "gemv") return spec;
+  if (spec.kernel == "gemv_cluster") {
+    auto constants = spec.constants;
+    constants.pop_back();  // CSPLIT, the registry's last
+    return make_spec("gemv", std::move(constants));
+  }
   if (spec.kernel != "gemv_rope_kv") fail("gemv_equivalent: {} is not a gemv", spec.uri());
   // Constants are at most 2^24 (validate), so N stays exact.
   const int64_t n = (spec.constant("HEADS") + 2 * spec.constant("KV_HEADS")) * spec.constant("HEAD_DIM");
@@ -108,6 +113,12 @@ KernelSpec gemv_equivalent(const KernelSpec& spec) {
 }
 
 int64_t gemv_tiles_per_cta(const KernelSpec& spec) { return gemv_tiles(gemv_equivalent(spec)); }
+
+int64_t gemv_cluster_split_limit(const KernelSpec& spec) {
+  const KernelSpec g = gemv_equivalent(spec);
+  if (!gemv_narrow(g)) return 1;
+  return std::max<int64_t>(1, gemv_steps(g) / gemv_ksplit(g));
+}
 
 LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
   if (rows < 1) fail("launch_shape {}: rows is {}, must be at least 1", spec.uri(), rows);
@@ -124,12 +135,14 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
     s.grid[0] = rows;
     s.block = spec.constant("THREADS");
     s.rows_axis = 0;
-  } else if (k == "gemv" || k == "gemv_rope_kv") {
-    const KernelSpec g = gemv_equivalent(spec);  // gemv_rope_kv: its GEMV's shape, epilogue aside
+  } else if (k == "gemv" || k == "gemv_rope_kv" || k == "gemv_cluster") {
+    // gemv_rope_kv: its GEMV's shape, epilogue aside; gemv_cluster: gemv's, CSPLIT CTAs a column tile.
+    const KernelSpec g = gemv_equivalent(spec);
     const int64_t row_tile = g.constant("ROWS"), cols = g.constant("COLS");
     if (cols != 16 && (cols != 32 || g.constant("EPILOGUE") == kc::kEpilogueSwiGLU))
       fail("launch_shape {}: COLS is {}; gemv takes 16, or 32 with an epilogue other than SwiGLU", spec.uri(), cols);
     s.grid[0] = ceil_div(ceil_div(g.constant("N"), cols), gemv_tiles(g));
+    if (k == "gemv_cluster") s.grid[0] = product({s.grid[0], spec.constant("CSPLIT")});
     s.grid[1] = ceil_div(rows, row_tile);
     s.block = 32 * gemv_warps(g);
     s.smem = gemv_dynamic_smem(g);
@@ -223,6 +236,7 @@ int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach&
     }
     return unknown();
   }
+  if (k == "gemv_cluster") return param_reach(gemv_equivalent(spec), param, r);  // what its gemv reaches
   if (k == "gemv_rope_kv") {
     const int64_t heads = c("HEADS"), kvh = c("KV_HEADS"), hd = c("HEAD_DIM");
     // Its GEMV reads what the wqkv gemv reads.

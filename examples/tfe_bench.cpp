@@ -71,6 +71,7 @@ struct Options {
   std::string dependent_launch = "plan";
   int dependent_streams = -1;  // the plan option when planning here; -1: its default
   std::optional<bool> rope_in_wqkv;  // the plan option when planning here; unset: its default
+  std::optional<bool> gemv_cluster;  // likewise
   std::string streams = "1,2,4,8,16";
   std::string steps = "1..8";
   int iters = 50;
@@ -409,6 +410,7 @@ int run(const Options& o) {
     p.fp8 = tfe::fp8_mode_from_name(o.fp8);
     if (o.dependent_streams >= 0) p.dependent_streams = o.dependent_streams;
     if (o.rope_in_wqkv) p.rope_in_wqkv = *o.rope_in_wqkv;
+    if (o.gemv_cluster) p.gemv_cluster = *o.gemv_cluster;
     open.plan = p;
   }
   open.capture = tfe::OpenOptions::Capture::lazy;
@@ -426,6 +428,7 @@ int run(const Options& o) {
     out["dependent_launch"] = o.dependent_launch;
     out["dependent_streams"] = rt->plan().options.dependent_streams;
     out["rope_in_wqkv"] = rt->plan().options.rope_in_wqkv;
+    out["gemv_cluster"] = rt->plan().options.gemv_cluster;
   });
   if (!rt) {
     out["errors"] = errors;
@@ -734,6 +737,10 @@ int main(int argc, char** argv) {
   app.add_option("--rope-in-wqkv", o.rope_in_wqkv,
                  "plan option without an artifact: the draft's RoPE in the wqkv gemv's epilogue where the head has "
                  "no qk_norm (true, false)")
+      ->excludes(artifact);
+  app.add_option("--gemv-cluster", o.gemv_cluster,
+                 "plan option without an artifact: a narrow output's gemv with each column tile's K split over a "
+                 "cluster of CTAs (true, false)")
       ->excludes(artifact);
   app.add_option("--streams", o.streams, "slots per draft call: a list (1,2,4) or range (1..4)");
   app.add_option("--steps", o.steps, "draft steps per call: a list or range");

@@ -300,19 +300,27 @@ __device__ __forceinline__ long long gemv_column(long long tile, int m, int g, i
 // column gemv_column(tile, m, g, i / 2) of input row row0 + n * 8 + 2t + (i % 2), this lane's (g = lane /
 // 4, t = lane % 4); rows past nrows are not the input's. kEpilogueTop1 is written here, into `out`, with
 // the FP8 row scales `scale`.
+// CSPLIT > 1 (gemv_cluster): a column tile's K is split further over the CSPLIT CTAs of a cluster; CTA
+// rank c's warp w runs K split c * KSPLIT + w, and rank 0's writer adds the other ranks' joined tiles in
+// rank order through distributed shared memory before its epilogue.
 template <long long K, long long N, long long WEIGHT, long long EPI, long long ROWS, long long COLS, long long PAIR,
-          typename Epilogue>
+          long long CSPLIT, typename Epilogue>
 __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, const bf16* x_ptr, void* out,
                                          long long rows, Epilogue&& epilogue) {
   using S = GemvShape<K, N, WEIGHT, EPI, ROWS, COLS>;
   constexpr long long W_ROW_BYTES = K * S::WBYTES, X_ROW_BYTES = K * 2;
+  // The cluster split serves narrow outputs, which run the direct-load loop at one tile a CTA.
+  static_assert(CSPLIT == 1 || (S::NARROW && S::TILES == 1), "gemv: a cluster split needs a narrow output");
+  constexpr long long KSTRIDE = S::KSPLIT * CSPLIT;  // K splits of a column tile, over its cluster
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   // Warp `warp` runs K split kw of the CTA's column tile `warp / KSPLIT`; tiles past N (the last CTA's)
   // load nothing and write nothing, but join and wait with the rest. At one tile a CTA the tile stays a
-  // function of blockIdx alone, so its weight-row pointers stay in uniform registers.
-  const int kw = S::TILES == 1 ? warp : warp % S::KSPLIT;
-  const long long tile = S::TILES == 1 ? static_cast<long long>(blockIdx.x)
+  // function of blockIdx alone, so its weight-row pointers stay in uniform registers. Under a cluster
+  // split, kw counts the cluster's warps (rank-major) and the join below uses the CTA's own warp index.
+  const int rank = CSPLIT > 1 ? static_cast<int>(blockIdx.x % CSPLIT) : 0;
+  const int kw = S::TILES == 1 ? warp + rank * S::KSPLIT : warp % S::KSPLIT;
+  const long long tile = S::TILES == 1 ? static_cast<long long>(blockIdx.x / CSPLIT)
                                        : static_cast<long long>(blockIdx.x) * S::TILES + warp / S::KSPLIT;
   const long long j0 = tile * COLS;
   const long long row0 = static_cast<long long>(blockIdx.y) * ROWS;
@@ -354,12 +362,12 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
 
   // The direct-load loop: UNROLL steps of loads, then their mmas.
   auto direct_loop = [&] {
-    for (long long s0 = kw; s0 < S::STEPS; s0 += static_cast<long long>(S::KSPLIT) * S::UNROLL) {
+    for (long long s0 = kw; s0 < S::STEPS; s0 += KSTRIDE * S::UNROLL) {
       uint4 wc[S::UNROLL][S::MT][2];
       uint4 xc[S::UNROLL][S::NT][S::XCHUNKS];
 #pragma unroll
       for (int u = 0; u < S::UNROLL; ++u) {
-        const long long s = s0 + static_cast<long long>(u) * S::KSPLIT;
+        const long long s = s0 + u * KSTRIDE;
         const long long k0 = s * S::STEP + t * S::E;
         const bool live = s < S::STEPS;
 #pragma unroll
@@ -379,7 +387,7 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
       }
 #pragma unroll
       for (int u = 0; u < S::UNROLL; ++u) {
-        if (s0 + static_cast<long long>(u) * S::KSPLIT >= S::STEPS) break;
+        if (s0 + u * KSTRIDE >= S::STEPS) break;
         gemv_step<S>(acc, wc[u], xc[u]);
       }
     }
@@ -391,7 +399,9 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
   constexpr int ACC = S::MT * S::NT * 4;
   auto join = [&](auto part) {
     if constexpr (S::KSPLIT > 1) {
-      if (kw > 0) {
+      int kl = kw;  // the warp's K split within the CTA
+      if constexpr (CSPLIT > 1) kl = warp;
+      if (kl > 0) {
         float* mine = part(warp);
 #pragma unroll
         for (int m = 0; m < S::MT; ++m)
@@ -401,7 +411,7 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
             for (int i = 0; i < 4; ++i) mine[((m * S::NT + n) * 4 + i) * 32 + lane] = acc[m][n][i];
       }
       __syncthreads();
-      if (kw > 0) return false;
+      if (kl > 0) return false;
       for (int v = 1; v < S::KSPLIT; ++v) {
         const float* theirs = part(warp + v);
 #pragma unroll
@@ -548,6 +558,31 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
     release_dependents();
     __shared__ float part[S::WARPS > 1 ? S::WARPS - 1 : 1][ACC * 32];
     writer = join([&](int v) { return part[v - 1]; });
+    if constexpr (CSPLIT > 1) {
+      // The cluster's join: each CTA's writer leaves its joined tile in part[0] (its own warp 1's slot,
+      // which it has read), and rank 0's writer adds ranks 1.. in order. Every thread of the cluster
+      // reaches both barriers; the second keeps each CTA's shared memory until rank 0 has read it.
+      float* mine = part[0];
+      if (writer)
+#pragma unroll
+        for (int m = 0; m < S::MT; ++m)
+#pragma unroll
+          for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) mine[((m * S::NT + n) * 4 + i) * 32 + lane] = acc[m][n][i];
+      cluster_barrier();
+      if (writer && rank == 0)
+        for (int cc = 1; cc < CSPLIT; ++cc)
+#pragma unroll
+          for (int m = 0; m < S::MT; ++m)
+#pragma unroll
+            for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+              for (int i = 0; i < 4; ++i)
+                acc[m][n][i] += load_peer(mine + ((m * S::NT + n) * 4 + i) * 32 + lane, static_cast<unsigned>(cc));
+      cluster_barrier();
+      writer = writer && rank == 0;
+    }
   }
   if (!writer) return;
 
@@ -559,14 +594,12 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
   }
 }
 
-template <typename Cfg>
-__global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::WARPS,
-                                  GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::MIN_CTAS)
-    gemv(const GemvParams p) {
+// gemv and gemv_cluster: gemv_run with the elementwise epilogues (kEpilogueTop1 is gemv_run's). SwiGLU
+// writes its tile 0 (gate) with tile 1 (up); the others write every tile.
+template <typename Cfg, long long CSPLIT>
+__device__ __forceinline__ void gemv_elementwise(const GemvParams& p) {
   using S = GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>;
   constexpr long long N = Cfg::N, EPI = Cfg::EPILOGUE, COLS = Cfg::COLS;
-  // The elementwise epilogues (kEpilogueTop1 is gemv_run's): SwiGLU writes its tile 0 (gate) with tile 1
-  // (up); the others write every tile.
   auto epilogue = [&](const float (&acc)[S::MT][S::NT][4], long long tile, long long row0, long long nrows, int g,
                       int t) {
     constexpr int OUT_TILES = EPI == kEpilogueSwiGLU ? 1 : S::MT;
@@ -597,7 +630,28 @@ __global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cf
           }
         }
   };
-  gemv_run<Cfg::K, N, Cfg::WEIGHT, EPI, Cfg::ROWS, COLS, 0>(p.w, p.scale, p.x, p.y, p.rows, epilogue);
+  gemv_run<Cfg::K, N, Cfg::WEIGHT, EPI, Cfg::ROWS, COLS, 0, CSPLIT>(p.w, p.scale, p.x, p.y, p.rows, epilogue);
+}
+
+template <typename Cfg>
+__global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::WARPS,
+                                  GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::MIN_CTAS)
+    gemv(const GemvParams p) {
+  gemv_elementwise<Cfg, 1>(p);
+}
+
+// gemv_cluster: gemv over a narrow output (GemvShape::NARROW: fewer than 64 tiles of 16 columns, which
+// leaves most SMs idle) with each column tile's K split over a cluster of CSPLIT CTAs (grid.x = tiles x
+// CSPLIT), joined through distributed shared memory in rank order: CSPLIT times the SMs stream the
+// weights. two_stage's lr_a (512 columns, 32 tiles) is the shape it is for.
+using GemvClusterParams = GemvParams;  // gemv's slots
+
+template <typename Cfg>
+__global__ void TFE_CLUSTER(Cfg::CSPLIT)
+    __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::WARPS,
+                      GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::MIN_CTAS)
+        gemv_cluster(const GemvClusterParams p) {
+  gemv_elementwise<Cfg, Cfg::CSPLIT>(p);
 }
 
 // gemv_rope_kv: the draft's wqkv GEMV with qk_rope_kv (without qk_norm) as its epilogue, in place of the
@@ -670,8 +724,8 @@ __global__ void __launch_bounds__(32 * GemvRopeKvShape<Cfg>::S::WARPS, GemvRopeK
         }
     }
   };
-  gemv_run<Cfg::K, N, Cfg::WEIGHT, kEpilogueBF16, Cfg::ROWS, Cfg::COLS, HALF>(p.w, p.scale, p.x, nullptr, p.rows,
-                                                                               epilogue);
+  gemv_run<Cfg::K, N, Cfg::WEIGHT, kEpilogueBF16, Cfg::ROWS, Cfg::COLS, HALF, 1>(p.w, p.scale, p.x, nullptr, p.rows,
+                                                                                  epilogue);
 }
 
 }  // namespace kernels

@@ -103,6 +103,7 @@ bool param_writes(std::string_view kernel, std::string_view param) {
       {"prepare_x", {"x"}},
       {"copy_rows", {"dst"}},
       {"gemv", {"y"}},
+      {"gemv_cluster", {"y"}},
       {"gemv_rope_kv", {"q_out", "ring_k", "ring_v"}},
       {"qk_rope_kv", {"q_out", "ring_k", "ring_v"}},
       {"ring_attention", {"o"}},
@@ -343,6 +344,16 @@ void validate(const Plan& p) {
     if ((s.kernel == "ring_attention" || s.kernel == "topk") && s.constant("SPLIT") > max_cluster_ctas(p.options))
       fail("plan: spec {}: SPLIT = {} is above {}, the most CTAs a cluster takes on {}", s.uri(), s.constant("SPLIT"),
            max_cluster_ctas(p.options), p.options.arch);
+    if (s.kernel == "gemv_cluster") {
+      // Its cluster joins whole column tiles of a narrow output, every warp with a K step of its own.
+      const int64_t split = s.constant("CSPLIT"), limit = gemv_cluster_split_limit(s);
+      if (split > max_cluster_ctas(p.options))
+        fail("plan: spec {}: CSPLIT = {} is above {}, the most CTAs a cluster takes on {}", s.uri(), split,
+             max_cluster_ctas(p.options), p.options.arch);
+      if (split > limit)
+        fail("plan: spec {}: CSPLIT = {} is above {}, the most this shape's K splits into (a narrow output, every "
+             "warp of the cluster at least one K step)", s.uri(), split, limit);
+    }
     if (s.kernel == "gemv_rope_kv" && s.constant("HEAD_DIM") % 16 != 0)
       fail("plan: spec {}: HEAD_DIM = {} is not a multiple of 16, which gemv_rope_kv's tiles of rotate-half pairs "
            "need", s.uri(), s.constant("HEAD_DIM"));

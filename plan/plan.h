@@ -14,7 +14,7 @@
 namespace tfe {
 
 // Version of the plan schema (YAML and struct). Loading another version is refused.
-inline constexpr int kPlanSchemaVersion = 7;
+inline constexpr int kPlanSchemaVersion = 8;
 
 enum class Fp8Mode : uint8_t { automatic, off, require };  // YAML / CLI: auto, off, require
 std::string_view fp8_mode_name(Fp8Mode m);
@@ -35,6 +35,9 @@ struct PlanOptions {
   // qk_norm, head_dim a multiple of 16); false: the wqkv gemv and a qk_rope_kv node, as heads with
   // qk_norm run. Both give the same bits.
   bool rope_in_wqkv = true;
+  // A narrow output's GEMV (fewer than 64 column tiles of 16, e.g. two_stage's lr_a) as gemv_cluster, each
+  // tile's K split over a cluster of CTAs, where the arch has clusters and K has steps enough; false: gemv.
+  bool gemv_cluster = true;
   bool operator==(const PlanOptions&) const = default;
 };
 

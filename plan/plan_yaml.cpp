@@ -260,6 +260,7 @@ std::string dump_plan_yaml(const Plan& p) {
   o["extend_rows"] = p.options.extend_rows;
   o["dependent_streams"] = p.options.dependent_streams;
   o["rope_in_wqkv"] = p.options.rope_in_wqkv;
+  o["gemv_cluster"] = p.options.gemv_cluster;
   root["options"] = o;
   root["ring_rows"] = p.ring_rows;
   root["fp8"] = p.fp8;
@@ -341,6 +342,7 @@ Plan load_plan_yaml(std::string_view text) {
     p.options.extend_rows = o.at("extend_rows").i32(16, 8192);
     p.options.dependent_streams = o.at("dependent_streams").i32(0, 16);
     p.options.rope_in_wqkv = o.at("rope_in_wqkv").boolean();
+    p.options.gemv_cluster = o.at("gemv_cluster").boolean();
     o.done();
     try {
       validate(p.options);

@@ -414,6 +414,20 @@ class Planner {
     return weight == kc::kWeightFP8 || (n + 31) / 32 >= kGemvWideCtas ? 32 : 16;
   }
 
+  // A narrow output (fewer than 64 column tiles of 16, kernels/gemv.cuh NARROW) leaves most SMs idle, and
+  // each tile's K streams at the rate of one CTA's loads in flight. gemv_cluster splits every tile's K over
+  // a cluster: the fewest CTAs a tile (a power of two) that give the GEMV kGemvClusterCtas CTAs, within the
+  // arch's cluster size and so that every warp of the cluster keeps a K step of its own. 1: a plain gemv.
+  static constexpr int64_t kGemvClusterCtas = 128;  // about an H100's or H200's SMs (132)
+  int64_t gemv_cluster_split(const KernelSpec& g) const {
+    if (!p_.options.gemv_cluster) return 1;
+    const int64_t limit = std::min(max_cluster_ctas(p_.options), gemv_cluster_split_limit(g));
+    const int64_t ctas = launch_shape(g, 1).grid[0];
+    int64_t split = 1;
+    while (split * 2 <= limit && ctas * split < kGemvClusterCtas) split *= 2;
+    return split;
+  }
+
   // A GEMV node over matrix m (rows first_row.. of it, n_out of them) for a fixed or dynamic row count.
   Node gemv(std::string name, int step, const Matrix& m, int64_t tile_rows, int64_t epilogue, std::string x,
             std::string y, Arg residual, Node::Rows rows, int64_t launch_rows, int64_t first_row = 0,
@@ -422,6 +436,11 @@ class Planner {
     auto spec = make_spec("gemv", {{"ROWS", tile_rows}, {"K", m.k}, {"N", n}, {"WEIGHT", m.weight_kind()},
                                    {"EPILOGUE", epilogue},
                                    {"COLS", gemv_cols(tile_rows, m.k, n, epilogue, m.weight_kind())}});
+    if (const int64_t split = gemv_cluster_split(spec); split > 1) {
+      auto constants = spec.constants;
+      constants.emplace_back("CSPLIT", split);
+      spec = make_spec("gemv_cluster", std::move(constants));
+    }
     return kernel(std::move(name), step, spec, rows, launch_rows,
                   {m.w(first_row), m.scale(first_row), buf("x", std::move(x)), buf("y", std::move(y)),
                    std::move(residual),
@@ -435,7 +454,9 @@ class Planner {
     const auto gemv = [&](const Node& m) { return m.kind == Node::Kind::kernel && is_gemv(specs_.at(m.spec)); };
     return gemv(before) && gemv(n) && specs_.at(n.spec).constant("WEIGHT") == kc::kWeightFP8;
   }
-  static bool is_gemv(const KernelSpec& spec) { return spec.kernel == "gemv" || spec.kernel == "gemv_rope_kv"; }
+  static bool is_gemv(const KernelSpec& spec) {
+    return spec.kernel == "gemv" || spec.kernel == "gemv_cluster" || spec.kernel == "gemv_rope_kv";
+  }
 
   // The draft's RoPE in the wqkv GEMV's epilogue (gemv_rope_kv): a head without qk_norm, whose rotate-half
   // pairs the GEMV's 16-column tiles can hold 8 at a time. qk_norm needs a head's whole sum of squares,
@@ -700,6 +721,20 @@ class Planner {
            "a tile's K is split over 8 warps (16 where the output is narrow), over fewer where K would give a warp "
            "under 4 steps of 16-byte chunks; a CTA's 8 warps then run 8 / split tiles, so that a short K's CTAs "
            "are not over before their loads pipeline");
+    std::set<std::string> clustered;
+    for (const auto& [uri, spec] : specs_)
+      if (spec.kernel == "gemv_cluster")
+        clustered.insert(fmt::format("{} at K {} N {} {}", spec.constant("CSPLIT"), spec.constant("K"),
+                                     spec.constant("N"), spec.constant("WEIGHT") == kc::kWeightFP8 ? "fp8" : "bf16"));
+    const std::string unclustered = !p_.options.gemv_cluster     ? "option gemv_cluster = false"
+                                    : max_cluster_ctas(p_.options) == 1 ? fmt::format("{} has no clusters", p_.options.arch)
+                                                                       : "no output narrow enough";
+    choose("gemv cluster split", clustered.empty() ? "1" : fmt::format("{}; 1 elsewhere", fmt::join(clustered, ", ")),
+           clustered.empty() ? unclustered
+                             : fmt::format("a narrow output's few column tiles (under 64 of 16 columns) leave most SMs "
+                                           "idle: gemv_cluster splits each tile's K over a cluster of CTAs, up to {} "
+                                           "CTAs, joined in rank order through distributed shared memory",
+                                           kGemvClusterCtas));
     for (auto& [uri, spec] : specs_) p_.specs.push_back(spec);  // std::map: sorted by uri
     if (gemms_ == 0) {
       p_.cublaslt_workspace = 0;

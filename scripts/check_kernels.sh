@@ -47,6 +47,13 @@ for rows in [1, 2, 4, 8, 16]:
         for k, n, epi in gemv_shapes:
             for cols in [16] if epi == 3 else [16, 32]:
                 add(f"gemv", "gemv.cuh", ROWS=rows, K=k, N=n, WEIGHT=weight, EPILOGUE=epi, COLS=cols)
+# gemv_cluster: narrow outputs with K split over a cluster: two_stage's lr_a at the planner's split (4) and
+# the most (8), every epilogue it takes, and a column tail (300 of 304) at a K that gives each CTA 2 steps.
+for rows in [1, 2, 4, 8, 16]:
+    for weight in [0, 1]:
+        for k, n, epi, cs in [(4096, 512, 0, 4), (4096, 512, 0, 8), (4096, 512, 1, 4), (4096, 512, 2, 2),
+                              (4096, 512, 4, 4), (2048, 300, 0, 2)]:
+            add("gemv_cluster", "gemv.cuh", ROWS=rows, K=k, N=n, WEIGHT=weight, EPILOGUE=epi, COLS=16, CSPLIT=cs)
 # gemv_rope_kv: llama3's wqkv, tiny's (narrow: 128 columns), head_dim 64 and 256.
 for rows in [1, 2, 4, 8, 16]:
     for weight in [0, 1]:

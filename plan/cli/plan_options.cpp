@@ -39,6 +39,9 @@ void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
   cmd->add_option("--rope-in-wqkv", args->options.rope_in_wqkv,
                   "the draft's RoPE in the wqkv gemv's epilogue where the head has no qk_norm (true, false)")
       ->capture_default_str();
+  cmd->add_option("--gemv-cluster", args->options.gemv_cluster,
+                  "a narrow output's gemv with each column tile's K split over a cluster of CTAs (true, false)")
+      ->capture_default_str();
 }
 
 Plan plan_from_args(const PlanArgs& args) {
