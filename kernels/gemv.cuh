@@ -360,8 +360,11 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
 
-  // The direct-load loop: UNROLL steps of loads, then their mmas.
+  // The direct-load loop: UNROLL steps of loads, then their mmas. The first batch's weights are loaded
+  // before the wait for the predecessor (weights are constant during a pass), its x after it, as the ring
+  // loop's prologue does; a warp with no K step waits after the loop.
   auto direct_loop = [&] {
+    bool waited = false;
     for (long long s0 = kw; s0 < S::STEPS; s0 += KSTRIDE * S::UNROLL) {
       uint4 wc[S::UNROLL][S::MT][2];
       uint4 xc[S::UNROLL][S::NT][S::XCHUNKS];
@@ -377,6 +380,16 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
             wc[u][m][h] = live && wrow[m][h]
                               ? load_chunk<S::W_VEC, S::WBYTES, true>(wrow[m][h], k0 * S::WBYTES, W_ROW_BYTES, w_vec)
                               : make_uint4(0u, 0u, 0u, 0u);
+      }
+      if (!waited) {
+        wait_for_predecessors();
+        waited = true;
+      }
+#pragma unroll
+      for (int u = 0; u < S::UNROLL; ++u) {
+        const long long s = s0 + u * KSTRIDE;
+        const long long k0 = s * S::STEP + t * S::E;
+        const bool live = s < S::STEPS;
 #pragma unroll
         for (int n = 0; n < S::NT; ++n)
 #pragma unroll
@@ -391,6 +404,7 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
         gemv_step<S>(acc, wc[u], xc[u]);
       }
     }
+    if (!waited) wait_for_predecessors();
   };
 
   // Join the K split in warp order: a tile's first warp (kw 0) adds its warps kw 1, 2, ... in turn.
@@ -553,7 +567,6 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
     copy_async_wait<0>();  // only empty groups remain; the ring is free for the join
     writer = join([&](int v) { return reinterpret_cast<float*>(&ring[v][0][0][0]); });
   } else {
-    wait_for_predecessors();
     direct_loop();
     release_dependents();
     __shared__ float part[S::WARPS > 1 ? S::WARPS - 1 : 1][ACC * 32];

@@ -35,8 +35,9 @@ struct PlanOptions {
   // qk_norm, head_dim a multiple of 16); false: the wqkv gemv and a qk_rope_kv node, as heads with
   // qk_norm run. Both give the same bits.
   bool rope_in_wqkv = true;
-  // A narrow output's GEMV (fewer than 64 column tiles of 16, e.g. two_stage's lr_a) as gemv_cluster, each
-  // tile's K split over a cluster of CTAs, where the arch has clusters and K has steps enough; false: gemv.
+  // A narrow output's FP8 GEMV (fewer than 64 column tiles of 16, e.g. two_stage's lr_a) as gemv_cluster,
+  // each tile's K split over a cluster of CTAs, where the arch has clusters and K has steps enough; false:
+  // gemv. (bf16 keeps gemv: measured slower as gemv_cluster.)
   bool gemv_cluster = true;
   bool operator==(const PlanOptions&) const = default;
 };

@@ -418,9 +418,12 @@ class Planner {
   // each tile's K streams at the rate of one CTA's loads in flight. gemv_cluster splits every tile's K over
   // a cluster: the fewest CTAs a tile (a power of two) that give the GEMV kGemvClusterCtas CTAs, within the
   // arch's cluster size and so that every warp of the cluster keeps a K step of its own. 1: a plain gemv.
+  // FP8 weights only: tfe-two-stage's lr_a measured 0.5-2 us a step faster so in FP8 and 1-2 us slower in
+  // bf16, where the plain gemv's weights (loaded before the wait for the predecessor) already stream
+  // while the norm before it runs, and the cluster's join is then what is left (BENCHMARKS.md).
   static constexpr int64_t kGemvClusterCtas = 128;  // about an H100's or H200's SMs (132)
   int64_t gemv_cluster_split(const KernelSpec& g) const {
-    if (!p_.options.gemv_cluster) return 1;
+    if (!p_.options.gemv_cluster || g.constant("WEIGHT") != kc::kWeightFP8) return 1;
     const int64_t limit = std::min(max_cluster_ctas(p_.options), gemv_cluster_split_limit(g));
     const int64_t ctas = launch_shape(g, 1).grid[0];
     int64_t split = 1;
@@ -728,12 +731,13 @@ class Planner {
                                      spec.constant("N"), spec.constant("WEIGHT") == kc::kWeightFP8 ? "fp8" : "bf16"));
     const std::string unclustered = !p_.options.gemv_cluster     ? "option gemv_cluster = false"
                                     : max_cluster_ctas(p_.options) == 1 ? fmt::format("{} has no clusters", p_.options.arch)
-                                                                       : "no output narrow enough";
+                                                                       : "no FP8 output narrow enough";
     choose("gemv cluster split", clustered.empty() ? "1" : fmt::format("{}; 1 elsewhere", fmt::join(clustered, ", ")),
            clustered.empty() ? unclustered
-                             : fmt::format("a narrow output's few column tiles (under 64 of 16 columns) leave most SMs "
-                                           "idle: gemv_cluster splits each tile's K over a cluster of CTAs, up to {} "
-                                           "CTAs, joined in rank order through distributed shared memory",
+                             : fmt::format("a narrow FP8 output's few column tiles (under 64 of 16 columns) leave most "
+                                           "SMs idle: gemv_cluster splits each tile's K over a cluster of CTAs, up to "
+                                           "{} CTAs, joined in rank order through distributed shared memory (in bf16 "
+                                           "it measured slower)",
                                            kGemvClusterCtas));
     for (auto& [uri, spec] : specs_) p_.specs.push_back(spec);  // std::map: sorted by uri
     if (gemms_ == 0) {

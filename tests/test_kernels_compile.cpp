@@ -160,14 +160,16 @@ struct ShapeProbe {
       "#include \"gemv.cuh\"\n#include \"ring_attention.cuh\"\n#include \"topk.cuh\"\n#include \"rescore.cuh\"\n"
       "namespace tfe_probe {\nusing namespace tfe::kernels;\n";
   int cases = 0;
+  // gemv and gemv_cluster (CSPLIT CTAs a column tile, so its grid.x is the tiles' times CSPLIT).
   void gemv(const KernelSpec& spec, int64_t smem_offset = 0, int64_t grid_offset = 0) {
     const LaunchShape l = launch_shape(spec, 1);
     const std::string shape = fmt::format("GemvShape<{}, {}, {}, {}, {}, {}>", spec.constant("K"), spec.constant("N"),
                                           spec.constant("WEIGHT"), spec.constant("EPILOGUE"), spec.constant("ROWS"),
                                           spec.constant("COLS"));
+    const int64_t split = spec.kernel == "gemv_cluster" ? spec.constant("CSPLIT") : 1;
     source += fmt::format("static_assert(32 * {0}::WARPS == {1}, \"{2}: block {1}\");\n", shape, l.block, spec.uri());
-    source += fmt::format("static_assert(ceil_div(ceil_div({0}, {1}), {2}::TILES) == {3}, \"{4}: grid {3}\");\n",
-                          spec.constant("N"), spec.constant("COLS"), shape, l.grid[0] + grid_offset, spec.uri());
+    source += fmt::format("static_assert(ceil_div(ceil_div({0}, {1}), {2}::TILES) * {5} == {3}, \"{4}: grid {3}\");\n",
+                          spec.constant("N"), spec.constant("COLS"), shape, l.grid[0] + grid_offset, spec.uri(), split);
     source += fmt::format("static_assert(({0}::DYNAMIC ? {0}::RING_BYTES : 0) == {1}, \"{2}: smem {1}\");\n", shape,
                           l.smem + smem_offset, spec.uri());
     ++cases;
@@ -268,10 +270,19 @@ TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_att
     for (int64_t weight : {kc::kWeightBF16, kc::kWeightFP8})
       for (int64_t rows : {1, 2, 8, 9, 16})
         for (int64_t cols : {16, 32}) probe.rope_gemv(rope_gemv_spec(h, k, weight, rows, cols));
+  // gemv_cluster: narrow outputs (lr_a's 512 columns, a 300-column tail) at each split their K allows.
+  for (const Linear& m : {Linear{4096, 512}, Linear{2048, 300}})
+    for (int64_t weight : {kc::kWeightBF16, kc::kWeightFP8})
+      for (int64_t rows : {1, 9, 16})
+        for (int64_t split : {2, 4}) {
+          auto constants = gemv_spec(m.k, m.n, weight, kc::kEpilogueBF16, rows, 16).constants;
+          constants.emplace_back("CSPLIT", split);
+          probe.gemv(make_spec("gemv_cluster", std::move(constants)));
+        }
   probe.block(make_spec("topk", {{"VOCAB", 32000}, {"CAND_K", 64}, {"SPLIT", 8}}), "kTopkThreads");
   probe.block(make_spec("rescore", {{"HIDDEN", 4096}, {"CAND_K", 64}, {"WEIGHT", 0}, {"MAX_STEPS", 8}}),
               "32 * kRescoreWarps");
-  CHECK(probe.cases == 9 * 5 * 8 + 10 * 2 * 5 * 5 * 2 - 10 * 2 * 5 + 4 * 2 * 5 * 2 + 2);
+  CHECK(probe.cases == 9 * 5 * 8 + 10 * 2 * 5 * 5 * 2 - 10 * 2 * 5 + 4 * 2 * 5 * 2 + 2 * 2 * 3 * 2 + 2);
   CHECK_NOTHROW(check_compiles("launch_shape_probe", probe.text(), CompileOptions{}));
 
   // The probe does catch a host value the kernel does not compute: each case states one value off by

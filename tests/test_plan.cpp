@@ -177,6 +177,7 @@ TEST_CASE("plan YAML: round trip under varied options and FP8 forms") {
     o.extend_rows = 16 + static_cast<int>(rng() % 2000);
     o.dependent_streams = static_cast<int>(rng() % 17);
     o.rope_in_wqkv = rng() % 2 == 0;
+    o.gemv_cluster = rng() % 2 == 0;
     o.arch = rng() % 2 ? "sm_90" : "sm_100";
     const std::string sha = fmt::format("{:016x}", rng());
     const Plan p = make_plan(h, o, sha);
@@ -564,6 +565,67 @@ TEST_CASE("make_plan: two_stage topk is one cluster of CTAs per row, 4096 scores
   CHECK(topk_of(h, "sm_100") == 8);
 }
 
+TEST_CASE("make_plan: a narrow FP8 output's gemv splits each column tile's K over a cluster (gemv_cluster), up to "
+          "128 CTAs, from sm_90 on, never in bf16") {
+  // The GEMV nodes of every draft pass, by node name (without its step prefix): kernel and CSPLIT.
+  const auto gemvs = [](const HeadHeader& h, const PlanOptions& o) {
+    const Plan p = make_plan(h, o);
+    std::map<std::string, std::set<std::pair<std::string, int64_t>>> out;
+    for (const auto& b : p.buckets)
+      for (const auto& n : b.nodes) {
+        const KernelSpec& spec = p.spec(n.spec);
+        if (!spec.kernel.starts_with("gemv")) continue;
+        const int64_t split = spec.kernel == "gemv_cluster" ? spec.constant("CSPLIT") : 1;
+        out[n.name.substr(n.name.find('.') + 1)].emplace(spec.kernel, split);
+        if (split > 1) {
+          // grid.x: the plain gemv's CTAs, CSPLIT a column tile; block and shared memory its own.
+          const LaunchShape plain = launch_shape(gemv_equivalent(spec), b.streams);
+          CHECK(n.launch.grid[0] == plain.grid[0] * split);
+          CHECK(n.launch.block == plain.block);
+          CHECK(split <= gemv_cluster_split_limit(spec));
+        }
+      }
+    const auto choice =
+        std::find_if(p.choices.begin(), p.choices.end(), [](const Choice& c) { return c.subject == "gemv cluster split"; });
+    CHECK(choice != p.choices.end());
+    return out;
+  };
+  using Kernels = std::set<std::pair<std::string, int64_t>>;
+  HeadHeader h = preset_header("tfe-two-stage");
+  h.fp8 = linears_in_use(h);
+  const PlanOptions defaults;
+  const auto fp8 = gemvs(h, defaults);
+  // lr_a: 512 columns, 32 column tiles of 16; 4 CTAs a tile give 128 (FP8: 64 K steps over 16 warps a CTA).
+  CHECK(fp8.at("lr_a") == Kernels{{"gemv_cluster", 4}});
+  for (const auto& [name, kernels] : fp8)
+    if (name != "lr_a") CHECK(kernels.begin()->first != "gemv_cluster");
+  PlanOptions off;
+  off.gemv_cluster = false;
+  CHECK(gemvs(h, off).at("lr_a") == Kernels{{"gemv", 1}});
+  PlanOptions ampere;
+  ampere.arch = "sm_80";
+  CHECK(gemvs(h, ampere).at("lr_a") == Kernels{{"gemv", 1}});
+  HeadHeader bf16 = preset_header("tfe-two-stage");
+  CHECK(gemvs(bf16, defaults).at("lr_a") == Kernels{{"gemv", 1}});
+  // tiny-two-stage's lr_a gives each of its warps one K step already: nothing to split.
+  HeadHeader tiny = preset_header("tiny-two-stage");
+  tiny.fp8 = linears_in_use(tiny);
+  CHECK(gemvs(tiny, defaults).at("lr_a") == Kernels{{"gemv", 1}});
+  // The split's limit: every warp of the cluster a K step of its own; 1 where the output is not narrow.
+  const auto lr_a = [](int64_t k, int64_t weight) {
+    return make_spec("gemv_cluster", {{"ROWS", 1}, {"K", k}, {"N", 512}, {"WEIGHT", weight},
+                                      {"EPILOGUE", kc::kEpilogueBF16}, {"COLS", 16}, {"CSPLIT", 2}});
+  };
+  CHECK(gemv_cluster_split_limit(lr_a(4096, kc::kWeightFP8)) == 4);    // 64 steps, 16 warps
+  CHECK(gemv_cluster_split_limit(lr_a(4096, kc::kWeightBF16)) == 8);   // 128 steps
+  CHECK(gemv_cluster_split_limit(lr_a(256, kc::kWeightFP8)) == 1);     // 4 steps, 4 warps
+  CHECK(gemv_equivalent(lr_a(4096, kc::kWeightFP8)) ==
+        make_spec("gemv", {{"ROWS", 1}, {"K", 4096}, {"N", 512}, {"WEIGHT", kc::kWeightFP8},
+                           {"EPILOGUE", kc::kEpilogueBF16}, {"COLS", 16}}));
+  CHECK(gemv_cluster_split_limit(make_spec("gemv", {{"ROWS", 1}, {"K", 4096}, {"N", 4096}, {"WEIGHT", 0},
+                                                    {"EPILOGUE", 0}, {"COLS", 16}})) == 1);
+}
+
 TEST_CASE("make_plan: a head without qk_norm ropes in the wqkv gemv's epilogue (gemv_rope_kv), one with qk_norm "
           "or a head_dim not a multiple of 16 keeps the qk_rope_kv node") {
   // Per step: the wqkv node's kernel, and whether a qk_rope_kv node follows it.
@@ -744,7 +806,7 @@ TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (de
         for (size_t i = 0; i < b.nodes.size(); ++i) {
           const Node& n = b.nodes[i];
           CAPTURE(n.name);
-          const auto gemv = [&](const Node& m) { return p.spec(m.spec).kernel == "gemv"; };
+          const auto gemv = [&](const Node& m) { return p.spec(m.spec).kernel.starts_with("gemv"); };
           const bool fp8_after_gemv =
               i > 0 && gemv(b.nodes[i - 1]) && gemv(n) && p.spec(n.spec).constant("WEIGHT") == kc::kWeightFP8;
           plain_fp8 += b.streams <= limit && fp8_after_gemv;
@@ -866,6 +928,20 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
           "arg `pos_offset` = -1 is outside 0..3");
   refused("a ring write past the ring", [&](Plan& p) { param(find(p, "s2.wqkv"), "ring_v").byte_offset = 256; },
           "node s2.wqkv arg `ring_v`: kernel gemv_rope_kv reaches");
+  // gemv_cluster's CSPLIT is its cluster, and every warp of the cluster needs a K step of its own.
+  HeadHeader fp8_two_stage = preset_header("tfe-two-stage");
+  fp8_two_stage.fp8 = linears_in_use(fp8_two_stage);
+  PlanOptions one_bucket;
+  one_bucket.buckets = {1};
+  const Plan clustered = make_plan(fp8_two_stage, one_bucket);
+  CHECK_NOTHROW(validate(clustered));
+  for (const auto& [value, message] : std::vector<std::pair<int64_t, const char*>>{
+           {16, "CSPLIT = 16 is above 8, the most CTAs a cluster takes on sm_90"},
+           {8, "CSPLIT = 8 is above 4, the most this shape's K splits into"}}) {
+    Plan p = clustered;
+    set_constant(p, "gemv_cluster", "CSPLIT", value);
+    CHECK_THROWS_WITH_AS(validate(p), doctest::Contains(message), Error);
+  }
   refused("a gemv_rope_kv head_dim that splits rotate-half pairs across tiles",
           [&](Plan& p) { set_constant(p, "gemv_rope_kv", "HEAD_DIM", 24); }, "HEAD_DIM = 24 is not a multiple of 16");
   refused("a row stride below the width", [&](Plan& p) { param(find(p, "s1.post_norm"), "x_stride").i = 1; },
@@ -1045,6 +1121,14 @@ TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
   CHECK(q == make_plan(preset_header("tiny"), no_fold));
   CHECK(std::any_of(q.buckets[0].nodes.begin(), q.buckets[0].nodes.end(),
                     [](const Node& n) { return n.name == "s1.qk_rope_kv"; }));
+  // --gemv-cluster false: tfe-two-stage's FP8 lr_a stays a plain gemv.
+  const std::string plain = fmt::format("{} dump --preset tfe-two-stage --preset-fp8 --buckets 1 --gemv-cluster false -o {}",
+                                        TFE_PLAN_EXE, out);
+  REQUIRE(std::system(plain.c_str()) == 0);
+  const Plan r = load_plan_yaml(read_text(out));
+  CHECK_FALSE(r.options.gemv_cluster);
+  CHECK(std::none_of(r.specs.begin(), r.specs.end(), [](const KernelSpec& k) { return k.kernel == "gemv_cluster"; }));
+  CHECK(std::any_of(r.specs.begin(), r.specs.end(), [](const KernelSpec& k) { return k.kernel == "gemv"; }));
 }
 
 TEST_CASE("tfe-plan dump --preset-fp8: the preset with the FP8 forms random --fp8 writes") {
