@@ -34,9 +34,10 @@
 // direct-load loop instead: UNROLL steps of loads into registers, then their mmas. Both loops run the
 // same per-step arithmetic in the same per-warp step order, so they give the same bits.
 //
-// Dependent launch: the ring's first weight stages are issued before the wait for the predecessor (the
-// weights are constant during a pass), x after it; the successor may launch once every CTA has read its
-// weights. Without the launch attribute both points are no-ops and the order is the plain one.
+// Dependent launch: the ring's first weight stages, or the direct-load loop's first batch of weights, are
+// issued before the wait for the predecessor (the weights are constant during a pass), x after it; the
+// successor may launch once every CTA has read its weights. Without the launch attribute both points are
+// no-ops and the order is the plain one.
 #pragma once
 #include "common.cuh"
 #include "rope.cuh"
