@@ -575,7 +575,9 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
     if constexpr (CSPLIT > 1) {
       // The cluster's join: each CTA's writer leaves its joined tile in part[0] (its own warp 1's slot,
       // which it has read), and rank 0's writer adds ranks 1.. in order. Every thread of the cluster
-      // reaches both barriers; the second keeps each CTA's shared memory until rank 0 has read it.
+      // reaches both barriers; the second keeps each CTA's shared memory until rank 0 has read it. (The
+      // store loop repeats the warp join's: one helper lambda for both changed nvcc's code for every gemv
+      // shape, ring loops too, in scripts/sass_diff.sh.)
       float* mine = part[0];
       if (writer)
 #pragma unroll
