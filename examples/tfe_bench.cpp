@@ -195,6 +195,62 @@ CopyBandwidth copy_bandwidth(double gib, int reps) {
   return c;
 }
 
+// What a draft call costs with no kernel in it: the runtime's host-to-device upload of the tables, the
+// launch of a graph of one empty node, the two device-to-host copies of the outputs, and the wait for
+// them, on a stream of its own; each part alone (with its own wait) and the four in a row (one wait).
+// Host wall time, median of `reps`. The fixed term of a draft call (the line over steps) is read against
+// the whole: what lies above it is the call's first and last kernels, not its copies.
+struct CallFloor {
+  Stats upload, launch, download, call;
+};
+
+CallFloor call_floor(size_t upload_bytes, size_t download_bytes, int reps) {
+  namespace cuda = tfe::cuda;
+  const cuda::PinnedMemory host = cuda::allocate_pinned(upload_bytes + download_bytes, "call-floor staging");
+  const cuda::DeviceMemory dev = cuda::allocate_device(upload_bytes + download_bytes, "call-floor buffers");
+  const cuda::Stream stream = cuda::create_stream();
+  cudaGraph_t g = nullptr;
+  TFE_CUDA(cudaGraphCreate(&g, 0));
+  const cuda::Graph graph(g);
+  cudaGraphNode_t node = nullptr;
+  TFE_CUDA(cudaGraphAddEmptyNode(&node, graph.get(), nullptr, 0));
+  cudaGraphExec_t e = nullptr;
+  TFE_CUDA(cudaGraphInstantiate(&e, graph.get(), 0));
+  const cuda::GraphExec exec(e);
+  auto* h = static_cast<std::byte*>(host.data());
+  auto* d = static_cast<std::byte*>(dev.data());
+  const size_t half = download_bytes / 2;
+  const auto upload = [&] {
+    TFE_CUDA(cudaMemcpyAsync(d, h, upload_bytes, cudaMemcpyHostToDevice, stream.get()));
+  };
+  const auto launch = [&] { TFE_CUDA(cudaGraphLaunch(exec.get(), stream.get())); };
+  const auto download = [&] {
+    TFE_CUDA(cudaMemcpyAsync(h + upload_bytes, d + upload_bytes, half, cudaMemcpyDeviceToHost, stream.get()));
+    TFE_CUDA(cudaMemcpyAsync(h + upload_bytes + half, d + upload_bytes + half, download_bytes - half,
+                             cudaMemcpyDeviceToHost, stream.get()));
+  };
+  const auto timed = [&](const auto& work) {
+    std::vector<double> us;
+    for (int i = 0; i < reps + 10; ++i) {  // ten untimed
+      const auto t0 = Clock::now();
+      work();
+      TFE_CUDA(cudaStreamSynchronize(stream.get()));
+      if (i >= 10) us.push_back(ms_since(t0) * 1e3);
+    }
+    return stats_of(us);
+  };
+  CallFloor f;
+  f.upload = timed(upload);
+  f.launch = timed(launch);
+  f.download = timed(download);
+  f.call = timed([&] {
+    upload();
+    launch();
+    download();
+  });
+  return f;
+}
+
 // Fast, roughly unit-normal bf16 values (Irwin-Hall of four 16-bit uniforms): the benchmark needs
 // plausible activations, not a particular distribution; the inputs are written out when they matter.
 class Draws {
@@ -401,6 +457,20 @@ int run(const Options& o) {
     bandwidth_gbps = c.gbps;
     out["copy_bandwidth"] = {{"gbps", c.gbps}, {"bytes_per_copy", c.bytes}, {"ms", to_json(c.ms)},
                              {"counts", "bytes read + bytes written"}};
+  });
+
+  parts.run("call floor", [&] {
+    // The sizes one draft call of the largest bucket moves: four int32 tables a stream up, and a token
+    // and a confidence a stream and step down (runtime/runtime.cpp, Runtime::draft).
+    const auto up = static_cast<size_t>(4 * max_streams) * sizeof(int32_t);
+    const auto down = static_cast<size_t>(max_streams * 16) * (sizeof(int32_t) + sizeof(float));
+    const CallFloor f = call_floor(up, down, 200);
+    out["call_floor"] = {{"upload_us", to_json(f.upload)},
+                         {"empty_graph_launch_us", to_json(f.launch)},
+                         {"download_us", to_json(f.download)},
+                         {"call_us", to_json(f.call)},
+                         {"upload_bytes", up},
+                         {"download_bytes", down}};
   });
 
   tfe::OpenOptions open;
@@ -684,6 +754,13 @@ int run(const Options& o) {
                l["graph_call_fixed_us"].get<double>(), l["graph_step_us"].get<double>(),
                l.contains("graph_step_ratio") ? fmt::format(" (marginal step / floor = {:.2f})", l["graph_step_ratio"].get<double>())
                                               : std::string());
+  if (out.contains("call_floor")) {
+    const json& f = out["call_floor"];
+    fmt::print("a call without kernels: {:.1f} us (each alone with its wait: upload {:.1f}, empty graph launch {:.1f}, "
+               "downloads {:.1f})\n",
+               f["call_us"]["median"].get<double>(), f["upload_us"]["median"].get<double>(),
+               f["empty_graph_launch_us"]["median"].get<double>(), f["download_us"]["median"].get<double>());
+  }
   if (out.contains("extend"))
     for (const auto& e : out["extend"])
       fmt::print("extend {:>4} rows: {:.1f} us{}\n", e["rows"].get<int64_t>(), e["us"]["median"].get<double>(),
