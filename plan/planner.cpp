@@ -729,9 +729,9 @@ class Planner {
       if (spec.kernel == "gemv_cluster")
         clustered.insert(fmt::format("{} at K {} N {} {}", spec.constant("CSPLIT"), spec.constant("K"),
                                      spec.constant("N"), spec.constant("WEIGHT") == kc::kWeightFP8 ? "fp8" : "bf16"));
-    const std::string unclustered = !p_.options.gemv_cluster     ? "option gemv_cluster = false"
-                                    : max_cluster_ctas(p_.options) == 1 ? fmt::format("{} has no clusters", p_.options.arch)
-                                                                       : "no FP8 output narrow enough";
+    std::string unclustered = "no FP8 output narrow enough";
+    if (!p_.options.gemv_cluster) unclustered = "option gemv_cluster = false";
+    else if (max_cluster_ctas(p_.options) == 1) unclustered = fmt::format("{} has no clusters", p_.options.arch);
     choose("gemv cluster split", clustered.empty() ? "1" : fmt::format("{}; 1 elsewhere", fmt::join(clustered, ", ")),
            clustered.empty() ? unclustered
                              : fmt::format("a narrow FP8 output's few column tiles (under 64 of 16 columns) leave most "

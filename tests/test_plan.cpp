@@ -585,9 +585,8 @@ TEST_CASE("make_plan: a narrow FP8 output's gemv splits each column tile's K ove
           CHECK(split <= gemv_cluster_split_limit(spec));
         }
       }
-    const auto choice =
-        std::find_if(p.choices.begin(), p.choices.end(), [](const Choice& c) { return c.subject == "gemv cluster split"; });
-    CHECK(choice != p.choices.end());
+    CHECK(std::any_of(p.choices.begin(), p.choices.end(),
+                      [](const Choice& c) { return c.subject == "gemv cluster split"; }));
     return out;
   };
   using Kernels = std::set<std::pair<std::string, int64_t>>;
@@ -1122,8 +1121,8 @@ TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
   CHECK(std::any_of(q.buckets[0].nodes.begin(), q.buckets[0].nodes.end(),
                     [](const Node& n) { return n.name == "s1.qk_rope_kv"; }));
   // --gemv-cluster false: tfe-two-stage's FP8 lr_a stays a plain gemv.
-  const std::string plain = fmt::format("{} dump --preset tfe-two-stage --preset-fp8 --buckets 1 --gemv-cluster false -o {}",
-                                        TFE_PLAN_EXE, out);
+  const std::string plain = fmt::format(
+      "{} dump --preset tfe-two-stage --preset-fp8 --buckets 1 --gemv-cluster false -o {}", TFE_PLAN_EXE, out);
   REQUIRE(std::system(plain.c_str()) == 0);
   const Plan r = load_plan_yaml(read_text(out));
   CHECK_FALSE(r.options.gemv_cluster);
