@@ -339,17 +339,18 @@ void validate(const Plan& p) {
     if (s.kernel == "ring_attention" && s.constant("HEAD_DIM") > kMaxAttentionHeadDim)
       fail("plan: spec {}: HEAD_DIM = {} is above {}, the most ring_attention takes", s.uri(), s.constant("HEAD_DIM"),
            kMaxAttentionHeadDim);
-    // The cluster kernels declare SPLIT CTAs a cluster: a larger cluster does not compile (or, below sm_90,
-    // no cluster does), so a loaded plan asking for one is refused here, not by NVRTC.
-    if ((s.kernel == "ring_attention" || s.kernel == "topk") && s.constant("SPLIT") > max_cluster_ctas(p.options))
-      fail("plan: spec {}: SPLIT = {} is above {}, the most CTAs a cluster takes on {}", s.uri(), s.constant("SPLIT"),
-           max_cluster_ctas(p.options), p.options.arch);
+    // The cluster kernels declare their constant SPLIT (gemv_cluster: CSPLIT) CTAs a cluster: a larger
+    // cluster does not compile (or, below sm_90, no cluster does), so a loaded plan asking for one is
+    // refused here, not by NVRTC.
+    const char* cluster = s.kernel == "ring_attention" || s.kernel == "topk" ? "SPLIT"
+                          : s.kernel == "gemv_cluster"                      ? "CSPLIT"
+                                                                            : nullptr;
+    if (cluster && s.constant(cluster) > max_cluster_ctas(p.options))
+      fail("plan: spec {}: {} = {} is above {}, the most CTAs a cluster takes on {}", s.uri(), cluster,
+           s.constant(cluster), max_cluster_ctas(p.options), p.options.arch);
     if (s.kernel == "gemv_cluster") {
       // Its cluster joins whole column tiles of a narrow output, every warp with a K step of its own.
       const int64_t split = s.constant("CSPLIT"), limit = gemv_cluster_split_limit(s);
-      if (split > max_cluster_ctas(p.options))
-        fail("plan: spec {}: CSPLIT = {} is above {}, the most CTAs a cluster takes on {}", s.uri(), split,
-             max_cluster_ctas(p.options), p.options.arch);
       if (split > limit)
         fail("plan: spec {}: CSPLIT = {} is above {}, the most this shape's K splits into (a narrow output, every "
              "warp of the cluster at least one K step)", s.uri(), split, limit);

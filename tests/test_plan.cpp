@@ -941,6 +941,10 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
     set_constant(p, "gemv_cluster", "CSPLIT", value);
     CHECK_THROWS_WITH_AS(validate(p), doctest::Contains(message), Error);
   }
+  Plan ampere = clustered;  // below sm_90 no kernel declares a cluster
+  ampere.options.arch = "sm_80";
+  CHECK_THROWS_WITH_AS(validate(ampere),
+                       doctest::Contains("CSPLIT = 4 is above 1, the most CTAs a cluster takes on sm_80"), Error);
   refused("a gemv_rope_kv head_dim that splits rotate-half pairs across tiles",
           [&](Plan& p) { set_constant(p, "gemv_rope_kv", "HEAD_DIM", 24); }, "HEAD_DIM = 24 is not a multiple of 16");
   refused("a row stride below the width", [&](Plan& p) { param(find(p, "s1.post_norm"), "x_stride").i = 1; },

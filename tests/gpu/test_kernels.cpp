@@ -365,15 +365,17 @@ TFE_GPU_TEST_CASE(
     CAPTURE(b);
     std::vector<int> slots(static_cast<size_t>(b));
     std::iota(slots.begin(), slots.end(), 0);
-    std::vector<std::vector<std::byte>> u, tokens;
+    std::vector<std::vector<std::byte>> u, tokens, conf;
     for (auto& rt : rts) {
       for (const char* name : {"u", "scores", "out_token", "out_conf"}) rt->fill_buffer(name, 0xFF);
       (void)rt->draft(slots, 2);
       u.push_back(rt->read_buffer("u"));
       tokens.push_back(rt->read_buffer("out_token"));
+      conf.push_back(rt->read_buffer("out_conf"));
     }
     CHECK(u[0] == u[1]);
     CHECK(tokens[0] == tokens[1]);
+    CHECK(conf[0] == conf[1]);
     const auto clustered = as_vector<bf16_bits>(u[0]), plain = as_vector<bf16_bits>(u[2]);
     const size_t n = static_cast<size_t>(b) * static_cast<size_t>(h.lowrank);
     check_bf16("u", std::span<const bf16_bits>(clustered).first(n), std::span<const bf16_bits>(plain).first(n));
