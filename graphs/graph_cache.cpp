@@ -87,9 +87,9 @@ void GraphCache::replay(const GraphKey& key, const Bindings& live) {
   if (it == execs_.end()) fail("graph {} has not been captured", key.str());
   Entry& e = it->second;
   if (check_bindings_ && !(e.bindings == live))
-    fail("graph {} was captured with arena {} and tables {}, but they now live at {} and {}: replaying it would "
-         "touch memory the runtime no longer owns",
-         key.str(), e.bindings.arena, e.bindings.tables, live.arena, live.tables);
+    fail("graph {} was captured with arena {}, tables {} and host arena {}, but they now live at {}, {} and {}: "
+         "replaying it would touch memory the runtime no longer owns",
+         key.str(), e.bindings.arena, e.bindings.tables, e.bindings.host, live.arena, live.tables, live.host);
   touch(e);
   TFE_CUDA(cudaGraphLaunch(e.exec.get(), stream_));
   ++counters_.replays;

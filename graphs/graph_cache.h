@@ -3,7 +3,7 @@
 // A graph is captured from the very function the eager path calls (a `Record` that enqueues the pass on
 // the stream it is given), in thread-local capture mode, so a graph and an eager pass launch the same
 // kernels with the same arguments. Graphs hold raw device addresses: every buffer a graph reads or writes
-// lives in memory owned by the Runtime (weights, arena, cuBLASLt workspace), which outlives its
+// lives in memory owned by the Runtime (weights, arena, cuBLASLt workspace, host arena), which outlives its
 // GraphCache. Each executor records the `Bindings` (the base addresses) it was captured with:
 //  - `run` with bindings that differ re-captures and updates the executor in place (cudaGraphExecUpdate),
 //    re-instantiating when the update is refused;
@@ -27,6 +27,7 @@ struct Bindings {
   const void* tables = nullptr;
   const void* weights = nullptr;
   const void* workspace = nullptr;
+  const void* host = nullptr;  // the host arena's device address
   bool operator==(const Bindings&) const = default;
 };
 

@@ -32,6 +32,7 @@ std::string_view buffer_role_name(BufferRole r) {
     case BufferRole::table: return "table";
     case BufferRole::activation: return "activation";
     case BufferRole::output: return "output";
+    case BufferRole::host: return "host";
   }
   return "?";
 }
@@ -107,9 +108,10 @@ bool param_writes(std::string_view kernel, std::string_view param) {
       {"gemv_rope_kv", {"q_out", "ring_k", "ring_v"}},
       {"qk_rope_kv", {"q_out", "ring_k", "ring_v"}},
       {"ring_attention", {"o"}},
-      {"top1", {"out_token", "out_conf", "next_token"}},
+      {"top1", {"out_token", "out_conf", "host_token", "host_conf", "next_token"}},
       {"topk", {"cand"}},
-      {"rescore", {"exact", "arrivals", "out_token", "out_conf", "next_token"}},
+      {"rescore", {"exact", "arrivals", "out_token", "out_conf", "host_token", "host_conf", "next_token"}},
+      {"load_tables", {"slot", "pos", "first_pos", "tok"}},
   };
   const auto it = writes.find(kernel);
   if (it == writes.end()) fail("param_writes: no kernel named `{}`", kernel);
@@ -136,12 +138,21 @@ int64_t buffer_bytes(const Buffer& b) {
   return p;
 }
 
-void check_arena(const Arena& a, std::string_view which, bool weights) {
+// The roles each arena holds: the weights arena weights only, the host arena host buffers only, the arena
+// the rest.
+bool role_lives_in(BufferRole r, std::string_view which) {
+  if (which == "weights arena") return r == BufferRole::weight;
+  if (which == "host arena") return r == BufferRole::host;
+  return r != BufferRole::weight && r != BufferRole::host;
+}
+
+void check_arena(const Arena& a, std::string_view which) {
+  const bool weights = which == "weights arena";
   if (a.bytes < 0 || a.bytes > kMaxPlanBytes) fail("plan: {} bytes = {} is outside 0..{}", which, a.bytes, kMaxPlanBytes);
   std::vector<const Buffer*> by_offset;
   for (const auto& b : a.buffers) {
     if (b.name.empty()) fail("plan: {} holds a buffer without a name", which);
-    if ((b.role == BufferRole::weight) != weights)
+    if (!role_lives_in(b.role, which))
       fail("plan: buffer `{}` of role {} cannot live in the {}", b.name, buffer_role_name(b.role), which);
     if (!head_dtype(b.dtype)) fail("plan: buffer `{}` has dtype {}, not a device dtype", b.name, dtype_name(b.dtype));
     const int64_t want = buffer_bytes(b);
@@ -309,10 +320,11 @@ void validate(const Plan& p) {
   const int min_ring = p.header.window + 1 + p.options.max_steps;
   if (p.ring_rows < min_ring || p.ring_rows > 1 << 20)
     fail("plan: ring_rows = {} is outside {}..{} (window + 1 + max_steps at least)", p.ring_rows, min_ring, 1 << 20);
-  check_arena(p.weights, "weights arena", true);
-  check_arena(p.arena, "arena", false);
+  check_arena(p.weights, "weights arena");
+  check_arena(p.arena, "arena");
+  check_arena(p.host, "host arena");
   std::map<std::string, const Buffer*> buffers;
-  for (const Arena* a : {&p.weights, &p.arena})
+  for (const Arena* a : {&p.weights, &p.arena, &p.host})
     for (const auto& b : a->buffers)
       if (!buffers.emplace(b.name, &b).second) fail("plan: buffer name `{}` is used twice", b.name);
   if (p.tables_offset < 0 || p.tables_bytes < 0 || p.tables_offset > p.arena.bytes - p.tables_bytes)

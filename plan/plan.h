@@ -14,7 +14,7 @@
 namespace tfe {
 
 // Version of the plan schema (YAML and struct). Loading another version is refused.
-inline constexpr int kPlanSchemaVersion = 8;
+inline constexpr int kPlanSchemaVersion = 9;
 
 enum class Fp8Mode : uint8_t { automatic, off, require };  // YAML / CLI: auto, off, require
 std::string_view fp8_mode_name(Fp8Mode m);
@@ -48,7 +48,8 @@ enum class BufferRole : uint8_t {
   state,       // per slot, leading dim = max_slots + 1 (the last is the scratch slot)
   table,       // uploaded from the host before each pass, inside the tables region
   activation,  // written and read within a pass
-  output,      // read back by the host after a pass
+  output,      // a pass's results, on the device (Runtime::device_outputs)
+  host,        // in the host arena: mapped pinned host memory that the draft pass's kernels read and write
 };
 std::string_view buffer_role_name(BufferRole r);
 
@@ -79,7 +80,7 @@ struct Arg {
   enum class Kind : uint8_t { buffer, i64, f32, null, rows };  // rows: the node's row count at launch
   std::string param;
   Kind kind = Kind::null;
-  std::string buffer;       // kind == buffer: a buffer of the weights arena or the arena
+  std::string buffer;       // kind == buffer: a buffer of the weights arena, the arena or the host arena
   int64_t byte_offset = 0;  // kind == buffer: bytes into that buffer (e.g. a column slice, a tap)
   int64_t i = 0;            // kind == i64
   float f = 0.0f;           // kind == f32
@@ -143,6 +144,11 @@ struct Plan {
   bool fp8 = false;                 // any FP8 form in use
   Arena weights;                    // uploaded once
   Arena arena;                      // state, tables, activations, outputs
+  // Mapped pinned host memory, read and written by the draft pass's kernels over the host link: the
+  // draft's tables, which the host fills before a call and the pass's first node copies into the arena,
+  // and a copy of its outputs, which the pass writes where the host reads them. A draft call is then one
+  // graph launch and one wait, with no copy-engine transfer (BENCHMARKS.md, "A draft call").
+  Arena host;
   int64_t tables_offset = 0;        // the tables region of `arena`, uploaded in one copy
   int64_t tables_bytes = 0;
   std::vector<KernelSpec> specs;    // every specialization the nodes name, sorted by uri

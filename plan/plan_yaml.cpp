@@ -156,7 +156,7 @@ Buffer load_buffer(const yaml::Field& f) {
   b.name = m.at("name").str();
   b.role = enum_from(m.at("role"), {std::pair{"weight", BufferRole::weight}, std::pair{"state", BufferRole::state},
                                     std::pair{"table", BufferRole::table}, std::pair{"activation", BufferRole::activation},
-                                    std::pair{"output", BufferRole::output}});
+                                    std::pair{"output", BufferRole::output}, std::pair{"host", BufferRole::host}});
   {
     const auto d = m.at("dtype");
     const auto t = dtype_from_name(d.str());
@@ -282,6 +282,7 @@ std::string dump_plan_yaml(const Plan& p) {
   tables["bytes"] = p.tables_bytes;
   arena["tables"] = tables;
   root["arena"] = arena;
+  root["host"] = arena_yaml(p.host);
   YAML::Node specs(YAML::NodeType::Sequence);
   for (const auto& s : p.specs) {
     YAML::Node n = flow_map();
@@ -376,6 +377,11 @@ Plan load_plan_yaml(std::string_view text) {
     p.tables_bytes = t.at("bytes").i64(0, kI64Max);
     t.done();
     a.done();
+  }
+  {
+    yaml::Map h(root.at("host"));
+    p.host = load_arena(h);
+    h.done();
   }
   for (const auto& sf : root.at("specs").seq(kMaxSpecs)) {
     yaml::Map m(sf);

@@ -109,6 +109,7 @@ class Planner {
     decide_fp8();
     lay_out_weights();
     lay_out_arena();
+    lay_out_host();
     for (int b : p_.options.buckets) p_.buckets.push_back(draft_bucket(b));
     choose("dependent launch",
            p_.options.dependent_streams == 0
@@ -280,14 +281,15 @@ class Planner {
     add(a, "ring_k", BufferRole::state, DType::BF16, {slots, p_.ring_rows, hh.kv_heads, hh.head_dim});
     add(a, "ring_v", BufferRole::state, DType::BF16, {slots, p_.ring_rows, hh.kv_heads, hh.head_dim});
     add(a, "slot_g", BufferRole::state, DType::BF16, {slots, H});
-    // The tables region: the draft's tables first, so that a pass uploads a short prefix of it.
+    // The tables region: what an extend chunk uploads, in one copy.
     p_.tables_offset = align_up(a.bytes, kAlign);
-    for (auto t : {"slot", "pos", "first_pos", "tok"}) add(a, t, BufferRole::table, DType::I32, {B});
     for (auto t : {"row_slot", "row_pos", "row_tok"}) add(a, t, BufferRole::table, DType::I32, {E});
     for (auto t : {"last_row", "last_slot"}) add(a, t, BufferRole::table, DType::I32, {int64_t{o.max_slots}});
     add(a, "taps", BufferRole::table, DType::BF16, {E, static_cast<int64_t>(hh.taps.size()) * hh.target_hidden});
     p_.tables_bytes = a.bytes - p_.tables_offset;
-    // Draft activations, for the largest bucket; each name is one value of the step.
+    // Draft activations, for the largest bucket; each name is one value of the step. The draft's tables
+    // first: the pass's first node (load_tables) copies them from the host arena.
+    for (auto t : {"slot", "pos", "first_pos", "tok"}) add(a, t, BufferRole::activation, DType::I32, {B});
     add(a, "g", BufferRole::activation, DType::BF16, {B, H});
     add(a, "x", BufferRole::activation, DType::BF16, {B, 2 * H});
     if (!rope_in_wqkv()) add(a, "qkv", BufferRole::activation, DType::BF16, {B, q_width + 2 * kv_width});
@@ -320,6 +322,17 @@ class Planner {
     add(a, "e_kv", BufferRole::activation, DType::BF16, {E, 2 * kv_width});
     add(a, "out_token", BufferRole::output, DType::I32, {B, int64_t{o.max_steps}});
     add(a, "out_conf", BufferRole::output, DType::F32, {B, int64_t{o.max_steps}});
+  }
+
+  // Mapped pinned host memory (Plan::host): the draft's tables as the host writes them, and the copy of
+  // its outputs that top1 / rescore write for the host to read.
+  void lay_out_host() {
+    const auto& o = p_.options;
+    const int64_t B = o.buckets.back();
+    for (auto t : {"host_slot", "host_pos", "host_first_pos", "host_tok"})
+      add(p_.host, t, BufferRole::host, DType::I32, {B});
+    add(p_.host, "host_token", BufferRole::host, DType::I32, {B, int64_t{o.max_steps}});
+    add(p_.host, "host_conf", BufferRole::host, DType::F32, {B, int64_t{o.max_steps}});
   }
 
   // ring_attention key chunks per (kv head, row) at `rows` rows: at least 8 keys a CTA, and up to 8 CTAs
@@ -507,6 +520,10 @@ class Planner {
     Bucket bucket;
     bucket.streams = streams;
     auto& nodes = bucket.nodes;
+    nodes.push_back(kernel("s1.load_tables", 1, make_spec("load_tables", {}), fixed, B,
+                           {buf("host_slot", "host_slot"), buf("host_pos", "host_pos"),
+                            buf("host_first_pos", "host_first_pos"), buf("host_tok", "host_tok"), buf("slot", "slot"),
+                            buf("pos", "pos"), buf("first_pos", "first_pos"), buf("tok", "tok"), i64("rows", B)}));
     nodes.push_back(kernel("s1.gather_g", 1, make_spec("copy_rows", {{"WIDTH", H}, {"THREADS", row_threads(H)}}),
                            fixed, B,
                            {buf("src", "slot_g"), buf("src_index", "slot"), buf("dst", "g"), none("dst_index"),
@@ -554,7 +571,8 @@ class Planner {
                                make_spec("top1", {{"VOCAB", hh.draft_vocab}, {"COLS", cols}, {"MAX_STEPS", ms}}),
                                fixed, B,
                                {buf("part", "top1_part"), buf("d2t", "d2t"), buf("out_token", "out_token"),
-                                buf("out_conf", "out_conf"), buf("next_token", "next_token"), i64("step", s),
+                                buf("out_conf", "out_conf"), buf("host_token", "host_token"),
+                                buf("host_conf", "host_conf"), buf("next_token", "next_token"), i64("step", s),
                                 i64("rows", B)}));
       } else {
         const Matrix& th = matrices_.at("target_head");
@@ -573,7 +591,8 @@ class Planner {
                                {buf("target_head", th.name), th.fp8 ? buf("scale", th.name + ".scale") : none("scale"),
                                 buf("n", "n"), buf("cand", "cand"), buf("d2t", "d2t"), buf("exact", "exact"),
                                 buf("arrivals", "rescore_arrivals"), buf("out_token", "out_token"),
-                                buf("out_conf", "out_conf"), buf("next_token", "next_token"), i64("step", s),
+                                buf("out_conf", "out_conf"), buf("host_token", "host_token"),
+                                buf("host_conf", "host_conf"), buf("next_token", "next_token"), i64("step", s),
                                 i64("rows", B)}));
       }
     }

@@ -41,6 +41,25 @@ PinnedMemory allocate_pinned(size_t bytes, const char* what) {
   return PinnedMemory(p, bytes);
 }
 
+PinnedMemory allocate_mapped(size_t bytes, const char* what, std::byte** device) {
+  void* p = nullptr;
+  cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail("cudaHostAlloc (mapped) of the {} ({} bytes) failed: {} ({})", what, bytes, cudaGetErrorName(e),
+         cudaGetErrorString(e));
+  }
+  PinnedMemory m(p, bytes);
+  void* d = nullptr;
+  e = cudaHostGetDevicePointer(&d, p, 0);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail("cudaHostGetDevicePointer of the {} failed: {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  *device = static_cast<std::byte*>(d);
+  return m;
+}
+
 Stream create_stream() {
   cudaStream_t s = nullptr;
   TFE_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -79,6 +79,8 @@ using PinnedMemory = Memory<release_pinned_memory>;
 // Checked constructors. `what` names the allocation in the error (e.g. "arena").
 DeviceMemory allocate_device(size_t bytes, const char* what);
 PinnedMemory allocate_pinned(size_t bytes, const char* what);
+// Pinned host memory that kernels read and write through `*device` (cudaHostAllocMapped).
+PinnedMemory allocate_mapped(size_t bytes, const char* what, std::byte** device);
 Stream create_stream();  // non-blocking: never synchronizes with the legacy default stream
 Event create_event(bool timing = false);
 CublasLt create_cublaslt();

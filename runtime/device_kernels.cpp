@@ -16,7 +16,11 @@ std::byte* ArenaBases::address(const std::string& buffer, int64_t byte_offset, c
     b = plan->arena.find(buffer);
     base = arena;
   }
-  if (!b) fail("node {}: buffer `{}` is in neither the weights arena nor the arena", node, buffer);
+  if (!b) {
+    b = plan->host.find(buffer);
+    base = host;
+  }
+  if (!b) fail("node {}: buffer `{}` is in none of the weights arena, the arena and the host arena", node, buffer);
   if (byte_offset < 0 || byte_offset >= b->bytes)
     fail("node {}: byte offset {} into buffer `{}` is outside its {} bytes", node, byte_offset, buffer, b->bytes);
   return base + b->offset + byte_offset;

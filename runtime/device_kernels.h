@@ -17,13 +17,15 @@ struct Node;
 
 namespace tfe::cuda {
 
-// Device addresses of a plan's buffers: the weights arena and the arena are each one contiguous range.
+// Device addresses of a plan's buffers: the weights arena, the arena and the host arena (mapped host
+// memory, by its device address) are each one contiguous range.
 struct ArenaBases {
   const Plan* plan = nullptr;
   std::byte* weights = nullptr;
   std::byte* arena = nullptr;
+  std::byte* host = nullptr;
   // Base + the buffer's offset + byte_offset; throws naming the node and the buffer when the buffer is
-  // in neither arena or the offset falls outside it.
+  // in no arena or the offset falls outside it.
   std::byte* address(const std::string& buffer, int64_t byte_offset, const std::string& node) const;
 };
 

@@ -93,7 +93,12 @@ struct Runtime::Impl {
   cuda::PinnedMemory staging[2];
   cuda::Event staged[2];
   int next_staging = 0;
-  cuda::PinnedMemory host_outputs;  // out_token | out_conf of the largest bucket
+  // The host arena (Plan::host): mapped pinned memory. The host writes a draft's tables here and reads its
+  // outputs here; the pass's kernels reach it through `host_device`. draft() waits for its pass before
+  // returning, so the next call may rewrite the tables.
+  cuda::PinnedMemory host_memory;
+  std::byte* host = nullptr;
+  std::byte* host_device = nullptr;
   std::vector<cuda::Library> libraries;
   std::map<std::string, cuda::LoadedKernel> kernels;  // by spec uri
   cuda::GemmRunner gemm;
@@ -105,7 +110,8 @@ struct Runtime::Impl {
   std::string broken;  // the first failure after which device state is unknown
   DeviceDraftOutputs last_outputs;
   // Tables the runtime fills, found once.
-  const Buffer *t_slot = nullptr, *t_pos = nullptr, *t_first_pos = nullptr, *t_tok = nullptr;
+  const Buffer *h_slot = nullptr, *h_pos = nullptr, *h_first_pos = nullptr, *h_tok = nullptr;
+  const Buffer *h_token = nullptr, *h_conf = nullptr;
   const Buffer *t_row_slot = nullptr, *t_row_pos = nullptr, *t_row_tok = nullptr;
   const Buffer *t_last_row = nullptr, *t_last_slot = nullptr, *t_taps = nullptr;
   const Buffer *b_out_token = nullptr, *b_out_conf = nullptr, *b_ring_k = nullptr, *b_ring_v = nullptr;
@@ -117,7 +123,7 @@ struct Runtime::Impl {
   }
 
   Bindings bindings() const {
-    return Bindings{arena, arena + plan.tables_offset, weights, workspace};
+    return Bindings{arena, arena + plan.tables_offset, weights, workspace, host_device};
   }
   int scratch_slot() const { return plan.options.max_slots; }
 
@@ -168,6 +174,10 @@ struct Runtime::Impl {
     stats.bytes_uploaded += static_cast<uint64_t>(bytes);
   }
   template <typename T>
+  T* host_buffer(const Buffer* b) {
+    return reinterpret_cast<T*>(host + b->offset);
+  }
+  template <typename T>
   T* staged_table(std::byte* base, const Buffer* b) {
     return reinterpret_cast<T*>(base + (b->offset - plan.tables_offset));
   }
@@ -199,7 +209,7 @@ SlotLimits slot_limits(const Plan& p) {
 }
 
 const Buffer* table(const Plan& p, std::string_view name, BufferRole role = BufferRole::table) {
-  const Buffer& b = p.arena.at(name);
+  const Buffer& b = role == BufferRole::host ? p.host.at(name) : p.arena.at(name);
   if (b.role != role)
     fail("plan: buffer `{}` has role {}, the runtime expects {}", name, buffer_role_name(b.role), buffer_role_name(role));
   return &b;
@@ -295,7 +305,11 @@ void Runtime::Impl::open_device(const OpenOptions& o) {
     staged[i] = cuda::create_event();
     TFE_CUDA(cudaEventRecord(staged[i].get(), stream));
   }
-  host_outputs = cuda::allocate_pinned(static_cast<size_t>(b_out_token->bytes + b_out_conf->bytes), "draft outputs");
+  // The host arena starts zeroed, like the arena: a pass never reads bytes the host has not written.
+  host_memory = cuda::allocate_mapped(static_cast<size_t>(std::max<int64_t>(plan.host.bytes, 1)), "host arena",
+                                      &host_device);
+  host = host_memory.data();
+  std::memset(host, 0, host_memory.bytes());
 }
 
 void Runtime::Impl::upload_weights(const HeadFile& file) {
@@ -364,7 +378,7 @@ void Runtime::Impl::load_kernels(const std::map<std::string, KernelImage>& image
 }
 
 void Runtime::Impl::prepare_nodes() {
-  const cuda::ArenaBases bases{&plan, weights, arena};
+  const cuda::ArenaBases bases{&plan, weights, arena, host_device};
   if (plan.cublaslt_workspace > 0) gemm = cuda::GemmRunner(workspace, static_cast<size_t>(plan.cublaslt_workspace));
   auto prepare = [&](const Node& n, int64_t fixed_rows) {
     PreparedNode p;
@@ -457,10 +471,12 @@ Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) {
   r.options = o;
   r.device = o.device;
   const Plan& p = r.plan;
-  r.t_slot = table(p, "slot");
-  r.t_pos = table(p, "pos");
-  r.t_first_pos = table(p, "first_pos");
-  r.t_tok = table(p, "tok");
+  r.h_slot = table(p, "host_slot", BufferRole::host);
+  r.h_pos = table(p, "host_pos", BufferRole::host);
+  r.h_first_pos = table(p, "host_first_pos", BufferRole::host);
+  r.h_tok = table(p, "host_tok", BufferRole::host);
+  r.h_token = table(p, "host_token", BufferRole::host);
+  r.h_conf = table(p, "host_conf", BufferRole::host);
   r.t_row_slot = table(p, "row_slot");
   r.t_row_pos = table(p, "row_pos");
   r.t_row_tok = table(p, "row_tok");
@@ -471,12 +487,21 @@ Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) {
   r.b_out_conf = table(p, "out_conf", BufferRole::output);
   r.b_ring_k = table(p, "ring_k", BufferRole::state);
   r.b_ring_v = table(p, "ring_v", BufferRole::state);
-  // A draft uploads [slot .. tok] and an extend chunk [row_slot .. taps]: each one copy.
-  if (!(r.t_slot->offset < r.t_tok->offset && r.t_row_slot->offset < r.t_taps->offset &&
-        r.t_last_slot->offset < r.t_taps->offset && r.t_pos->offset < r.t_tok->offset &&
-        r.t_first_pos->offset < r.t_tok->offset))
-    fail("plan: the tables region is not laid out as [slot pos first_pos tok][row_slot row_pos row_tok last_row "
-         "last_slot taps]");
+  // An extend chunk uploads [row_slot .. taps] in one copy.
+  if (!(r.t_row_slot->offset < r.t_taps->offset && r.t_row_pos->offset < r.t_taps->offset &&
+        r.t_row_tok->offset < r.t_taps->offset && r.t_last_row->offset < r.t_taps->offset &&
+        r.t_last_slot->offset < r.t_taps->offset))
+    fail("plan: the tables region is not laid out as [row_slot row_pos row_tok last_row last_slot taps]");
+  // The host reads a draft's outputs as [streams, max_steps] of the largest bucket.
+  const int64_t out_entries = int64_t{p.options.buckets.back()} * p.options.max_steps;
+  for (const Buffer* b : {r.h_token, r.h_conf})
+    if (b->bytes != out_entries * 4)
+      fail("plan: host buffer `{}` holds {} bytes; the draft's outputs are {} x {} 4-byte values", b->name, b->bytes,
+           p.options.buckets.back(), p.options.max_steps);
+  for (const Buffer* b : {r.h_slot, r.h_pos, r.h_first_pos, r.h_tok})
+    if (b->bytes < int64_t{p.options.buckets.back()} * 4)
+      fail("plan: host buffer `{}` holds {} bytes; the draft's tables take {} int32 values", b->name, b->bytes,
+           p.options.buckets.back());
 
   r.open_device(o);
   r.upload_weights(file);
@@ -583,11 +608,11 @@ DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
   DeviceScope scope(r.device);
   DraftResult out;
   r.device_work([&] {
-    std::byte* st = r.staging_buffer();
-    auto* slot = r.staged_table<int32_t>(st, r.t_slot);
-    auto* pos = r.staged_table<int32_t>(st, r.t_pos);
-    auto* tok = r.staged_table<int32_t>(st, r.t_tok);
-    auto* first_pos = r.staged_table<int32_t>(st, r.t_first_pos);
+    // The tables go straight into the host arena: the pass's first node (load_tables) reads them from there.
+    auto* slot = r.host_buffer<int32_t>(r.h_slot);
+    auto* pos = r.host_buffer<int32_t>(r.h_pos);
+    auto* first_pos = r.host_buffer<int32_t>(r.h_first_pos);
+    auto* tok = r.host_buffer<int32_t>(r.h_tok);
     for (int i = 0; i < streams; ++i) {
       if (i < n) {
         slot[i] = slot_ids[static_cast<size_t>(i)];
@@ -602,8 +627,6 @@ DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
         tok[i] = 0;
       }
     }
-    const int64_t first = r.t_slot->offset;
-    r.upload_tables(first, r.t_tok->offset + r.t_tok->bytes - first);
 
     const GraphKey key{streams, steps};
     if (r.graphs) {
@@ -613,18 +636,14 @@ DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
       r.launch_nodes(r.buckets[bucket], steps, streams, 0, r.stream);
       ++r.stats.eager_passes;
     }
-
-    const size_t tok_bytes = static_cast<size_t>(streams * max_steps) * sizeof(int32_t);
-    const size_t conf_bytes = static_cast<size_t>(streams * max_steps) * sizeof(float);
-    std::byte* host = r.host_outputs.data();
-    TFE_CUDA(cudaMemcpyAsync(host, r.arena + r.b_out_token->offset, tok_bytes, cudaMemcpyDeviceToHost, r.stream));
-    TFE_CUDA(cudaMemcpyAsync(host + tok_bytes, r.arena + r.b_out_conf->offset, conf_bytes, cudaMemcpyDeviceToHost,
-                             r.stream));
+    // top1 / rescore wrote each step's token and confidence into the host arena as well; once the pass is
+    // done they are there to read.
     TFE_CUDA(cudaStreamSynchronize(r.stream));
-    r.stats.bytes_downloaded += tok_bytes + conf_bytes;
+    r.stats.bytes_uploaded += static_cast<uint64_t>(4 * streams) * sizeof(int32_t);
+    r.stats.bytes_downloaded += static_cast<uint64_t>(streams * steps) * (sizeof(int32_t) + sizeof(float));
 
-    const auto* tokens = reinterpret_cast<const int32_t*>(host);
-    const auto* confs = reinterpret_cast<const float*>(host + tok_bytes);
+    const auto* tokens = r.host_buffer<const int32_t>(r.h_token);
+    const auto* confs = r.host_buffer<const float>(r.h_conf);
     out.streams = n;
     out.steps = steps;
     out.width = 0;  // hidden states stay on the device (read_buffer("h2") holds the last step's)
@@ -676,8 +695,13 @@ bool Runtime::graphs_enabled() const { return impl_->graphs.has_value(); }
 
 std::vector<std::byte> Runtime::read_buffer(std::string_view name) const {
   Impl& r = *impl_;
-  const Buffer& b = r.plan.arena.at(name);
   DeviceScope scope(r.device);
+  if (const Buffer* h = r.plan.host.find(name)) {
+    r.device_work([&] { TFE_CUDA(cudaStreamSynchronize(r.stream)); });
+    const std::byte* at = r.host + h->offset;
+    return std::vector<std::byte>(at, at + h->bytes);
+  }
+  const Buffer& b = r.plan.arena.at(name);
   std::vector<std::byte> host(static_cast<size_t>(b.bytes));
   r.device_work([&] {
     TFE_CUDA(cudaStreamSynchronize(r.stream));
@@ -690,8 +714,14 @@ std::vector<std::byte> Runtime::read_buffer(std::string_view name) const {
 void Runtime::fill_buffer(std::string_view name, uint8_t byte) {
   Impl& r = *impl_;
   r.check_usable();
-  const Buffer& b = r.plan.arena.at(name);
   DeviceScope scope(r.device);
+  if (const Buffer* h = r.plan.host.find(name)) {
+    // Host memory: written now, once the work already queued (which may write it) is done.
+    r.device_work([&] { TFE_CUDA(cudaStreamSynchronize(r.stream)); });
+    std::memset(r.host + h->offset, byte, static_cast<size_t>(h->bytes));
+    return;
+  }
+  const Buffer& b = r.plan.arena.at(name);
   r.device_work([&] { TFE_CUDA(cudaMemsetAsync(r.arena + b.offset, byte, static_cast<size_t>(b.bytes), r.stream)); });
 }
 

@@ -63,6 +63,7 @@ struct RuntimeStats {
   uint64_t extend_chunks = 0;  // eager extend chunks
   uint64_t captures = 0;       // graphs captured (re-captures for an update included)
   uint64_t graph_updates = 0;  // executors updated in place or re-instantiated
+  // Bytes across the host link, copied or (a draft's tables and outputs) read and written by its kernels.
   uint64_t bytes_uploaded = 0;    // host -> device, weights excluded
   uint64_t bytes_downloaded = 0;  // device -> host
   uint64_t weight_bytes = 0;      // uploaded at open
@@ -109,9 +110,10 @@ class Runtime {
   int device() const;
   bool graphs_enabled() const;
 
-  // Diagnostics and tests: a host copy of an arena buffer (state, table, activation or output), taken
-  // after the stream is idle; and filling a buffer with one byte value (e.g. 0xFF: NaN in bf16 and fp32)
-  // to prove that a pass writes what it is said to.
+  // Diagnostics and tests: a host copy of a buffer of the arena (state, table, activation or output) or
+  // of the host arena, taken after the stream is idle; and filling a buffer with one byte value (e.g.
+  // 0xFF: NaN in bf16 and fp32) to prove that a pass writes what it is said to (a host-arena buffer is
+  // filled once the stream is idle, an arena buffer in stream order).
   std::vector<std::byte> read_buffer(std::string_view name) const;
   void fill_buffer(std::string_view name, uint8_t byte);
   // Waits for the stream; throws on an asynchronous CUDA failure.

@@ -31,6 +31,7 @@ for hidden, threads in [(4096, 256), (64, 64), (100, 128)]:
     add("prepare_x", "prepare_x.cuh", HIDDEN=hidden, THREADS=threads)
 for width, threads in [(4096, 256), (8192, 256), (12, 32)]:
     add("copy_rows", "copy_rows.cuh", WIDTH=width, THREADS=threads)
+add("load_tables", "load_tables.cuh")  # no constants: one specialization for every bucket
 gemv_shapes = [  # (K, N, epilogue): the linears of both presets, and tails
     (12288, 4096, 0), (16384, 4096, 0),  # fc: 3 or 4 taps
     (8192, 6144, 0),                     # wqkv

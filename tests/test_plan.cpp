@@ -134,6 +134,7 @@ std::string replace_once(std::string s, std::string_view from, std::string_view 
 
 const Buffer& buffer_of(const Plan& p, const std::string& name) {
   if (const Buffer* b = p.weights.find(name)) return *b;
+  if (const Buffer* b = p.host.find(name)) return *b;
   return p.arena.at(name);
 }
 
@@ -290,15 +291,20 @@ TEST_CASE("make_plan: weights are the tensors in use, 256-byte aligned, each fro
 }
 
 TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role its parameter needs") {
-  // What each pointer parameter may bind. Index tables of the draft are host tables; the draft's later
-  // steps read the tokens it drafted itself (an activation).
+  // What each pointer parameter may bind. An extend reads the tables the host uploaded; a draft pass
+  // reads its tables as activations, which its first node (load_tables) copies from the host arena, and
+  // its later steps read the tokens it drafted itself. Only the draft's tables and outputs live in host
+  // memory.
   using R = BufferRole;
   const std::map<std::string, std::set<R>> roles = {
       {"w", {R::weight}}, {"scale", {R::weight}}, {"embed", {R::weight}}, {"input_norm", {R::weight}},
       {"hidden_norm", {R::weight}}, {"q_norm", {R::weight}}, {"k_norm", {R::weight}}, {"inv_freq", {R::weight}},
       {"d2t", {R::weight}}, {"target_head", {R::weight}},
-      {"slot", {R::table}}, {"pos", {R::table}}, {"first_pos", {R::table}}, {"src_index", {R::table}}, {"dst_index", {R::table}},
-      {"tokens", {R::table, R::activation}},
+      {"slot", {R::table, R::activation}}, {"pos", {R::table, R::activation}},
+      {"first_pos", {R::table, R::activation}}, {"src_index", {R::table, R::activation}}, {"dst_index", {R::table}},
+      {"tokens", {R::table, R::activation}}, {"tok", {R::activation}},
+      {"host_slot", {R::host}}, {"host_pos", {R::host}}, {"host_first_pos", {R::host}}, {"host_tok", {R::host}},
+      {"host_token", {R::host}}, {"host_conf", {R::host}},
       {"ring_k", {R::state}}, {"ring_v", {R::state}},
       {"out_token", {R::output}}, {"out_conf", {R::output}},
       {"src", {R::state, R::activation}}, {"dst", {R::state, R::activation}},
@@ -359,7 +365,7 @@ TEST_CASE("make_plan: the nodes of step <= s form the (B, s) pass") {
           for (const auto& a : n.args) {
             if (a.kind == Arg::Kind::i64 && a.param == "rows") CHECK(a.i == bucket.streams);
             if (a.kind != Arg::Kind::buffer || param_writes(kernel, a.param)) continue;
-            if (!p.weights.find(a.buffer) && p.arena.at(a.buffer).role == BufferRole::activation)
+            if (!p.weights.find(a.buffer) && !p.host.find(a.buffer) && p.arena.at(a.buffer).role == BufferRole::activation)
               CHECK_MESSAGE(written.count(a.buffer), n.name << " reads " << a.buffer << " before the prefix writes it");
           }
           // residual reads are reads; everything else a kernel writes becomes available.
@@ -373,6 +379,8 @@ TEST_CASE("make_plan: the nodes of step <= s form the (B, s) pass") {
         REQUIRE(step != last.args.end());
         CHECK(step->i == s);
         CHECK(written.count("out_token"));
+        CHECK(written.count("host_token"));
+        CHECK(written.count("host_conf"));
       }
     }
   }
@@ -382,7 +390,7 @@ TEST_CASE("make_plan: buffers never overlap, stay inside their arena, and the ta
   for (const auto& [name, h] : golden_heads()) {
     CAPTURE(name);
     const Plan p = make_plan(h, golden_options());
-    for (const Arena* a : {&p.weights, &p.arena}) {
+    for (const Arena* a : {&p.weights, &p.arena, &p.host}) {
       std::vector<const Buffer*> bs;
       for (const auto& b : a->buffers) bs.push_back(&b);
       for (size_t i = 0; i < bs.size(); ++i) {
@@ -403,6 +411,47 @@ TEST_CASE("make_plan: buffers never overlap, stay inside their arena, and the ta
     CHECK(p.arena.at("ring_k").shape == std::vector<int64_t>{slots, p.ring_rows, h.kv_heads, h.head_dim});
     CHECK(p.arena.at("slot_g").shape == std::vector<int64_t>{slots, h.hidden});
     CHECK(p.device_bytes == p.weights.bytes + p.arena.bytes + p.cublaslt_workspace);
+  }
+}
+
+TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, and writes its outputs there") {
+  for (const auto& [name, h] : golden_heads()) {
+    CAPTURE(name);
+    const Plan p = make_plan(h, golden_options());
+    const int64_t B = p.options.buckets.back(), steps = p.options.max_steps;
+    std::map<std::string, std::vector<int64_t>> want = {{"host_slot", {B}}, {"host_pos", {B}},
+                                                        {"host_first_pos", {B}}, {"host_tok", {B}},
+                                                        {"host_token", {B, steps}}, {"host_conf", {B, steps}}};
+    REQUIRE(p.host.buffers.size() == want.size());
+    for (const Buffer& b : p.host.buffers) {
+      CAPTURE(b.name);
+      REQUIRE(want.count(b.name));
+      CHECK(b.role == BufferRole::host);
+      CHECK(b.shape == want.at(b.name));
+    }
+    CHECK(p.device_bytes == p.weights.bytes + p.arena.bytes + p.cublaslt_workspace);  // host memory is not device
+    for (const Bucket& bucket : p.buckets) {
+      CAPTURE(bucket.streams);
+      // The first node copies the four tables; no other node reads them from host memory, and only the
+      // step's output writers (top1 / rescore) write host memory.
+      const Node& first = bucket.nodes.front();
+      CHECK(first.name == "s1.load_tables");
+      CHECK(p.spec(first.spec).kernel == "load_tables");
+      for (const Node& n : bucket.nodes) {
+        const std::string kernel = p.spec(n.spec).kernel;
+        for (const Arg& a : n.args) {
+          if (a.kind != Arg::Kind::buffer || !p.host.find(a.buffer)) continue;
+          CAPTURE(n.name);
+          CAPTURE(a.param);
+          if (param_writes(kernel, a.param))
+            CHECK((kernel == "top1" || kernel == "rescore"));
+          else
+            CHECK(&n == &first);
+        }
+      }
+    }
+    for (const Node& n : p.extend)
+      for (const Arg& a : n.args) CHECK_MESSAGE(!p.host.find(a.buffer), n.name << " binds host memory");
   }
 }
 
@@ -1009,6 +1058,10 @@ TEST_CASE("plan YAML: corrupted plans are refused by name, never loaded") {
   refused("buffer: slot_g, byte_offset: 0", "buffer: slot_h, byte_offset: 0",
           "node s1.gather_g: arg `src` names buffer `slot_h`, which no arena holds");
   refused("{param: src, kind: buffer", "{param: source, kind: buffer", "binds `source`, kernel copy_rows expects `src`");
+  // Host memory holds the host arena's buffers only, and they live nowhere else.
+  refused("{name: host_tok, role: host", "{name: host_tok, role: activation",
+          "buffer `host_tok` of role activation cannot live in the host arena");
+  refused("{name: tok, role: activation", "{name: tok, role: host", "buffer `tok` of role host cannot live in the arena");
   refused("kind: buffer, buffer: slot_g, byte_offset: 0", "kind: buffer, buffer: slot_g, byte_offset: 99999999",
           "byte_offset 99999999 is outside `slot_g`");
   refused("kind: buffer, buffer: slot_g, byte_offset: 0", "kind: i64, i64: 3", "a ptr parameter cannot take");
@@ -1031,7 +1084,7 @@ TEST_CASE("plan YAML: corrupted plans are refused by name, never loaded") {
   // The path and the line name the place.
   const std::string bad = replace_once(text, "buffer: slot_g, byte_offset: 0", "buffer: slot_g, byte_offset: -4");
   const int line = 1 + static_cast<int>(std::count(bad.begin(), bad.begin() + bad.find("byte_offset: -4"), '\n'));
-  const std::string where = fmt::format("buckets[0].nodes[0].args[0].byte_offset: -4 is outside 0..");
+  const std::string where = fmt::format("buckets[0].nodes[1].args[0].byte_offset: -4 is outside 0..");
   const std::string at_line = fmt::format("(line {})", line);
   CHECK_THROWS_WITH_AS(load_plan_yaml(bad), doctest::Contains(where.c_str()), Error);
   CHECK_THROWS_WITH_AS(load_plan_yaml(bad), doctest::Contains(at_line.c_str()), Error);

@@ -36,7 +36,8 @@ void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
   graph.extend(requests(prefix));
   eager.extend(requests(prefix));
 
-  const std::vector<std::string> compared = {"out_token", "out_conf", "h2", "n", "slot_g", "ring_k", "ring_v"};
+  const std::vector<std::string> compared = {"out_token", "out_conf", "host_token", "host_conf", "h2",
+                                             "n",         "slot_g",   "ring_k",     "ring_v"};
   for (int bucket : po.buckets) {
     std::vector<int> slots;
     for (int s = 0; s < bucket; ++s) slots.push_back((s * 7) % 16);  // distinct, not in order
@@ -44,7 +45,8 @@ void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
       CAPTURE(bucket);
       CAPTURE(steps);
       for (Runtime* r : {&graph, &eager})
-        for (const char* b : {"out_token", "out_conf", "h2", "n", "x", "h1"}) r->fill_buffer(b, 0xFF);
+        for (const char* b : {"out_token", "out_conf", "host_token", "host_conf", "h2", "n", "x", "h1"})
+          r->fill_buffer(b, 0xFF);
       const DraftResult a = graph.draft(slots, steps);
       const DraftResult b = eager.draft(slots, steps);
       CHECK(std::memcmp(a.tokens.data(), b.tokens.data(), a.tokens.size() * sizeof(int32_t)) == 0);
@@ -59,6 +61,9 @@ void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
         CAPTURE(name);
         CHECK(graph.read_buffer(name) == eager.read_buffer(name));
       }
+      // The host arena's outputs are the device outputs' copy, entry for entry (unwritten ones NaN in both).
+      CHECK(graph.read_buffer("host_token") == graph.read_buffer("out_token"));
+      CHECK(graph.read_buffer("host_conf") == graph.read_buffer("out_conf"));
     }
   }
   const RuntimeStats gs = graph.stats(), es = eager.stats();
