@@ -25,11 +25,15 @@ struct LoadTablesParams {
 };
 static_assert(sizeof(LoadTablesParams) == 8 * 9, "one 8-byte slot per registry parameter");
 
+// Table t of the four, laid end to end (selects, not an indexed array: that would live on the stack).
+template <typename T>
+__device__ __forceinline__ T table_of(long long t, T a, T b, T c, T d) {
+  return t == 0 ? a : t == 1 ? b : t == 2 ? c : d;
+}
+
 // One CTA; thread i copies entries i, i + blockDim.x, ... of the four tables laid end to end.
 template <typename Cfg>
 __global__ void __launch_bounds__(128) load_tables(const LoadTablesParams p) {
-  const int* const src[4] = {p.host_slot, p.host_pos, p.host_first_pos, p.host_tok};
-  int* const dst[4] = {p.slot, p.pos, p.first_pos, p.tok};
   constexpr int kPerThread = 4;  // 4 x 128 entries: four tables of up to 128 rows in one round of loads
   int v[kPerThread];
   const long long n = 4 * p.rows;
@@ -37,13 +41,14 @@ __global__ void __launch_bounds__(128) load_tables(const LoadTablesParams p) {
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
     const long long i = threadIdx.x + k * 128LL;
-    if (i < n) v[k] = __ldcv(src[i / p.rows] + i % p.rows);
+    if (i < n)
+      v[k] = __ldcv(table_of(i / p.rows, p.host_slot, p.host_pos, p.host_first_pos, p.host_tok) + i % p.rows);
   }
   start_after_predecessors();
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
     const long long i = threadIdx.x + k * 128LL;
-    if (i < n) dst[i / p.rows][i % p.rows] = v[k];
+    if (i < n) table_of(i / p.rows, p.slot, p.pos, p.first_pos, p.tok)[i % p.rows] = v[k];
   }
 }
 
