@@ -758,9 +758,9 @@ int run(const Options& o) {
                                               : std::string());
   if (out.contains("call_floor")) {
     const json& f = out["call_floor"];
-    fmt::print("a call without kernels (an empty graph's launch and wait): {:.1f} us; with a copy-engine upload and two "
-               "downloads, which a call does not make: {:.1f} us (each alone with its wait: upload {:.1f}, downloads "
-               "{:.1f})\n",
+    fmt::print("a call without kernels (an empty graph's launch and wait): {:.1f} us; with a copy-engine upload "
+               "and two downloads, which a call does not make: {:.1f} us (each alone with its wait: upload {:.1f}, "
+               "downloads {:.1f})\n",
                f["empty_graph_launch_us"]["median"].get<double>(), f["launch_with_copies_us"]["median"].get<double>(),
                f["copy_upload_us"]["median"].get<double>(), f["copy_download_us"]["median"].get<double>());
   }

@@ -110,6 +110,9 @@ class Planner {
     lay_out_weights();
     lay_out_arena();
     lay_out_host();
+    choose("draft tables and outputs", "host arena: s1.load_tables reads the tables, top1 / rescore write the outputs",
+           "a draft call is one graph launch and one wait, no copy-engine transfer: measured on the H200 6-9 us less "
+           "a call than an upload and two downloads (BENCHMARKS.md, \"A draft call\")");
     for (int b : p_.options.buckets) p_.buckets.push_back(draft_bucket(b));
     choose("dependent launch",
            p_.options.dependent_streams == 0
