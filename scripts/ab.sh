@@ -13,7 +13,9 @@
 # Environment: OUT (default out/ab) receives build.log, per-run JSON and logs, and ab.txt (the table);
 #   BENCH_WORK (default /tmp/tfe-bench, shared with bench.sh) holds the random heads; AB_PRESETS (default
 #   "llama3-8b-eagle3 tfe-two-stage"); AB_STREAMS (default 1,2,4,8,16); AB_ITERS (default 30); AB_ROUNDS
-#   (default 2).
+#   (default 2); AB_STEPS (default 8): with several step counts (e.g. 1,2,4,8) a second table gives each
+#   setting's call as a line over steps, its fixed term a call and its slope a step (a per-call change
+#   shows in the first, a per-step one in the second).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 build="build-gpu"
@@ -62,7 +64,7 @@ for round in $(seq 1 "${AB_ROUNDS:-2}"); do
         run="$out/$name.$preset.$dtype.$round"
         # shellcheck disable=SC2086  # the setting's options are words on purpose
         if ! "${builds[$name]}/examples/tfe-bench" --head "$work/$preset.tfe" --fp8 "$mode" --streams "${AB_STREAMS:-1,2,4,8,16}" \
-            --steps 8 --iters "${AB_ITERS:-30}" --no-eager --json "$run.json" --drafts-out "$run.drafts" \
+            --steps "${AB_STEPS:-8}" --iters "${AB_ITERS:-30}" --no-eager --json "$run.json" --drafts-out "$run.drafts" \
             ${options[$name]} >"$run.log" 2>&1; then
           echo "!! tfe-bench $name $preset $dtype round $round failed (log: $run.log)"
           status=1
@@ -75,21 +77,33 @@ done
 python3 - "$out" "${names[@]}" <<'EOF' | tee "$out/ab.txt"
 import filecmp, glob, json, os, sys
 out, names = sys.argv[1], sys.argv[2:]
-cells, floor = {}, {}
+cells, floor, lines = {}, {}, {}
 for path in sorted(glob.glob(os.path.join(out, "*.json"))):
     name, preset, dtype, rnd = os.path.basename(path)[:-5].split(".")
     if name not in names:
         continue
     j = json.load(open(path))
+    most = max((d["steps"] for d in j.get("draft", [])), default=0)
     for d in j.get("draft", []):
+        if d["steps"] != most:
+            continue
         key = (preset, dtype, d["streams"])
         cells.setdefault(key, {}).setdefault(name, []).append(d["graph_us_per_step"])
         floor[key] = d["floor_us_per_step"]
-print("us per step at 8 steps (graph replay), every round; floor = bytes / copy bandwidth")
+    for l in j.get("per_streams", []):
+        key = (preset, dtype, l["streams"])
+        lines.setdefault(key, {}).setdefault(name, []).append((l["graph_call_fixed_us"], l["graph_step_us"]))
+print(f"us per step at {most} steps (graph replay), every round; floor = bytes / copy bandwidth")
 print(f"{'preset':18} {'dtype':5} {'streams':>7} " + " ".join(f"{n:>16}" for n in names) + f" {'floor':>7}")
 for key in sorted(cells):
     row = " ".join(f"{' / '.join(f'{x:.1f}' for x in cells[key].get(n, [])) or '-':>16}" for n in names)
     print(f"{key[0]:18} {key[1]:5} {key[2]:7} {row} {floor[key]:7.1f}")
+if lines:
+    print("a call as a line over steps: fixed us a call + us a step, every round")
+    print(f"{'preset':18} {'dtype':5} {'streams':>7} " + " ".join(f"{n:>26}" for n in names))
+    for key in sorted(lines):
+        row = " ".join(f"{' / '.join(f'{a:.1f}+{b:.1f}' for a, b in lines[key].get(n, [])) or '-':>26}" for n in names)
+        print(f"{key[0]:18} {key[1]:5} {key[2]:7} {row}")
 # Every other setting's drafts against the first's, run by run; a missing file (a failed run) is a failure.
 differ, missing, compared = [], [], 0
 for path in sorted(glob.glob(os.path.join(out, names[0] + ".*.json"))):
