@@ -68,11 +68,10 @@ std::vector<KernelDef> make_defs() {
       // Vocabulary top-1 and its softmax confidence: one CTA per row joins the row's PARTS =
       // ceil(VOCAB / COLS) Top1Part records in `part`, which the lm_head gemv (EPILOGUE kc::kEpilogueTop1,
       // the same COLS) left, one per CTA and row; writes the target id (d2t) and confidence of `step` into
-      // out_token/out_conf [rows, MAX_STEPS] and their copies host_token/host_conf in host memory, and the
-      // target id into next_token[r].
+      // out_token/out_conf [rows, MAX_STEPS], and the target id into next_token[r].
       {"top1", "top1.cuh", "tfe::kernels::top1", {"VOCAB", "COLS", "MAX_STEPS"},
-       {{"part", P::ptr}, {"d2t", P::ptr}, {"out_token", P::ptr}, {"out_conf", P::ptr}, {"host_token", P::ptr},
-        {"host_conf", P::ptr}, {"next_token", P::ptr}, {"step", P::i64}, {"rows", P::i64}}},
+       {{"part", P::ptr}, {"d2t", P::ptr}, {"out_token", P::ptr}, {"out_conf", P::ptr}, {"next_token", P::ptr},
+        {"step", P::i64}, {"rows", P::i64}}},
       // two_stage candidates: the CAND_K highest scores of a row (ties: lower id) as draft ids ascending,
       // into cand. One cluster of SPLIT <= 8 CTAs per row splits the row's scores; the CTAs agree on the
       // selection through distributed shared memory.
@@ -84,13 +83,17 @@ std::vector<KernelDef> make_defs() {
       {"rescore", "rescore.cuh", "tfe::kernels::rescore", {"HIDDEN", "CAND_K", "WEIGHT", "MAX_STEPS"},
        {{"target_head", P::ptr}, {"scale", P::ptr}, {"n", P::ptr}, {"cand", P::ptr}, {"d2t", P::ptr},
         {"exact", P::ptr}, {"arrivals", P::ptr}, {"out_token", P::ptr}, {"out_conf", P::ptr},
-        {"host_token", P::ptr}, {"host_conf", P::ptr}, {"next_token", P::ptr}, {"step", P::i64},
-        {"rows", P::i64}}},
+        {"next_token", P::ptr}, {"step", P::i64}, {"rows", P::i64}}},
       // The draft pass's first node: the call's tables (rows <= 128 entries each) from host memory, where
       // the host wrote them, into the arena. One CTA.
       {"load_tables", "load_tables.cuh", "tfe::kernels::load_tables", {},
        {{"host_slot", P::ptr}, {"host_pos", P::ptr}, {"host_first_pos", P::ptr}, {"host_tok", P::ptr},
         {"slot", P::ptr}, {"pos", P::ptr}, {"first_pos", P::ptr}, {"tok", P::ptr}, {"rows", P::i64}}},
+      // The draft pass's last node: out_token / out_conf [rows, MAX_STEPS] copied into host memory
+      // (host_token / host_conf), where the host reads them. One CTA.
+      {"store_outputs", "store_outputs.cuh", "tfe::kernels::store_outputs", {"MAX_STEPS"},
+       {{"out_token", P::ptr}, {"out_conf", P::ptr}, {"host_token", P::ptr}, {"host_conf", P::ptr},
+        {"rows", P::i64}}},
   };
 }
 }  // namespace

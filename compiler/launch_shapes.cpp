@@ -138,6 +138,9 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
       fail("launch_shape {}: rows is {}; load_tables copies at most {} rows a table", spec.uri(), rows,
            kLoadTablesMaxRows);
     s.block = 128;
+  } else if (k == "store_outputs") {
+    // One CTA of 128 threads, striding over rows x MAX_STEPS entries (kernels/store_outputs.cuh).
+    s.block = 128;
   } else if (k == "rmsnorm" || k == "copy_rows") {
     // One CTA per row.
     s.grid[0] = rows;
@@ -271,10 +274,10 @@ int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach&
     return unknown();
   }
   if (k == "load_tables") return product({R, kI32});  // every parameter is one [rows] int32 table
+  if (k == "store_outputs") return product({R, c("MAX_STEPS"), kI32});  // each a [rows, MAX_STEPS] table
   if (k == "top1" || k == "rescore") {
     const int64_t steps = c("MAX_STEPS");
-    if (param == "out_token" || param == "out_conf" || param == "host_token" || param == "host_conf")
-      return product({R, steps, kI32});
+    if (param == "out_token" || param == "out_conf") return product({R, steps, kI32});
     if (param == "next_token") return product({R, kI32});
     if (param == "d2t") return product({r.draft_vocab, kI32});
     if (k == "top1") {

@@ -27,13 +27,11 @@ struct RescoreParams {
   int* arrivals;            // [rows], zero between passes
   int* out_token;           // [rows, MAX_STEPS]
   float* out_conf;          // [rows, MAX_STEPS]
-  int* host_token;          // [rows, MAX_STEPS], host memory: the same values, where the host reads them
-  float* host_conf;         // [rows, MAX_STEPS], host memory
   int* next_token;          // [rows]
   long long step;           // 1-based
   long long rows;
 };
-static_assert(sizeof(RescoreParams) == 8 * 14, "one 8-byte slot per registry parameter");
+static_assert(sizeof(RescoreParams) == 8 * 12, "one 8-byte slot per registry parameter");
 
 constexpr int kRescoreWarps = 4;  // candidates per CTA
 
@@ -147,11 +145,8 @@ __global__ void __launch_bounds__(32 * kRescoreWarps, 4) rescore(const RescorePa
   sum = warp_sum(sum);
   if (lane == 0) {
     const long long at = r * Cfg::MAX_STEPS + (p.step - 1);
-    const float conf = 1.0f / sum;
     p.out_token[at] = best.i;
-    p.out_conf[at] = conf;
-    p.host_token[at] = best.i;
-    p.host_conf[at] = conf;
+    p.out_conf[at] = 1.0f / sum;
     p.next_token[r] = best.i;
   }
 }

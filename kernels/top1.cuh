@@ -25,13 +25,11 @@ struct Top1Params {
   const int* d2t;        // [draft vocab]: target id = draft id + d2t[draft id]
   int* out_token;        // [rows, MAX_STEPS]
   float* out_conf;       // [rows, MAX_STEPS]
-  int* host_token;       // [rows, MAX_STEPS], host memory: the same values, where the host reads them
-  float* host_conf;      // [rows, MAX_STEPS], host memory
   int* next_token;       // [rows]
   long long step;        // 1-based
   long long rows;
 };
-static_assert(sizeof(Top1Params) == 8 * 9, "one 8-byte slot per registry parameter");
+static_assert(sizeof(Top1Params) == 8 * 7, "one 8-byte slot per registry parameter");
 
 // The CTA's argmax (ties: lower index) of `best`, broadcast to every thread. `sv`, `si`: 32 entries each.
 __device__ __forceinline__ ArgMax block_argmax(ArgMax best, float* sv, int* si) {
@@ -85,11 +83,8 @@ __global__ void __launch_bounds__(256) top1(const Top1Params p) {
   if (tid == 0) {
     const int target = best.i + p.d2t[best.i];
     const long long at = r * Cfg::MAX_STEPS + (p.step - 1);
-    const float conf = 1.0f / total;
     p.out_token[at] = target;
-    p.out_conf[at] = conf;
-    p.host_token[at] = target;
-    p.host_conf[at] = conf;
+    p.out_conf[at] = 1.0f / total;
     p.next_token[r] = target;
   }
 }

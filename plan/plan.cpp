@@ -108,10 +108,11 @@ bool param_writes(std::string_view kernel, std::string_view param) {
       {"gemv_rope_kv", {"q_out", "ring_k", "ring_v"}},
       {"qk_rope_kv", {"q_out", "ring_k", "ring_v"}},
       {"ring_attention", {"o"}},
-      {"top1", {"out_token", "out_conf", "host_token", "host_conf", "next_token"}},
+      {"top1", {"out_token", "out_conf", "next_token"}},
       {"topk", {"cand"}},
-      {"rescore", {"exact", "arrivals", "out_token", "out_conf", "host_token", "host_conf", "next_token"}},
+      {"rescore", {"exact", "arrivals", "out_token", "out_conf", "next_token"}},
       {"load_tables", {"slot", "pos", "first_pos", "tok"}},
+      {"store_outputs", {"host_token", "host_conf"}},
   };
   const auto it = writes.find(kernel);
   if (it == writes.end()) fail("param_writes: no kernel named `{}`", kernel);
@@ -367,6 +368,13 @@ void validate(const Plan& p) {
         fail("plan: spec {}: CSPLIT = {} is above {}, the most this shape's K splits into (a narrow output, every "
              "warp of the cluster at least one K step)", s.uri(), split, limit);
     }
+    // The runtime reads the outputs as [streams, max_steps]: every kernel that writes them (top1, rescore,
+    // store_outputs) must use that layout.
+    const auto& names = kernel_def(s.kernel).constants;
+    if (std::find(names.begin(), names.end(), "MAX_STEPS") != names.end() &&
+        s.constant("MAX_STEPS") != p.options.max_steps)
+      fail("plan: spec {} has MAX_STEPS = {}, but the plan's max_steps is {}", s.uri(), s.constant("MAX_STEPS"),
+           p.options.max_steps);
     if (s.kernel == "gemv_rope_kv" && s.constant("HEAD_DIM") % 16 != 0)
       fail("plan: spec {}: HEAD_DIM = {} is not a multiple of 16, which gemv_rope_kv's tiles of rotate-half pairs "
            "need", s.uri(), s.constant("HEAD_DIM"));
@@ -403,6 +411,7 @@ void validate(const Plan& p) {
   }
   for (const auto& n : p.extend) {
     if (n.step != 0) fail("plan: extend node {} has step {}; extend nodes have step 0", n.name, n.step);
+    if (n.last_step_only) fail("plan: extend node {} is last_step_only; only draft nodes may be", n.name);
     if (n.rows == Node::Rows::fixed) fail("plan: extend node {} must run on rows set at launch", n.name);
     check_node(p, n,
                n.rows == Node::Rows::chunk_slots ? int64_t{p.options.max_slots} : int64_t{p.options.extend_rows},

@@ -14,7 +14,7 @@
 namespace tfe {
 
 // Version of the plan schema (YAML and struct). Loading another version is refused.
-inline constexpr int kPlanSchemaVersion = 9;
+inline constexpr int kPlanSchemaVersion = 10;
 
 enum class Fp8Mode : uint8_t { automatic, off, require };  // YAML / CLI: auto, off, require
 std::string_view fp8_mode_name(Fp8Mode m);
@@ -100,6 +100,9 @@ struct Node {
   enum class Kind : uint8_t { kernel, gemm };
   std::string name;  // e.g. "s3.wo" (step 3) or "extend.fc"
   int step = 0;      // draft pass: 1..max_steps; extend: 0
+  // A draft node that runs only in a pass whose last step is its step (the pass's final node, e.g. the
+  // outputs' copy to host memory): the graph of (streams, s) leaves out such nodes of steps below s.
+  bool last_step_only = false;
   Kind kind = Kind::kernel;
   std::string spec;  // kernel: KernelSpec::uri() of a spec in Plan::specs
   LaunchShape launch;
@@ -128,7 +131,7 @@ struct Choice {
 };
 
 // The draft pass of one streams bucket for max_steps steps. The graph of (streams, steps) is the
-// prefix of nodes with step <= steps.
+// prefix of nodes with step <= steps, less the last_step_only nodes of steps below it.
 struct Bucket {
   int streams = 0;
   std::vector<Node> nodes;
@@ -146,8 +149,9 @@ struct Plan {
   Arena arena;                      // state, tables, activations, outputs
   // Mapped pinned host memory, read and written by the draft pass's kernels over the host link: the
   // draft's tables, which the host fills before a call and the pass's first node copies into the arena,
-  // and a copy of its outputs, which the pass writes where the host reads them. A draft call is then one
-  // graph launch and one wait, with no copy-engine transfer (BENCHMARKS.md, "A draft call").
+  // and a copy of its outputs, which the pass's last node writes where the host reads them. A draft call
+  // is then one graph launch and one wait, with no copy-engine transfer (BENCHMARKS.md, "A draft call
+  // without copies").
   Arena host;
   int64_t tables_offset = 0;        // the tables region of `arena`, uploaded in one copy
   int64_t tables_bytes = 0;

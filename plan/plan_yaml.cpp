@@ -97,6 +97,7 @@ YAML::Node node_yaml(const Node& node) {
   YAML::Node n(YAML::NodeType::Map);
   n["name"] = node.name;
   n["step"] = node.step;
+  n["last_step_only"] = node.last_step_only;
   n["kind"] = std::string(node_kind_name(node.kind));
   n["rows"] = std::string(node_rows_name(node.rows));
   if (node.kind == Node::Kind::kernel) {
@@ -205,6 +206,7 @@ Node load_node(const yaml::Field& f) {
   Node n;
   n.name = m.at("name").str();
   n.step = m.at("step").i32(0, 16);
+  n.last_step_only = m.at("last_step_only").boolean();
   n.kind = enum_from(m.at("kind"), {std::pair{"kernel", Node::Kind::kernel}, std::pair{"gemm", Node::Kind::gemm}});
   n.rows = enum_from(m.at("rows"), {std::pair{"fixed", Node::Rows::fixed}, std::pair{"chunk_rows", Node::Rows::chunk_rows},
                                     std::pair{"chunk_slots", Node::Rows::chunk_slots}});

@@ -110,9 +110,11 @@ class Planner {
     lay_out_weights();
     lay_out_arena();
     lay_out_host();
-    choose("draft tables and outputs", "host arena: s1.load_tables reads the tables, top1 / rescore write the outputs",
+    choose("draft tables and outputs",
+           "host arena: s1.load_tables reads the tables, the last step's store_outputs writes the outputs",
            "a draft call is one graph launch and one wait, no copy-engine transfer: measured on the H200 6-9 us less "
-           "a call than an upload and two downloads (BENCHMARKS.md, \"A draft call\")");
+           "a call than an upload and two downloads; the outputs written once a pass, not by every step's top1 / "
+           "rescore, whose host writes cost 0.3-0.9 us a step (BENCHMARKS.md, \"A draft call without copies\")");
     for (int b : p_.options.buckets) p_.buckets.push_back(draft_bucket(b));
     choose("dependent launch",
            p_.options.dependent_streams == 0
@@ -574,8 +576,7 @@ class Planner {
                                make_spec("top1", {{"VOCAB", hh.draft_vocab}, {"COLS", cols}, {"MAX_STEPS", ms}}),
                                fixed, B,
                                {buf("part", "top1_part"), buf("d2t", "d2t"), buf("out_token", "out_token"),
-                                buf("out_conf", "out_conf"), buf("host_token", "host_token"),
-                                buf("host_conf", "host_conf"), buf("next_token", "next_token"), i64("step", s),
+                                buf("out_conf", "out_conf"), buf("next_token", "next_token"), i64("step", s),
                                 i64("rows", B)}));
       } else {
         const Matrix& th = matrices_.at("target_head");
@@ -594,10 +595,14 @@ class Planner {
                                {buf("target_head", th.name), th.fp8 ? buf("scale", th.name + ".scale") : none("scale"),
                                 buf("n", "n"), buf("cand", "cand"), buf("d2t", "d2t"), buf("exact", "exact"),
                                 buf("arrivals", "rescore_arrivals"), buf("out_token", "out_token"),
-                                buf("out_conf", "out_conf"), buf("host_token", "host_token"),
-                                buf("host_conf", "host_conf"), buf("next_token", "next_token"), i64("step", s),
+                                buf("out_conf", "out_conf"), buf("next_token", "next_token"), i64("step", s),
                                 i64("rows", B)}));
       }
+      // The pass's outputs into host memory, once: only a pass whose last step is s runs this node.
+      nodes.push_back(kernel(pre + "store_outputs", s, make_spec("store_outputs", {{"MAX_STEPS", ms}}), fixed, B,
+                             {buf("out_token", "out_token"), buf("out_conf", "out_conf"),
+                              buf("host_token", "host_token"), buf("host_conf", "host_conf"), i64("rows", B)}));
+      nodes.back().last_step_only = true;
     }
     if (streams <= p_.options.dependent_streams)
       for (size_t i = 0; i < nodes.size(); ++i) nodes[i].dependent = i == 0 || !fp8_gemv_after_gemv(nodes[i - 1], nodes[i]);

@@ -71,6 +71,7 @@ struct KernelImage {
 struct PreparedNode {
   std::string name;
   int step = 0;
+  bool last_step_only = false;
   Node::Rows rows = Node::Rows::fixed;
   std::optional<cuda::KernelLaunch> kernel;
   int gemm = -1;
@@ -144,11 +145,13 @@ struct Runtime::Impl {
 
   // The one function that enqueues plan nodes, used both eagerly and under graph capture: a graph holds
   // exactly the launches an eager pass makes. `step_limit`: nodes with a larger step are left out (the
-  // pass of fewer steps is a prefix). `rows`: fixed and chunk_rows nodes; `slot_rows`: chunk_slots nodes.
+  // pass of fewer steps is a prefix), and so are last_step_only nodes of a smaller one (the final node of
+  // a shorter pass). `rows`: fixed and chunk_rows nodes; `slot_rows`: chunk_slots nodes.
   void launch_nodes(std::span<const PreparedNode> nodes, int step_limit, int64_t rows, int64_t slot_rows,
                     cudaStream_t s) {
     for (const PreparedNode& n : nodes) {
       if (n.step > step_limit) break;
+      if (n.last_step_only && n.step < step_limit) continue;
       const int64_t r = n.rows == Node::Rows::chunk_slots ? slot_rows : rows;
       if (n.kernel)
         n.kernel->launch(r, s);
@@ -384,6 +387,7 @@ void Runtime::Impl::prepare_nodes() {
     PreparedNode p;
     p.name = n.name;
     p.step = n.step;
+    p.last_step_only = n.last_step_only;
     p.rows = n.rows;
     const int64_t max_rows = n.rows == Node::Rows::fixed        ? fixed_rows
                              : n.rows == Node::Rows::chunk_rows ? plan.options.extend_rows
@@ -636,8 +640,8 @@ DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
       r.launch_nodes(r.buckets[bucket], steps, streams, 0, r.stream);
       ++r.stats.eager_passes;
     }
-    // top1 / rescore wrote each step's token and confidence into the host arena as well; once the pass is
-    // done they are there to read.
+    // The pass's last node (store_outputs) copied the tokens and confidences into the host arena; once the
+    // pass is done they are there to read.
     TFE_CUDA(cudaStreamSynchronize(r.stream));
     r.stats.bytes_uploaded += static_cast<uint64_t>(4 * streams) * sizeof(int32_t);
     r.stats.bytes_downloaded += static_cast<uint64_t>(streams * steps) * (sizeof(int32_t) + sizeof(float));

@@ -32,6 +32,8 @@ for hidden, threads in [(4096, 256), (64, 64), (100, 128)]:
 for width, threads in [(4096, 256), (8192, 256), (12, 32)]:
     add("copy_rows", "copy_rows.cuh", WIDTH=width, THREADS=threads)
 add("load_tables", "load_tables.cuh")  # no constants: one specialization for every bucket
+for steps in [1, 8, 16]:
+    add("store_outputs", "store_outputs.cuh", MAX_STEPS=steps)
 gemv_shapes = [  # (K, N, epilogue): the linears of both presets, and tails
     (12288, 4096, 0), (16384, 4096, 0),  # fc: 3 or 4 taps
     (8192, 6144, 0),                     # wqkv

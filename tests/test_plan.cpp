@@ -346,8 +346,9 @@ TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role
 }
 
 TEST_CASE("make_plan: the nodes of step <= s form the (B, s) pass") {
-  // Data flow: walking the prefix of steps <= s in order, every activation a node reads was written by
-  // an earlier node of the prefix, and the prefix ends by writing step s's outputs.
+  // Data flow: walking the prefix of steps <= s in order (less the last_step_only nodes of steps below s,
+  // as the runtime launches it), every activation a node reads was written by an earlier node of the
+  // pass; the pass writes step s's outputs, and ends by copying them into host memory.
   for (const auto& [name, h] : golden_heads()) {
     const Plan p = make_plan(h, golden_options());
     for (const auto& bucket : p.buckets) {
@@ -359,9 +360,13 @@ TEST_CASE("make_plan: the nodes of step <= s form the (B, s) pass") {
         while (end < bucket.nodes.size() && bucket.nodes[end].step <= s) ++end;
         for (size_t i = end; i < bucket.nodes.size(); ++i) CHECK(bucket.nodes[i].step > s);
         std::set<std::string> written;
+        const Node* last_output = nullptr;  // the last node with a `step` argument: the step's output writer
         for (size_t i = 0; i < end; ++i) {
           const Node& n = bucket.nodes[i];
+          if (n.last_step_only && n.step < s) continue;
           const std::string kernel = p.spec(n.spec).kernel;
+          for (const auto& a : n.args)
+            if (a.param == "step") last_output = &n;
           for (const auto& a : n.args) {
             if (a.kind == Arg::Kind::i64 && a.param == "rows") CHECK(a.i == bucket.streams);
             if (a.kind != Arg::Kind::buffer || param_writes(kernel, a.param)) continue;
@@ -375,8 +380,13 @@ TEST_CASE("make_plan: the nodes of step <= s form the (B, s) pass") {
         REQUIRE(end > 0);
         const Node& last = bucket.nodes[end - 1];
         CHECK(last.step == s);
-        const auto step = std::find_if(last.args.begin(), last.args.end(), [](const Arg& a) { return a.param == "step"; });
-        REQUIRE(step != last.args.end());
+        CHECK(last.name == fmt::format("s{}.store_outputs", s));
+        CHECK(last.last_step_only);
+        REQUIRE(last_output != nullptr);
+        CHECK(last_output->step == s);
+        const auto step = std::find_if(last_output->args.begin(), last_output->args.end(),
+                                       [](const Arg& a) { return a.param == "step"; });
+        REQUIRE(step != last_output->args.end());
         CHECK(step->i == s);
         CHECK(written.count("out_token"));
         CHECK(written.count("host_token"));
@@ -432,8 +442,8 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
     CHECK(p.device_bytes == p.weights.bytes + p.arena.bytes + p.cublaslt_workspace);  // host memory is not device
     for (const Bucket& bucket : p.buckets) {
       CAPTURE(bucket.streams);
-      // The first node copies the four tables; no other node reads them from host memory, and only the
-      // step's output writers (top1 / rescore) write host memory.
+      // The first node copies the four tables; no other node reads them from host memory, and only each
+      // step's store_outputs, which runs in the pass that ends at its step, writes host memory.
       const Node& first = bucket.nodes.front();
       CHECK(first.name == "s1.load_tables");
       CHECK(p.spec(first.spec).kernel == "load_tables");
@@ -444,7 +454,7 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
           CAPTURE(n.name);
           CAPTURE(a.param);
           if (param_writes(kernel, a.param))
-            CHECK((kernel == "top1" || kernel == "rescore"));
+            CHECK((kernel == "store_outputs" && n.last_step_only));
           else
             CHECK(&n == &first);
         }
@@ -751,8 +761,10 @@ TEST_CASE("make_plan: a dense step ends in the lm_head gemv writing top1 partial
         const Node& n = b.nodes[i];
         if (p.spec(n.spec).kernel != "top1") continue;
         ++per_step[n.step];
-        // The step's last node: the next one, if any, starts the following step.
-        if (i + 1 < b.nodes.size()) CHECK(b.nodes[i + 1].step == n.step + 1);
+        // The step's last node but its store_outputs (which only the pass ending there runs).
+        REQUIRE(i + 1 < b.nodes.size());
+        CHECK(b.nodes[i + 1].name == fmt::format("s{}.store_outputs", n.step));
+        if (i + 2 < b.nodes.size()) CHECK(b.nodes[i + 2].step == n.step + 1);
         REQUIRE(i > 0);
         const Node& lm = b.nodes[i - 1];
         const KernelSpec& gemv = p.spec(lm.spec);
@@ -1029,6 +1041,12 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
           }, "has MAX_STEPS = 8, but the plan's max_steps is 4");
   refused("a top1 spec of 0 columns", [&](Plan& p) { constant(p, "top1", "COLS") = 0; }, "COLS = 0 is outside 1..16777216");
   refused("an unknown epilogue", [&](Plan& p) { constant(p, "gemv", "EPILOGUE") = 5; }, "EPILOGUE = 5 is outside 0..4");
+  // The outputs' copy to host memory has the layout the runtime reads, and only a draft pass ends.
+  refused("a store_outputs of another step count",
+          [&](Plan& p) { constant(p, "store_outputs", "MAX_STEPS") = 8; },
+          "store_outputs__max_steps_8 has MAX_STEPS = 8, but the plan's max_steps is 4");
+  refused("a last_step_only extend node", [&](Plan& p) { p.extend.front().last_step_only = true; },
+          "is last_step_only; only draft nodes may be");
   refused("a width past the constants' range", [&](Plan& p) { constant(p, "rmsnorm", "WIDTH") = int64_t{1} << 40; },
           "WIDTH = 1099511627776 is outside 1..16777216");
 }
