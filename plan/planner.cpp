@@ -114,7 +114,8 @@ class Planner {
            "host arena: s1.load_tables reads the tables, the last step's store_outputs writes the outputs",
            "a draft call is one graph launch and one wait, no copy-engine transfer: measured on the H200 6-9 us less "
            "a call than an upload and two downloads; the outputs written once a pass, not by every step's top1 / "
-           "rescore, whose host writes cost 0.3-0.9 us a step (BENCHMARKS.md, \"A draft call without copies\")");
+           "rescore: measured 0-1.4 us a step less for about 2 us a call more (BENCHMARKS.md, \"A draft call "
+           "without copies\" and \"The outputs' host copy once a pass\")");
     for (int b : p_.options.buckets) p_.buckets.push_back(draft_bucket(b));
     choose("dependent launch",
            p_.options.dependent_streams == 0
