@@ -199,8 +199,10 @@ CopyBandwidth copy_bandwidth(double gib, int reps) {
 // it, on a stream of its own (a call writes its tables into host memory and reads its outputs there, so
 // it makes no copy). Beside it, for comparison, the copy-engine round trips a call would otherwise make:
 // an upload of the tables and two downloads of the outputs, each alone with its wait, and all three with
-// the launch in a row (one wait). Host wall time, median of `reps`. The fixed term of a draft call (the
-// line over steps) is read against `launch`: what lies above it is the pass's first and last kernels.
+// the launch in a row (one wait). Host wall time, median of `reps`. An empty node gives the GPU nothing to
+// run, so `launch` is the host's side of a launch and a wait only: a graph of one kernel costs more (6.4-7
+// us on the H200, BENCHMARKS.md "A draft call without copies"), and a call's fixed term (the line over
+// steps) is read against that.
 struct CallFloor {
   Stats launch, upload, download, with_copies;
 };

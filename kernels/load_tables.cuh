@@ -4,8 +4,8 @@
 //
 // Why a kernel and not a copy: a host-to-device copy on the stream is a copy-engine round trip of several
 // microseconds before the graph may start; a kernel's read of host memory is one trip over the host link
-// (BENCHMARKS.md, "A draft call"). The loads are `ld.global.cv` (fetched again, never from a cached line),
-// since the host rewrites these bytes before every call.
+// (BENCHMARKS.md, "A draft call without copies"). The loads are `ld.global.cv` (fetched again, never
+// from a cached line), since the host rewrites these bytes before every call.
 #pragma once
 #include "common.cuh"
 

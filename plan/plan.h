@@ -1,7 +1,8 @@
 // The plan: everything the runtime does for one head, as data. The device arena (every buffer with its
-// fixed place), the weights (each a tensor of the file or a concatenation of some), the tables uploaded
-// before a replay, the kernel specializations, and node lists: one per streams bucket for the draft
-// pass, one for the eager extend. Dumped as YAML (plan/plan_yaml.h); a dumped plan loads back equal.
+// fixed place), the weights (each a tensor of the file or a concatenation of some), the tables an
+// extend uploads, the host arena (a draft's tables and outputs in mapped host memory), the kernel
+// specializations, and node lists: one per streams bucket for the draft pass, one for the eager extend.
+// Dumped as YAML (plan/plan_yaml.h); a dumped plan loads back equal.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -46,7 +47,7 @@ struct PlanOptions {
 enum class BufferRole : uint8_t {
   weight,      // uploaded once at open (weights arena)
   state,       // per slot, leading dim = max_slots + 1 (the last is the scratch slot)
-  table,       // uploaded from the host before each pass, inside the tables region
+  table,       // an extend chunk's inputs, uploaded from the host before it, inside the tables region
   activation,  // written and read within a pass
   output,      // a pass's results, on the device (Runtime::device_outputs)
   host,        // in the host arena: mapped pinned host memory that the draft pass's kernels read and write
