@@ -211,8 +211,15 @@ SlotLimits slot_limits(const Plan& p) {
   return l;
 }
 
+// A buffer the runtime itself fills or reads, by name: a plan that validates may still lack one (validate
+// checks what the nodes bind, not what the runtime expects), so the refusal names the arena and the role.
 const Buffer* table(const Plan& p, std::string_view name, BufferRole role = BufferRole::table) {
-  const Buffer& b = role == BufferRole::host ? p.host.at(name) : p.arena.at(name);
+  const bool in_host = role == BufferRole::host;
+  const Buffer* found = in_host ? p.host.find(name) : p.arena.find(name);
+  if (!found)
+    fail("plan: the {} has no buffer `{}`; the runtime needs it as a {} buffer", in_host ? "host arena" : "arena",
+         name, buffer_role_name(role));
+  const Buffer& b = *found;
   if (b.role != role)
     fail("plan: buffer `{}` has role {}, the runtime expects {}", name, buffer_role_name(b.role), buffer_role_name(role));
   return &b;
