@@ -89,6 +89,14 @@ TFE_GPU_TEST_CASE("refusals: bad extends and drafts are refused by name and chan
   check_unchanged(rt, slots, before);
 }
 
+// The arch of device 0 as a plan names it (sm_90 on an H200).
+std::string device_arch_name() {
+  int major = 0, minor = 0;
+  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess);
+  return fmt::format("sm_{}{}", major, minor);
+}
+
 TFE_GPU_TEST_CASE("refusals: an artifact compiled for another head is refused, or recompiled when asked") {
   auto mine = random_head_image("tiny", 61, false);
   auto other = random_head_image("tiny-two-stage", 62, false);
@@ -96,10 +104,7 @@ TFE_GPU_TEST_CASE("refusals: an artifact compiled for another head is refused, o
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("tfe-gpu-artifact-{}", ::getpid());
   std::filesystem::remove_all(dir);
   PlanOptions for_other = po;
-  int major = 0, minor = 0;
-  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
-  REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess);
-  for_other.arch = fmt::format("sm_{}{}", major, minor);
+  for_other.arch = device_arch_name();
   compile_plan(make_plan(other->file.header(), for_other, other->file.header_sha256()), dir.string());
 
   OpenOptions o = test_open_options(po);
@@ -111,6 +116,31 @@ TFE_GPU_TEST_CASE("refusals: an artifact compiled for another head is refused, o
   o.recompile_mismatched_artifact = true;
   Runtime recompiled = Runtime::open(mine->file, o);
   CHECK(recompiled.plan().head_sha256 == mine->file.header_sha256());
+  std::filesystem::remove_all(dir);
+}
+
+// A plan passes validate() by what its nodes bind; the buffers the runtime itself writes and reads must
+// also be there, or open refuses by name.
+TFE_GPU_TEST_CASE("refusals: an artifact whose host arena lacks a table the runtime writes is refused at open") {
+  auto head = random_head_image("tiny", 73, false);
+  PlanOptions po = test_plan_options(Fp8Mode::off);
+  po.arch = device_arch_name();
+  Plan p = make_plan(head->file.header(), po, head->file.header_sha256());
+  for (Buffer& b : p.host.buffers)
+    if (b.name == "host_tok") b.name = "host_tokens";
+  for (Bucket& bucket : p.buckets)
+    for (Node& n : bucket.nodes)
+      for (Arg& a : n.args)
+        if (a.buffer == "host_tok") a.buffer = "host_tokens";
+  REQUIRE_NOTHROW(validate(p));
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("tfe-gpu-artifact-host-{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  compile_plan(p, dir.string());
+  OpenOptions o = test_open_options(po);
+  o.artifact_dir = dir.string();
+  CHECK_THROWS_WITH_AS(Runtime::open(head->file, o),
+                       doctest::Contains("the host arena has no buffer `host_tok`; the runtime needs it as a host"),
+                       Error);
   std::filesystem::remove_all(dir);
 }
 
