@@ -97,7 +97,8 @@ class Runtime {
   // spans may be released on return.
   void extend(std::span<const ExtendRequest> requests);
   // Drafts `steps` tokens for each slot (distinct, non-empty, at most the largest bucket). Blocks until
-  // the host copies of tokens and confidences are ready. `hidden` of the result is left empty.
+  // the host copies of tokens and confidences are ready: one graph launch and one wait, the tables and
+  // the outputs crossing in mapped host memory (Plan::host), no copy. `hidden` of the result is left empty.
   DraftResult draft(std::span<const int> slots, int steps);
   DeviceDraftOutputs device_outputs() const;
   void reset(int slot);
