@@ -64,7 +64,8 @@ for round in $(seq 1 "${AB_ROUNDS:-2}"); do
         run="$out/$name.$preset.$dtype.$round"
         # shellcheck disable=SC2086  # the setting's options are words on purpose
         if ! "${builds[$name]}/examples/tfe-bench" --head "$work/$preset.tfe" --fp8 "$mode" --streams "${AB_STREAMS:-1,2,4,8,16}" \
-            --steps "${AB_STEPS:-8}" --iters "${AB_ITERS:-30}" --no-eager --json "$run.json" --drafts-out "$run.drafts" \
+            --steps "${AB_STEPS:-8}" --iters "${AB_ITERS:-30}" --no-eager --json "$run.json" \
+            --drafts-out "$run.drafts" \
             ${options[$name]} >"$run.log" 2>&1; then
           echo "!! tfe-bench $name $preset $dtype round $round failed (log: $run.log)"
           status=1

@@ -370,7 +370,8 @@ TEST_CASE("make_plan: the nodes of step <= s form the (B, s) pass") {
           for (const auto& a : n.args) {
             if (a.kind == Arg::Kind::i64 && a.param == "rows") CHECK(a.i == bucket.streams);
             if (a.kind != Arg::Kind::buffer || param_writes(kernel, a.param)) continue;
-            if (!p.weights.find(a.buffer) && !p.host.find(a.buffer) && p.arena.at(a.buffer).role == BufferRole::activation)
+            const bool device_buffer = !p.weights.find(a.buffer) && !p.host.find(a.buffer);
+            if (device_buffer && p.arena.at(a.buffer).role == BufferRole::activation)
               CHECK_MESSAGE(written.count(a.buffer), n.name << " reads " << a.buffer << " before the prefix writes it");
           }
           // residual reads are reads; everything else a kernel writes becomes available.
@@ -1079,7 +1080,8 @@ TEST_CASE("plan YAML: corrupted plans are refused by name, never loaded") {
   // Host memory holds the host arena's buffers only, and they live nowhere else.
   refused("{name: host_tok, role: host", "{name: host_tok, role: activation",
           "buffer `host_tok` of role activation cannot live in the host arena");
-  refused("{name: tok, role: activation", "{name: tok, role: host", "buffer `tok` of role host cannot live in the arena");
+  refused("{name: tok, role: activation", "{name: tok, role: host",
+          "buffer `tok` of role host cannot live in the arena");
   refused("kind: buffer, buffer: slot_g, byte_offset: 0", "kind: buffer, buffer: slot_g, byte_offset: 99999999",
           "byte_offset 99999999 is outside `slot_g`");
   refused("kind: buffer, buffer: slot_g, byte_offset: 0", "kind: i64, i64: 3", "a ptr parameter cannot take");
