@@ -139,21 +139,27 @@ int64_t buffer_bytes(const Buffer& b) {
   return p;
 }
 
-// The roles each arena holds: the weights arena weights only, the host arena host buffers only, the arena
-// the rest.
-bool role_lives_in(BufferRole r, std::string_view which) {
-  if (which == "weights arena") return r == BufferRole::weight;
-  if (which == "host arena") return r == BufferRole::host;
-  return r != BufferRole::weight && r != BufferRole::host;
+// The plan's three arenas. Each holds its own roles: the weights arena weights only, the host arena host
+// buffers only, the arena the rest.
+enum class ArenaKind : uint8_t { weights, device, host };
+
+bool role_lives_in(BufferRole r, ArenaKind kind) {
+  switch (kind) {
+    case ArenaKind::weights: return r == BufferRole::weight;
+    case ArenaKind::host: return r == BufferRole::host;
+    case ArenaKind::device: return r != BufferRole::weight && r != BufferRole::host;
+  }
+  return false;
 }
 
-void check_arena(const Arena& a, std::string_view which) {
-  const bool weights = which == "weights arena";
+void check_arena(const Arena& a, ArenaKind kind) {
+  const bool weights = kind == ArenaKind::weights;
+  const std::string_view which = weights ? "weights arena" : kind == ArenaKind::host ? "host arena" : "arena";
   if (a.bytes < 0 || a.bytes > kMaxPlanBytes) fail("plan: {} bytes = {} is outside 0..{}", which, a.bytes, kMaxPlanBytes);
   std::vector<const Buffer*> by_offset;
   for (const auto& b : a.buffers) {
     if (b.name.empty()) fail("plan: {} holds a buffer without a name", which);
-    if (!role_lives_in(b.role, which))
+    if (!role_lives_in(b.role, kind))
       fail("plan: buffer `{}` of role {} cannot live in the {}", b.name, buffer_role_name(b.role), which);
     if (!head_dtype(b.dtype)) fail("plan: buffer `{}` has dtype {}, not a device dtype", b.name, dtype_name(b.dtype));
     const int64_t want = buffer_bytes(b);
@@ -321,9 +327,9 @@ void validate(const Plan& p) {
   const int min_ring = p.header.window + 1 + p.options.max_steps;
   if (p.ring_rows < min_ring || p.ring_rows > 1 << 20)
     fail("plan: ring_rows = {} is outside {}..{} (window + 1 + max_steps at least)", p.ring_rows, min_ring, 1 << 20);
-  check_arena(p.weights, "weights arena");
-  check_arena(p.arena, "arena");
-  check_arena(p.host, "host arena");
+  check_arena(p.weights, ArenaKind::weights);
+  check_arena(p.arena, ArenaKind::device);
+  check_arena(p.host, ArenaKind::host);
   std::map<std::string, const Buffer*> buffers;
   for (const Arena* a : {&p.weights, &p.arena, &p.host})
     for (const auto& b : a->buffers)

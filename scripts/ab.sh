@@ -78,15 +78,16 @@ done
 python3 - "$out" "${names[@]}" <<'EOF' | tee "$out/ab.txt"
 import filecmp, glob, json, os, sys
 out, names = sys.argv[1], sys.argv[2:]
-cells, floor, lines = {}, {}, {}
+cells, floor, lines, most = {}, {}, {}, 0
 for path in sorted(glob.glob(os.path.join(out, "*.json"))):
     name, preset, dtype, rnd = os.path.basename(path)[:-5].split(".")
     if name not in names:
         continue
     j = json.load(open(path))
-    most = max((d["steps"] for d in j.get("draft", [])), default=0)
+    top = max((d["steps"] for d in j.get("draft", [])), default=0)  # this run's longest call
+    most = max(most, top)
     for d in j.get("draft", []):
-        if d["steps"] != most:
+        if d["steps"] != top:
             continue
         key = (preset, dtype, d["streams"])
         cells.setdefault(key, {}).setdefault(name, []).append(d["graph_us_per_step"])
@@ -94,6 +95,9 @@ for path in sorted(glob.glob(os.path.join(out, "*.json"))):
     for l in j.get("per_streams", []):
         key = (preset, dtype, l["streams"])
         lines.setdefault(key, {}).setdefault(name, []).append((l["graph_call_fixed_us"], l["graph_step_us"]))
+if not cells:
+    print(f"no results in {out}: every tfe-bench run failed or wrote no JSON")
+    sys.exit(1)
 print(f"us per step at {most} steps (graph replay), every round; floor = bytes / copy bandwidth")
 print(f"{'preset':18} {'dtype':5} {'streams':>7} " + " ".join(f"{n:>16}" for n in names) + f" {'floor':>7}")
 for key in sorted(cells):

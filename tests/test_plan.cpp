@@ -440,7 +440,6 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
       CHECK(b.role == BufferRole::host);
       CHECK(b.shape == want.at(b.name));
     }
-    CHECK(p.device_bytes == p.weights.bytes + p.arena.bytes + p.cublaslt_workspace);  // host memory is not device
     for (const Bucket& bucket : p.buckets) {
       CAPTURE(bucket.streams);
       // The first node copies the four tables; no other node reads them from host memory, and only each
@@ -464,6 +463,11 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
     for (const Node& n : p.extend)
       for (const Arg& a : n.args) CHECK_MESSAGE(!p.host.find(a.buffer), n.name << " binds host memory");
   }
+  // One CTA copies the tables, four entries a thread: more rows than it covers are refused, not truncated.
+  const KernelSpec load = make_spec("load_tables", {});
+  CHECK(launch_shape(load, 128).block == 128);
+  CHECK_THROWS_WITH_AS(launch_shape(load, 129), doctest::Contains("rows is 129; load_tables copies at most 128"),
+                       Error);
 }
 
 TEST_CASE("make_plan: the extend's K/V GEMM reads the contiguous wk|wv rows of wqkv") {
