@@ -90,10 +90,10 @@ std::vector<KernelDef> make_defs() {
        {{"host_slot", P::ptr}, {"host_pos", P::ptr}, {"host_first_pos", P::ptr}, {"host_tok", P::ptr},
         {"slot", P::ptr}, {"pos", P::ptr}, {"first_pos", P::ptr}, {"tok", P::ptr}, {"rows", P::i64}}},
       // The draft pass's last node: out_token / out_conf [rows, MAX_STEPS] copied into host memory
-      // (host_token / host_conf), where the host reads them. One CTA.
+      // (host_token / host_conf), where the host reads them once host_done, set last, is 1. One CTA.
       {"store_outputs", "store_outputs.cuh", "tfe::kernels::store_outputs", {"MAX_STEPS"},
        {{"out_token", P::ptr}, {"out_conf", P::ptr}, {"host_token", P::ptr}, {"host_conf", P::ptr},
-        {"rows", P::i64}}},
+        {"host_done", P::ptr}, {"rows", P::i64}}},
   };
 }
 }  // namespace

@@ -274,7 +274,10 @@ int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach&
     return unknown();
   }
   if (k == "load_tables") return product({R, kI32});  // every parameter is one [rows] int32 table
-  if (k == "store_outputs") return product({R, c("MAX_STEPS"), kI32});  // each a [rows, MAX_STEPS] table
+  if (k == "store_outputs") {
+    if (param == "host_done") return kI32;     // one word
+    return product({R, c("MAX_STEPS"), kI32});  // the others: each a [rows, MAX_STEPS] table
+  }
   if (k == "top1" || k == "rescore") {
     const int64_t steps = c("MAX_STEPS");
     if (param == "out_token" || param == "out_conf") return product({R, steps, kI32});

@@ -112,7 +112,7 @@ bool param_writes(std::string_view kernel, std::string_view param) {
       {"topk", {"cand"}},
       {"rescore", {"exact", "arrivals", "out_token", "out_conf", "next_token"}},
       {"load_tables", {"slot", "pos", "first_pos", "tok"}},
-      {"store_outputs", {"host_token", "host_conf"}},
+      {"store_outputs", {"host_token", "host_conf", "host_done"}},
   };
   const auto it = writes.find(kernel);
   if (it == writes.end()) fail("param_writes: no kernel named `{}`", kernel);

@@ -111,11 +111,13 @@ class Planner {
     lay_out_arena();
     lay_out_host();
     choose("draft tables and outputs",
-           "host arena: s1.load_tables reads the tables, the last step's store_outputs writes the outputs",
+           "host arena: s1.load_tables reads the tables, the last step's store_outputs writes the outputs and then "
+           "host_done, which the host polls",
            "a draft call is one graph launch and one wait, no copy-engine transfer: measured on the H200 6-9 us less "
            "a call than an upload and two downloads; the outputs written once a pass, not by every step's top1 / "
-           "rescore: measured 0-1.4 us a step less for about 2 us a call more (BENCHMARKS.md, \"A draft call "
-           "without copies\" and \"The outputs' host copy once a pass\")");
+           "rescore: measured 0-1.4 us a step less for about 2 us a call more; the host polls host_done rather than "
+           "synchronizing the stream: measured 1.8-3.6 us less a call (BENCHMARKS.md, \"A draft call without "
+           "copies\", \"The outputs' host copy once a pass\" and \"Polling a completion word\")");
     for (int b : p_.options.buckets) p_.buckets.push_back(draft_bucket(b));
     choose("dependent launch",
            p_.options.dependent_streams == 0
@@ -330,8 +332,9 @@ class Planner {
     add(a, "out_conf", BufferRole::output, DType::F32, {B, int64_t{o.max_steps}});
   }
 
-  // Mapped pinned host memory (Plan::host): the draft's tables as the host writes them, and the copy of
-  // its outputs that top1 / rescore write for the host to read.
+  // Mapped pinned host memory (Plan::host): the draft's tables as the host writes them, the copy of its
+  // outputs that store_outputs writes for the host to read, and the word store_outputs sets last, which the
+  // host polls (host_done).
   void lay_out_host() {
     const auto& o = p_.options;
     const int64_t B = o.buckets.back();
@@ -339,6 +342,7 @@ class Planner {
       add(p_.host, t, BufferRole::host, DType::I32, {B});
     add(p_.host, "host_token", BufferRole::host, DType::I32, {B, int64_t{o.max_steps}});
     add(p_.host, "host_conf", BufferRole::host, DType::F32, {B, int64_t{o.max_steps}});
+    add(p_.host, "host_done", BufferRole::host, DType::I32, {1});
   }
 
   // ring_attention key chunks per (kv head, row) at `rows` rows: at least 8 keys a CTA, and up to 8 CTAs
@@ -602,7 +606,8 @@ class Planner {
       // The pass's outputs into host memory, once: only a pass whose last step is s runs this node.
       nodes.push_back(kernel(pre + "store_outputs", s, make_spec("store_outputs", {{"MAX_STEPS", ms}}), fixed, B,
                              {buf("out_token", "out_token"), buf("out_conf", "out_conf"),
-                              buf("host_token", "host_token"), buf("host_conf", "host_conf"), i64("rows", B)}));
+                              buf("host_token", "host_token"), buf("host_conf", "host_conf"),
+                              buf("host_done", "host_done"), i64("rows", B)}));
       nodes.back().last_step_only = true;
     }
     if (streams <= p_.options.dependent_streams)

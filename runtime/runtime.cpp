@@ -1,6 +1,8 @@
 #include "runtime/runtime.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <future>
@@ -112,7 +114,7 @@ struct Runtime::Impl {
   DeviceDraftOutputs last_outputs;
   // Tables the runtime fills, found once.
   const Buffer *h_slot = nullptr, *h_pos = nullptr, *h_first_pos = nullptr, *h_tok = nullptr;
-  const Buffer *h_token = nullptr, *h_conf = nullptr;
+  const Buffer *h_token = nullptr, *h_conf = nullptr, *h_done = nullptr;
   const Buffer *t_row_slot = nullptr, *t_row_pos = nullptr, *t_row_tok = nullptr;
   const Buffer *t_last_row = nullptr, *t_last_slot = nullptr, *t_taps = nullptr;
   const Buffer *b_out_token = nullptr, *b_out_conf = nullptr, *b_ring_k = nullptr, *b_ring_v = nullptr;
@@ -179,6 +181,27 @@ struct Runtime::Impl {
   template <typename T>
   T* host_buffer(const Buffer* b) {
     return reinterpret_cast<T*>(host + b->offset);
+  }
+
+  // Waits until the draft pass's last node (store_outputs) has set host_done, which it does after the
+  // outputs have reached host memory. The word lands sooner than the stream's completion of the graph
+  // launch, which cudaStreamSynchronize would wait for; work enqueued later stays ordered after the pass
+  // by the stream. Meanwhile the stream is asked every kQueryEvery, so that a failed pass throws its CUDA
+  // error instead of leaving the host spinning.
+  void wait_for_outputs() {
+    constexpr auto kQueryEvery = std::chrono::microseconds(20);
+    std::atomic_ref<int32_t> done(*host_buffer<int32_t>(h_done));
+    auto next_query = std::chrono::steady_clock::now() + kQueryEvery;
+    while (done.load(std::memory_order_acquire) != 1) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now < next_query) continue;
+      next_query = now + kQueryEvery;
+      const cudaError_t e = cudaStreamQuery(stream);
+      if (e == cudaErrorNotReady) continue;
+      TFE_CUDA(e);
+      if (done.load(std::memory_order_acquire) != 1)
+        fail("draft: the pass completed without setting host_done (its last node must be store_outputs)");
+    }
   }
   template <typename T>
   T* staged_table(std::byte* base, const Buffer* b) {
@@ -488,6 +511,7 @@ Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) {
   r.h_tok = table(p, "host_tok", BufferRole::host);
   r.h_token = table(p, "host_token", BufferRole::host);
   r.h_conf = table(p, "host_conf", BufferRole::host);
+  r.h_done = table(p, "host_done", BufferRole::host);
   r.t_row_slot = table(p, "row_slot");
   r.t_row_pos = table(p, "row_pos");
   r.t_row_tok = table(p, "row_tok");
@@ -509,6 +533,8 @@ Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) {
     if (b->bytes != out_entries * 4)
       fail("plan: host buffer `{}` holds {} bytes; the draft's outputs are {} x {} 4-byte values", b->name, b->bytes,
            p.options.buckets.back(), p.options.max_steps);
+  if (r.h_done->bytes != 4)
+    fail("plan: host buffer `host_done` holds {} bytes; the pass's completion word is one int32", r.h_done->bytes);
   for (const Buffer* b : {r.h_slot, r.h_pos, r.h_first_pos, r.h_tok})
     if (b->bytes < int64_t{p.options.buckets.back()} * 4)
       fail("plan: host buffer `{}` holds {} bytes; the draft's tables take {} int32 values", b->name, b->bytes,
@@ -639,6 +665,9 @@ DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
       }
     }
 
+    // Cleared before the launch (a full fence: the store is visible before the launch is), set by the
+    // pass's last node; the GPU never reads it.
+    std::atomic_ref<int32_t>(*r.host_buffer<int32_t>(r.h_done)).store(0, std::memory_order_seq_cst);
     const GraphKey key{streams, steps};
     if (r.graphs) {
       r.graphs->run(key, r.bindings(), r.draft_record(bucket, steps));
@@ -647,9 +676,9 @@ DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
       r.launch_nodes(r.buckets[bucket], steps, streams, 0, r.stream);
       ++r.stats.eager_passes;
     }
-    // The pass's last node (store_outputs) copied the tokens and confidences into the host arena; once the
-    // pass is done they are there to read.
-    TFE_CUDA(cudaStreamSynchronize(r.stream));
+    // The pass's last node (store_outputs) copies the tokens and confidences into the host arena, then
+    // sets host_done.
+    r.wait_for_outputs();
     r.stats.bytes_uploaded += static_cast<uint64_t>(4 * streams) * sizeof(int32_t);
     r.stats.bytes_downloaded += static_cast<uint64_t>(streams * steps) * (sizeof(int32_t) + sizeof(float));
 

@@ -71,7 +71,7 @@ struct RuntimeStats {
 
 // Device addresses of the draft outputs, for engines that consume them on the device. Row r (the r-th
 // slot of the last draft call) and step s (1-based) is at index r * row_stride + (s - 1). Valid until the
-// next draft call.
+// next draft call; written in stream() order (another stream waits on stream() before reading them).
 struct DeviceDraftOutputs {
   const int32_t* tokens = nullptr;
   const float* confidences = nullptr;
@@ -97,8 +97,11 @@ class Runtime {
   // spans may be released on return.
   void extend(std::span<const ExtendRequest> requests);
   // Drafts `steps` tokens for each slot (distinct, non-empty, at most the largest bucket). Blocks until
-  // the host copies of tokens and confidences are ready: one graph launch and one wait, the tables and
-  // the outputs crossing in mapped host memory (Plan::host), no copy. `hidden` of the result is left empty.
+  // the host copies of tokens and confidences are ready: one graph launch, the tables and the outputs
+  // crossing in mapped host memory (Plan::host), no copy; the host polls the word the pass's last node sets
+  // after the outputs (host_done), which lands sooner than the stream's completion of the launch. Work on
+  // stream() is ordered after the pass; other streams that read device_outputs() wait on stream() first.
+  // `hidden` of the result is left empty.
   DraftResult draft(std::span<const int> slots, int steps);
   DeviceDraftOutputs device_outputs() const;
   void reset(int slot);

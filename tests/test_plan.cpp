@@ -304,7 +304,7 @@ TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role
       {"first_pos", {R::table, R::activation}}, {"src_index", {R::table, R::activation}}, {"dst_index", {R::table}},
       {"tokens", {R::table, R::activation}}, {"tok", {R::activation}},
       {"host_slot", {R::host}}, {"host_pos", {R::host}}, {"host_first_pos", {R::host}}, {"host_tok", {R::host}},
-      {"host_token", {R::host}}, {"host_conf", {R::host}},
+      {"host_token", {R::host}}, {"host_conf", {R::host}}, {"host_done", {R::host}},
       {"ring_k", {R::state}}, {"ring_v", {R::state}},
       {"out_token", {R::output}}, {"out_conf", {R::output}},
       {"src", {R::state, R::activation}}, {"dst", {R::state, R::activation}},
@@ -392,6 +392,7 @@ TEST_CASE("make_plan: the nodes of step <= s form the (B, s) pass") {
         CHECK(written.count("out_token"));
         CHECK(written.count("host_token"));
         CHECK(written.count("host_conf"));
+        CHECK(written.count("host_done"));
       }
     }
   }
@@ -432,7 +433,8 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
     const int64_t B = p.options.buckets.back(), steps = p.options.max_steps;
     std::map<std::string, std::vector<int64_t>> want = {{"host_slot", {B}}, {"host_pos", {B}},
                                                         {"host_first_pos", {B}}, {"host_tok", {B}},
-                                                        {"host_token", {B, steps}}, {"host_conf", {B, steps}}};
+                                                        {"host_token", {B, steps}}, {"host_conf", {B, steps}},
+                                                        {"host_done", {1}}};
     REQUIRE(p.host.buffers.size() == want.size());
     for (const Buffer& b : p.host.buffers) {
       CAPTURE(b.name);

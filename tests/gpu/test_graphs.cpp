@@ -45,7 +45,7 @@ void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
       CAPTURE(bucket);
       CAPTURE(steps);
       for (Runtime* r : {&graph, &eager})
-        for (const char* b : {"out_token", "out_conf", "host_token", "host_conf", "h2", "n", "x", "h1"})
+        for (const char* b : {"out_token", "out_conf", "host_token", "host_conf", "host_done", "h2", "n", "x", "h1"})
           r->fill_buffer(b, 0xFF);
       const DraftResult a = graph.draft(slots, steps);
       const DraftResult b = eager.draft(slots, steps);
@@ -64,6 +64,12 @@ void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
       // The host arena's outputs are the device outputs' copy, entry for entry (unwritten ones NaN in both).
       CHECK(graph.read_buffer("host_token") == graph.read_buffer("out_token"));
       CHECK(graph.read_buffer("host_conf") == graph.read_buffer("out_conf"));
+      // The completion word the host polled: set by the pass (filled with -1 before, cleared by draft()).
+      const int32_t one = 1;
+      const std::vector<std::byte> done(reinterpret_cast<const std::byte*>(&one),
+                                        reinterpret_cast<const std::byte*>(&one) + sizeof one);
+      CHECK(graph.read_buffer("host_done") == done);
+      CHECK(eager.read_buffer("host_done") == done);
     }
   }
   const RuntimeStats gs = graph.stats(), es = eager.stats();

@@ -2,6 +2,7 @@
 // next draft's outputs bit for bit.
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <numeric>
 
@@ -140,6 +141,30 @@ TFE_GPU_TEST_CASE("refusals: an artifact whose host arena lacks a table the runt
   o.artifact_dir = dir.string();
   CHECK_THROWS_WITH_AS(Runtime::open(head->file, o),
                        doctest::Contains("the host arena has no buffer `host_tok`; the runtime needs it as a host"),
+                       Error);
+  std::filesystem::remove_all(dir);
+}
+
+TFE_GPU_TEST_CASE("refusals: an artifact whose completion word is not one int32 is refused at open") {
+  auto head = random_head_image("tiny", 74, false);
+  PlanOptions po = test_plan_options(Fp8Mode::off);
+  po.arch = device_arch_name();
+  Plan p = make_plan(head->file.header(), po, head->file.header_sha256());
+  // Two words: still what store_outputs reaches, so validate() takes it; the host polls exactly one.
+  Buffer& done = *std::find_if(p.host.buffers.begin(), p.host.buffers.end(),
+                               [](const Buffer& b) { return b.name == "host_done"; });
+  done.shape = {2};
+  done.bytes = 8;
+  p.host.bytes = std::max(p.host.bytes, done.offset + done.bytes);
+  REQUIRE_NOTHROW(validate(p));
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("tfe-gpu-artifact-done-{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  compile_plan(p, dir.string());
+  OpenOptions o = test_open_options(po);
+  o.artifact_dir = dir.string();
+  CHECK_THROWS_WITH_AS(Runtime::open(head->file, o),
+                       doctest::Contains("host buffer `host_done` holds 8 bytes; the pass's completion word is one "
+                                         "int32"),
                        Error);
   std::filesystem::remove_all(dir);
 }
