@@ -70,6 +70,7 @@ struct Options {
   std::string fp8 = "auto";
   std::string dependent_launch = "plan";
   int dependent_streams = -1;  // the plan option when planning here; -1: its default
+  int dependent_streams_fp8 = -1;  // likewise
   std::optional<bool> rope_in_wqkv;  // the plan option when planning here; unset: its default
   std::optional<bool> gemv_cluster;  // likewise
   std::string streams = "1,2,4,8,16";
@@ -483,6 +484,7 @@ int run(const Options& o) {
     tfe::PlanOptions p;
     p.fp8 = tfe::fp8_mode_from_name(o.fp8);
     if (o.dependent_streams >= 0) p.dependent_streams = o.dependent_streams;
+    if (o.dependent_streams_fp8 >= 0) p.dependent_streams_fp8 = o.dependent_streams_fp8;
     if (o.rope_in_wqkv) p.rope_in_wqkv = *o.rope_in_wqkv;
     if (o.gemv_cluster) p.gemv_cluster = *o.gemv_cluster;
     open.plan = p;
@@ -501,6 +503,7 @@ int run(const Options& o) {
     out["open_capture"] = "lazy";
     out["dependent_launch"] = o.dependent_launch;
     out["dependent_streams"] = rt->plan().options.dependent_streams;
+    out["dependent_streams_fp8"] = rt->plan().options.dependent_streams_fp8;
     out["rope_in_wqkv"] = rt->plan().options.rope_in_wqkv;
     out["gemv_cluster"] = rt->plan().options.gemv_cluster;
   });
@@ -814,6 +817,11 @@ int main(int argc, char** argv) {
   app.add_option("--dependent-streams", o.dependent_streams,
                  "plan option without an artifact (whose plan is fixed: tfe-plan compile --dependent-streams): "
                  "dependent launch in buckets up to N streams (0..16)")
+      ->check(CLI::Range(0, 16))
+      ->excludes(artifact);
+  app.add_option("--dependent-streams-fp8", o.dependent_streams_fp8,
+                 "plan option without an artifact: --dependent-streams for a plan whose layer linears are all FP8 "
+                 "(0..16)")
       ->check(CLI::Range(0, 16))
       ->excludes(artifact);
   app.add_option("--rope-in-wqkv", o.rope_in_wqkv,

@@ -91,6 +91,8 @@ void validate(const PlanOptions& o) {
     fail("plan options: extend_rows = {} is outside 16..8192", o.extend_rows);
   if (o.dependent_streams < 0 || o.dependent_streams > 16)
     fail("plan options: dependent_streams = {} is outside 0..16", o.dependent_streams);
+  if (o.dependent_streams_fp8 < 0 || o.dependent_streams_fp8 > 16)
+    fail("plan options: dependent_streams_fp8 = {} is outside 0..16", o.dependent_streams_fp8);
   static const std::regex arch_re("sm_[1-9][0-9]{1,3}");
   if (!std::regex_match(o.arch, arch_re))
     fail("plan options: arch `{}` is not of the form sm_<digits> (e.g. sm_90)", o.arch);

@@ -32,6 +32,10 @@ struct PlanOptions {
   // 0: none. 4 measured best on the H200 (BENCHMARKS.md, "Programmatic dependent launch" and the A/B of
   // 668a17b): faster at 1, 2 and 4 streams, slower at 8 and 16.
   int dependent_streams = 4;  // 0..16
+  // The same limit for a plan whose layer linears (wqkv, wo, w_gate_up, w_down) all run in FP8, in place
+  // of dependent_streams. 16 measured best there (BENCHMARKS.md, "Dependent launch for FP8 heads"): 4.5-5.3
+  // us a step faster at 16 streams, where the bf16 layer is 3-6 us slower.
+  int dependent_streams_fp8 = 16;  // 0..16
   // The draft's RoPE in the wqkv GEMV's epilogue (kernel gemv_rope_kv) where the head allows it (no
   // qk_norm, head_dim a multiple of 16); false: the wqkv gemv and a qk_rope_kv node, as heads with
   // qk_norm run. Both give the same bits.
@@ -172,7 +176,7 @@ struct Plan {
 Plan make_plan(const HeadHeader& header, const PlanOptions& options, std::string head_sha256 = "");
 
 // Checks options against their limits (buckets ascending, unique, 1..16; max_steps 1..16; max_slots
-// 1..4096; extend_rows 16..8192; dependent_streams 0..16; arch sm_<digits>); throws naming the option,
+// 1..4096; extend_rows 16..8192; dependent_streams and dependent_streams_fp8 0..16; arch sm_<digits>); throws naming the option,
 // its value and the limit.
 void validate(const PlanOptions& options);
 

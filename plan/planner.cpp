@@ -119,13 +119,14 @@ class Planner {
            "synchronizing the stream: measured 1.8-3.6 us less a call (BENCHMARKS.md, \"A draft call without "
            "copies\", \"The outputs' host copy once a pass\" and \"Polling a completion word\")");
     for (int b : p_.options.buckets) p_.buckets.push_back(draft_bucket(b));
+    const int dependent = dependent_streams();
     choose("dependent launch",
-           p_.options.dependent_streams == 0
-               ? std::string("none")
-               : fmt::format("draft passes of buckets up to {} streams", p_.options.dependent_streams),
-           "option dependent_streams: programmatic dependent launch overlaps each kernel's start with its "
-           "predecessor's end; measured on the H200 2-4 % faster at 1-2 streams, 1-6 us a step at 4, slower at 8-16 "
-           "(BENCHMARKS.md); an FP8 GEMV right after a GEMV is launched plainly (measured 3 us faster so)");
+           dependent == 0 ? std::string("none") : fmt::format("draft passes of buckets up to {} streams", dependent),
+           fmt::format("option {}: programmatic dependent launch overlaps each kernel's start with its predecessor's "
+                       "end; measured on the H200 2-4 % faster at 1-2 streams, 1-6 us a step at 4; at 8-16 streams "
+                       "slower for bf16 layers, 4.5-5.3 us a step faster at 16 for FP8 ones (BENCHMARKS.md); an FP8 "
+                       "GEMV right after a GEMV is launched plainly (measured 3 us faster so)",
+                       layer_fp8() ? "dependent_streams_fp8 (the layer's linears are FP8)" : "dependent_streams"));
     plan_extend();
     finish();
     return std::move(p_);
@@ -365,6 +366,17 @@ class Planner {
                                         {"RING", p_.ring_rows},
                                         {"SPLIT", split}});
   }
+  // Whether the layer's four linears all run in FP8: their launches then overlap best up to another bucket
+  // (PlanOptions::dependent_streams_fp8).
+  bool layer_fp8() const {
+    for (auto m : {"wqkv", "wo", "w_gate_up", "w_down"})
+      if (!matrices_.at(m).fp8) return false;
+    return true;
+  }
+  int dependent_streams() const {
+    return layer_fp8() ? p_.options.dependent_streams_fp8 : p_.options.dependent_streams;
+  }
+
   int64_t attention_split(int64_t rows) const {
     const int64_t keys = h().window + 1;
     int64_t split = std::min<int64_t>(max_cluster_ctas(p_.options), (keys + 7) / 8);
@@ -610,7 +622,7 @@ class Planner {
                               buf("host_done", "host_done"), i64("rows", B)}));
       nodes.back().last_step_only = true;
     }
-    if (streams <= p_.options.dependent_streams)
+    if (streams <= dependent_streams())
       for (size_t i = 0; i < nodes.size(); ++i) nodes[i].dependent = i == 0 || !fp8_gemv_after_gemv(nodes[i - 1], nodes[i]);
     return bucket;
   }

@@ -295,8 +295,8 @@ Planned plan_for(const HeadFile& file, const OpenOptions& o, const std::string& 
     mismatch = fmt::format("it was compiled for {}, but device {} is {}", art.arch, o.device, arch);
   else if (o.plan && !same_except_arch(*o.plan, art.plan.options))
     mismatch =
-        "its plan options (buckets, max_steps, fp8, max_slots, extend_rows, dependent_streams, rope_in_wqkv, "
-        "gemv_cluster) differ from those asked";
+        "its plan options (buckets, max_steps, fp8, max_slots, extend_rows, dependent_streams, dependent_streams_fp8, "
+        "rope_in_wqkv, gemv_cluster) differ from those asked";
   if (!mismatch.empty()) {
     if (!o.recompile_mismatched_artifact)
       fail("artifact {}: {}; compile one for this head and device (tfe-plan compile), or open with "

@@ -177,6 +177,7 @@ TEST_CASE("plan YAML: round trip under varied options and FP8 forms") {
     o.max_slots = 16 + static_cast<int>(rng() % 100);
     o.extend_rows = 16 + static_cast<int>(rng() % 2000);
     o.dependent_streams = static_cast<int>(rng() % 17);
+    o.dependent_streams_fp8 = static_cast<int>(rng() % 17);
     o.rope_in_wqkv = rng() % 2 == 0;
     o.gemv_cluster = rng() % 2 == 0;
     o.arch = rng() % 2 ? "sm_90" : "sm_100";
@@ -211,6 +212,8 @@ TEST_CASE("make_plan: options outside their limits are refused by name") {
   refused([](PlanOptions& o) { o.extend_rows = 8193; }, "extend_rows = 8193 is outside 16..8192");
   refused([](PlanOptions& o) { o.dependent_streams = -1; }, "dependent_streams = -1 is outside 0..16");
   refused([](PlanOptions& o) { o.dependent_streams = 17; }, "dependent_streams = 17 is outside 0..16");
+  refused([](PlanOptions& o) { o.dependent_streams_fp8 = -1; }, "dependent_streams_fp8 = -1 is outside 0..16");
+  refused([](PlanOptions& o) { o.dependent_streams_fp8 = 17; }, "dependent_streams_fp8 = 17 is outside 0..16");
   refused([](PlanOptions& o) { o.arch = "90"; }, "arch `90` is not of the form sm_<digits>");
   refused([](PlanOptions& o) { o.arch = "sm_90x"; }, "arch `sm_90x`");
   refused([](PlanOptions& o) { o.arch = "sm_75"; }, "arch sm_75 is below sm_80");
@@ -858,15 +861,22 @@ TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows with K >= 
   }
 }
 
-TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (default 4), but an FP8 GEMV "
-          "right after a GEMV, and extend kernels never") {
+TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (default 4; dependent_streams_fp8, "
+          "default 16, where the layer's linears are FP8), but an FP8 GEMV right after a GEMV, and extend kernels "
+          "never") {
   CHECK(PlanOptions{}.dependent_streams == 4);
+  CHECK(PlanOptions{}.dependent_streams_fp8 == 16);
   for (const auto& [name, header] : golden_heads()) {
     CAPTURE(name);
-    for (const int limit : {0, 2, 4, 16}) {
-      CAPTURE(limit);
+    // The golden FP8 presets run every linear in FP8; the others none.
+    const bool fp8 = name.ends_with("-fp8");
+    for (const auto& [bf16_limit, fp8_limit] : std::vector<std::pair<int, int>>{{0, 16}, {2, 4}, {4, 16}, {16, 0}}) {
+      CAPTURE(bf16_limit);
+      CAPTURE(fp8_limit);
       PlanOptions o = golden_options();
-      o.dependent_streams = limit;
+      o.dependent_streams = bf16_limit;
+      o.dependent_streams_fp8 = fp8_limit;
+      const int limit = fp8 ? fp8_limit : bf16_limit;
       const Plan p = make_plan(header, o);
       int plain_fp8 = 0;
       for (const auto& b : p.buckets)
@@ -880,7 +890,6 @@ TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (de
           CHECK(n.dependent == (b.streams <= limit && !fp8_after_gemv));
         }
       // w_down (and two_stage's lr_b) in every FP8 bucket that launches dependent.
-      const bool fp8 = name.ends_with("-fp8");
       const int dependent_buckets = static_cast<int>(
           std::count_if(p.buckets.begin(), p.buckets.end(), [&](const Bucket& b) { return b.streams <= limit; }));
       const int per_step = name.starts_with("tfe-two-stage") ? 2 : 1;

@@ -36,6 +36,9 @@ void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
   cmd->add_option("--dependent-streams", args->options.dependent_streams,
                   "draft passes of buckets up to this many streams launch their kernels dependent (0..16, 0: none)")
       ->capture_default_str();
+  cmd->add_option("--dependent-streams-fp8", args->options.dependent_streams_fp8,
+                  "--dependent-streams for a plan whose layer linears all run in FP8 (0..16, 0: none)")
+      ->capture_default_str();
   cmd->add_option("--rope-in-wqkv", args->options.rope_in_wqkv,
                   "the draft's RoPE in the wqkv gemv's epilogue where the head has no qk_norm (true, false)")
       ->capture_default_str();
