@@ -861,7 +861,7 @@ TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows with K >= 
   }
 }
 
-TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (default 4; dependent_streams_fp8, "
+TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (default 4, or dependent_streams_fp8, "
           "default 16, where the layer's linears are FP8), but an FP8 GEMV right after a GEMV, and extend kernels "
           "never") {
   CHECK(PlanOptions{}.dependent_streams == 4);
