@@ -8,8 +8,9 @@
 //                   call is not counted as capture.
 //   prefix          every slot drafted takes window + 1 real rows (positions 0..W), so each draft step
 //                   attends a full window of keys, as a slot deep into a sequence does.
-//   draft           per (streams B, steps S): the host-side time of a whole draft() call (tables up, one
-//                   graph replay, tokens and confidences down, synchronized), median over --iters after
+//   draft           per (streams B, steps S): the host-side time of a whole draft() call (tables into host
+//                   memory, one graph replay, the wait for its completion word, tokens and confidences read
+//                   from host memory), median over --iters after
 //                   --warmup; per step = call / S. The same on a second runtime with graphs off (every
 //                   node launched eagerly). Per B, a least-squares line over S splits a call into a fixed
 //                   cost and a marginal cost per step.
