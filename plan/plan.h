@@ -176,8 +176,8 @@ struct Plan {
 Plan make_plan(const HeadHeader& header, const PlanOptions& options, std::string head_sha256 = "");
 
 // Checks options against their limits (buckets ascending, unique, 1..16; max_steps 1..16; max_slots
-// 1..4096; extend_rows 16..8192; dependent_streams and dependent_streams_fp8 0..16; arch sm_<digits>); throws naming the option,
-// its value and the limit.
+// 1..4096; extend_rows 16..8192; dependent_streams and dependent_streams_fp8 0..16; arch sm_<digits>);
+// throws naming the option, its value and the limit.
 void validate(const PlanOptions& options);
 
 // The compute capability of a validated arch as one number: "sm_90" -> 90.
