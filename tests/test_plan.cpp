@@ -906,6 +906,22 @@ TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (de
     CHECK_THROWS_WITH_AS(validate(p), doctest::Contains(refusal.c_str()), Error);
     CHECK_THROWS_WITH_AS(load_plan_yaml(dump_plan_yaml(p)), doctest::Contains(refusal.c_str()), Error);
   }
+  // A layer with one linear left in bf16 is not an FP8 layer: w_down without its FP8 form keeps
+  // dependent_streams; with it, dependent_streams_fp8 applies.
+  for (const bool all_fp8 : {false, true}) {
+    CAPTURE(all_fp8);
+    HeadHeader h = preset_header("tiny");
+    h.fp8 = linears_in_use(h);
+    if (!all_fp8) h.fp8.erase(std::find(h.fp8.begin(), h.fp8.end(), "w_down"));
+    PlanOptions o = golden_options();
+    o.dependent_streams = 1;
+    o.dependent_streams_fp8 = 16;
+    const Plan p = make_plan(h, o);
+    for (const auto& b : p.buckets) {
+      CAPTURE(b.streams);
+      CHECK(b.nodes.front().dependent == (all_fp8 || b.streams <= 1));
+    }
+  }
 }
 
 TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, or whose launch, rows, step, "
