@@ -33,7 +33,7 @@ struct PlanOptions {
   // 668a17b): faster at 1, 2 and 4 streams, slower at 8 and 16.
   int dependent_streams = 4;  // 0..16
   // The same limit for a plan whose layer linears (wqkv, wo, w_gate_up, w_down) all run in FP8, in place
-  // of dependent_streams. 16 measured best there (BENCHMARKS.md, "Dependent launch for FP8 heads"): 4.5-5.3
+  // of dependent_streams. 16 measured best there (BENCHMARKS.md, "Dependent launch for FP8 heads"): 4.5-5.8
   // us a step faster at 16 streams, where the bf16 layer is 3-6 us slower.
   int dependent_streams_fp8 = 16;  // 0..16
   // The draft's RoPE in the wqkv GEMV's epilogue (kernel gemv_rope_kv) where the head allows it (no

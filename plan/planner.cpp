@@ -124,7 +124,7 @@ class Planner {
            dependent == 0 ? std::string("none") : fmt::format("draft passes of buckets up to {} streams", dependent),
            fmt::format("option {}: programmatic dependent launch overlaps each kernel's start with its predecessor's "
                        "end; measured on the H200 2-4 % faster at 1-2 streams, 1-6 us a step at 4; at 8-16 streams "
-                       "slower for bf16 layers, 4.5-5.3 us a step faster at 16 for FP8 ones (BENCHMARKS.md); an FP8 "
+                       "slower for bf16 layers, 4.5-5.8 us a step faster at 16 for FP8 ones (BENCHMARKS.md); an FP8 "
                        "GEMV right after a GEMV is launched plainly (measured 3 us faster so)",
                        layer_fp8() ? "dependent_streams_fp8 (the layer's linears are FP8)" : "dependent_streams"));
     plan_extend();
