@@ -87,6 +87,8 @@ int64_t attention_smem(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_
 
 // qk_rope_kv (kernels/qk_rope_kv.cuh): a warp per head.
 constexpr int64_t kRopeHeadsPerCta = 4;
+// load_tables: 128 threads, four entries each, of four tables (kernels/load_tables.cuh kPerThread).
+constexpr int64_t kLoadTablesMaxRows = 128;
 
 // topk (kernels/topk.cuh, kTopkThreads) and rescore (kernels/rescore.cuh, kRescoreWarps).
 constexpr int64_t kTopkThreads = 512;
@@ -130,10 +132,16 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
     s.grid[1] = rows;
     s.block = spec.constant("THREADS");
     s.rows_axis = 1;
+  } else if (k == "load_tables") {
+    // One CTA of 128 threads, four entries a thread (kernels/load_tables.cuh).
+    if (rows > kLoadTablesMaxRows)
+      fail("launch_shape {}: rows is {}; load_tables copies at most {} rows a table", spec.uri(), rows,
+           kLoadTablesMaxRows);
+    s.block = 128;
   } else if (k == "store_outputs") {
     // One CTA of 128 threads, striding over rows x MAX_STEPS entries (kernels/store_outputs.cuh).
     s.block = 128;
-  } else if (k == "rmsnorm" || k == "copy_rows" || k == "load_tables") {
+  } else if (k == "rmsnorm" || k == "copy_rows") {
     // One CTA per row.
     s.grid[0] = rows;
     s.block = spec.constant("THREADS");
@@ -265,12 +273,7 @@ int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach&
     if (param == "q" || param == "o") return product({R, heads, hd, kBf16});
     return unknown();
   }
-  if (k == "load_tables") {
-    // slot_g is read through the host's slot ids; the tables are [rows] int32 each.
-    if (param == "slot_g") return product({r.slots, c("WIDTH"), kBf16});
-    if (param == "g") return product({R, c("WIDTH"), kBf16});
-    return product({R, kI32});
-  }
+  if (k == "load_tables") return product({R, kI32});  // every parameter is one [rows] int32 table
   if (k == "store_outputs") {
     if (param == "host_done") return kI32;     // one word
     return product({R, c("MAX_STEPS"), kI32});  // the others: each a [rows, MAX_STEPS] table

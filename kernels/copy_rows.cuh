@@ -15,20 +15,6 @@ struct CopyRowsParams {
 };
 static_assert(sizeof(CopyRowsParams) == 8 * 5, "one 8-byte slot per registry parameter");
 
-// dst[0 .. W) = src[0 .. W): 16-byte copies when both rows start 16-byte aligned (a bound slice may start
-// anywhere), by the CTA's threads in turn.
-template <long long W>
-__device__ __forceinline__ void copy_row(const bf16* src, bf16* dst) {
-  const bool vec = W % 8 == 0 && ((reinterpret_cast<unsigned long long>(src) |
-                                   reinterpret_cast<unsigned long long>(dst)) & 15) == 0;
-  if (vec) {
-    for (long long c = threadIdx.x; c < W / 8; c += blockDim.x)
-      reinterpret_cast<uint4*>(dst)[c] = reinterpret_cast<const uint4*>(src)[c];
-  } else {
-    for (long long e = threadIdx.x; e < W; e += blockDim.x) dst[e] = src[e];
-  }
-}
-
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS) copy_rows(const CopyRowsParams p) {
   start_after_predecessors();
@@ -37,7 +23,17 @@ __global__ void __launch_bounds__(Cfg::THREADS) copy_rows(const CopyRowsParams p
   if (r >= p.rows) return;
   const long long s = p.src_index ? p.src_index[r] : r;
   const long long d = p.dst_index ? p.dst_index[r] : r;
-  copy_row<W>(p.src + s * W, p.dst + d * W);
+  const bf16* src = p.src + s * W;
+  bf16* dst = p.dst + d * W;
+  // 16-byte copies when both rows start 16-byte aligned (a bound slice may start anywhere).
+  const bool vec = W % 8 == 0 && ((reinterpret_cast<unsigned long long>(src) |
+                                   reinterpret_cast<unsigned long long>(dst)) & 15) == 0;
+  if (vec) {
+    for (long long c = threadIdx.x; c < W / 8; c += blockDim.x)
+      reinterpret_cast<uint4*>(dst)[c] = reinterpret_cast<const uint4*>(src)[c];
+  } else {
+    for (long long e = threadIdx.x; e < W; e += blockDim.x) dst[e] = src[e];
+  }
 }
 
 }  // namespace kernels

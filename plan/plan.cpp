@@ -113,7 +113,7 @@ bool param_writes(std::string_view kernel, std::string_view param) {
       {"top1", {"out_token", "out_conf", "next_token"}},
       {"topk", {"cand"}},
       {"rescore", {"exact", "arrivals", "out_token", "out_conf", "next_token"}},
-      {"load_tables", {"slot", "pos", "first_pos", "tok", "g"}},
+      {"load_tables", {"slot", "pos", "first_pos", "tok"}},
       {"store_outputs", {"host_token", "host_conf", "host_done"}},
   };
   const auto it = writes.find(kernel);

@@ -310,7 +310,7 @@ TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role
       {"host_token", {R::host}}, {"host_conf", {R::host}}, {"host_done", {R::host}},
       {"ring_k", {R::state}}, {"ring_v", {R::state}},
       {"out_token", {R::output}}, {"out_conf", {R::output}},
-      {"src", {R::state, R::activation}}, {"dst", {R::state, R::activation}}, {"slot_g", {R::state}},
+      {"src", {R::state, R::activation}}, {"dst", {R::state, R::activation}},
       // rmsnorm normalizes the uploaded taps in place; every other row operand is an activation.
       {"x", {R::activation, R::table}}, {"y", {R::activation, R::table}}, {"g", {R::activation}},
       {"residual", {R::activation}}, {"qkv", {R::activation}}, {"q_out", {R::activation}}, {"q", {R::activation}},
@@ -447,8 +447,8 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
     }
     for (const Bucket& bucket : p.buckets) {
       CAPTURE(bucket.streams);
-      // The first node copies the four tables and gathers g; no other node reads host memory, and only
-      // each step's store_outputs, which runs in the pass that ends at its step, writes host memory.
+      // The first node copies the four tables; no other node reads them from host memory, and only each
+      // step's store_outputs, which runs in the pass that ends at its step, writes host memory.
       const Node& first = bucket.nodes.front();
       CHECK(first.name == "s1.load_tables");
       CHECK(p.spec(first.spec).kernel == "load_tables");
@@ -468,24 +468,11 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
     for (const Node& n : p.extend)
       for (const Arg& a : n.args) CHECK_MESSAGE(!p.host.find(a.buffer), n.name << " binds host memory");
   }
-  // One CTA a row, whatever the row count (the tables' entries and the row of g are the row's own); it
-  // reaches a whole slot_g through the host's slot ids, and one row of g a row.
-  const KernelSpec load = make_spec("load_tables", {{"WIDTH", 4096}, {"THREADS", 256}});
-  for (int64_t rows : {1, 16, 129}) {
-    CAPTURE(rows);
-    const LaunchShape shape = launch_shape(load, rows);
-    CHECK(shape.grid[0] == rows);
-    CHECK(shape.grid[1] == 1);
-    CHECK(shape.block == 256);
-    Reach r;
-    r.rows = rows;
-    r.slots = 65;
-    CHECK(param_reach(load, "slot_g", r) == 65 * 4096 * 2);
-    CHECK(param_reach(load, "g", r) == rows * 4096 * 2);
-    CHECK(param_reach(load, "host_slot", r) == rows * 4);
-  }
-  CHECK(param_writes("load_tables", "g"));
-  CHECK_FALSE(param_writes("load_tables", "slot_g"));
+  // One CTA copies the tables, four entries a thread: more rows than it covers are refused, not truncated.
+  const KernelSpec load = make_spec("load_tables", {});
+  CHECK(launch_shape(load, 128).block == 128);
+  CHECK_THROWS_WITH_AS(launch_shape(load, 129), doctest::Contains("rows is 129; load_tables copies at most 128"),
+                       Error);
 }
 
 TEST_CASE("make_plan: the extend's K/V GEMM reads the contiguous wk|wv rows of wqkv") {
@@ -1055,7 +1042,7 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
           [&](Plan& p) { set_constant(p, "gemv_rope_kv", "HEAD_DIM", 24); }, "HEAD_DIM = 24 is not a multiple of 16");
   refused("a row stride below the width", [&](Plan& p) { param(find(p, "s1.post_norm"), "x_stride").i = 1; },
           "arg `x_stride` = 1 is outside");
-  refused("rows copied through a table of positions", [&](Plan& p) { param(find(p, "extend.keep_g"), "dst_index").buffer = "pos"; },
+  refused("rows copied through a table of positions", [&](Plan& p) { param(find(p, "s1.gather_g"), "src_index").buffer = "pos"; },
           "which is neither a slot table");
   refused("an extend node launched past its chunk", [&](Plan& p) { ++find(p, "extend.kv").launch.grid[1]; },
           "node extend.kv: launch grid");
@@ -1119,7 +1106,7 @@ TEST_CASE("plan YAML: corrupted plans are refused by name, never loaded") {
   refused("ring_rows: 20\n", "", "missing key `ring_rows`");
   refused("ring_rows: 20", "ring_rows: 20\nring_cols: 3", "unknown key `ring_cols`");
   refused("buffer: slot_g, byte_offset: 0", "buffer: slot_h, byte_offset: 0",
-          "node s1.load_tables: arg `slot_g` names buffer `slot_h`, which no arena holds");
+          "node s1.gather_g: arg `src` names buffer `slot_h`, which no arena holds");
   refused("{param: src, kind: buffer", "{param: source, kind: buffer", "binds `source`, kernel copy_rows expects `src`");
   // Host memory holds the host arena's buffers only, and they live nowhere else.
   refused("{name: host_tok, role: host", "{name: host_tok, role: activation",
@@ -1148,7 +1135,7 @@ TEST_CASE("plan YAML: corrupted plans are refused by name, never loaded") {
   // The path and the line name the place.
   const std::string bad = replace_once(text, "buffer: slot_g, byte_offset: 0", "buffer: slot_g, byte_offset: -4");
   const int line = 1 + static_cast<int>(std::count(bad.begin(), bad.begin() + bad.find("byte_offset: -4"), '\n'));
-  const std::string where = fmt::format("buckets[0].nodes[0].args[8].byte_offset: -4 is outside 0..");
+  const std::string where = fmt::format("buckets[0].nodes[1].args[0].byte_offset: -4 is outside 0..");
   const std::string at_line = fmt::format("(line {})", line);
   CHECK_THROWS_WITH_AS(load_plan_yaml(bad), doctest::Contains(where.c_str()), Error);
   CHECK_THROWS_WITH_AS(load_plan_yaml(bad), doctest::Contains(at_line.c_str()), Error);
