@@ -84,11 +84,12 @@ std::vector<KernelDef> make_defs() {
        {{"target_head", P::ptr}, {"scale", P::ptr}, {"n", P::ptr}, {"cand", P::ptr}, {"d2t", P::ptr},
         {"exact", P::ptr}, {"arrivals", P::ptr}, {"out_token", P::ptr}, {"out_conf", P::ptr},
         {"next_token", P::ptr}, {"step", P::i64}, {"rows", P::i64}}},
-      // The draft pass's first node: the call's tables (rows <= 128 entries each) from host memory, where
-      // the host wrote them, into the arena. One CTA.
+      // The draft pass's first node: the call's tables (host_tables [rows <= 128, 4], a row's slot, pos,
+      // first_pos and tok side by side) from host memory, where the host wrote them, into the four arena
+      // tables. One CTA.
       {"load_tables", "load_tables.cuh", "tfe::kernels::load_tables", {},
-       {{"host_slot", P::ptr}, {"host_pos", P::ptr}, {"host_first_pos", P::ptr}, {"host_tok", P::ptr},
-        {"slot", P::ptr}, {"pos", P::ptr}, {"first_pos", P::ptr}, {"tok", P::ptr}, {"rows", P::i64}}},
+       {{"host_tables", P::ptr}, {"slot", P::ptr}, {"pos", P::ptr}, {"first_pos", P::ptr}, {"tok", P::ptr},
+        {"rows", P::i64}}},
       // The draft pass's last node: out_token / out_conf [rows, MAX_STEPS] copied into host memory
       // (host_token / host_conf), where the host reads them once host_done, set last, is 1. One CTA.
       {"store_outputs", "store_outputs.cuh", "tfe::kernels::store_outputs", {"MAX_STEPS"},

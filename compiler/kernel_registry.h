@@ -89,6 +89,7 @@ inline constexpr int64_t kEpilogueBF16 = 0,      // y = bf16(acc)
     kEpilogueSwiGLU = 3,                          // rows j and N+j of w: y = bf16(bf16(silu(gate)) * up)
     kEpilogueTop1 = 4;                            // y = per row, one top1 partial of the CTA's COLS columns
 inline constexpr int64_t kTop1PartBytes = 16;     // one top1 partial (kernels/common.cuh Top1Part)
+inline constexpr int64_t kHostTableColumns = 4;   // a host_tables row: slot, pos, first_pos, tok (load_tables.cuh)
 }  // namespace kc
 
 }  // namespace tfe

@@ -87,7 +87,7 @@ int64_t attention_smem(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_
 
 // qk_rope_kv (kernels/qk_rope_kv.cuh): a warp per head.
 constexpr int64_t kRopeHeadsPerCta = 4;
-// load_tables: 128 threads, four entries each, of four tables (kernels/load_tables.cuh kPerThread).
+// load_tables: 128 threads, a row each (kernels/load_tables.cuh).
 constexpr int64_t kLoadTablesMaxRows = 128;
 
 // topk (kernels/topk.cuh, kTopkThreads) and rescore (kernels/rescore.cuh, kRescoreWarps).
@@ -133,7 +133,7 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
     s.block = spec.constant("THREADS");
     s.rows_axis = 1;
   } else if (k == "load_tables") {
-    // One CTA of 128 threads, four entries a thread (kernels/load_tables.cuh).
+    // One CTA of 128 threads, a row a thread (kernels/load_tables.cuh).
     if (rows > kLoadTablesMaxRows)
       fail("launch_shape {}: rows is {}; load_tables copies at most {} rows a table", spec.uri(), rows,
            kLoadTablesMaxRows);
@@ -273,7 +273,10 @@ int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach&
     if (param == "q" || param == "o") return product({R, heads, hd, kBf16});
     return unknown();
   }
-  if (k == "load_tables") return product({R, kI32});  // every parameter is one [rows] int32 table
+  if (k == "load_tables") {
+    if (param == "host_tables") return product({R, kc::kHostTableColumns, kI32});  // a row's four entries
+    return product({R, kI32});  // the others: each one [rows] int32 table
+  }
   if (k == "store_outputs") {
     if (param == "host_done") return kI32;     // one word
     return product({R, c("MAX_STEPS"), kI32});  // the others: each a [rows, MAX_STEPS] table

@@ -1,11 +1,16 @@
-// The draft pass's first node: the four tables of the call (slot, pos, first_pos, tok; `rows` entries
-// each), which the host wrote into mapped pinned memory, copied into the arena where the pass's kernels
-// read them.
+// The draft pass's first node: the call's tables, which the host wrote into mapped pinned memory as one
+// buffer `host_tables` [rows, 4] (a row's slot, pos, first_pos, tok side by side), copied into the four
+// arena tables (slot, pos, first_pos, tok) where the pass's kernels read them.
 //
 // Why a kernel and not a copy: a host-to-device copy on the stream is a copy-engine round trip of several
 // microseconds before the graph may start; a kernel's read of host memory is one trip over the host link
 // (BENCHMARKS.md, "A draft call without copies"). The loads are `ld.global.cv` (fetched again, never
 // from a cached line), since the host rewrites these bytes before every call.
+//
+// Why one buffer read by one warp: reads of mapped host memory queue one behind another, about 0.75 us
+// each on the H200 (BENCHMARKS.md, "Tried and not kept": load_tables gathering g). A row's four entries
+// are one 16-byte load, so the call's tables are as few requests as their bytes allow: one at one row,
+// two 128-byte lines at 16 rows.
 #pragma once
 #include "common.cuh"
 
@@ -13,42 +18,28 @@ namespace tfe {
 namespace kernels {
 
 struct LoadTablesParams {
-  const int* host_slot;  // [rows] each, host memory
-  const int* host_pos;
-  const int* host_first_pos;
-  const int* host_tok;
-  int* slot;  // [rows] each, the arena
+  const int* host_tables;  // [rows, 4] host memory, 16-byte aligned (the runtime refuses a plan otherwise)
+  int* slot;               // [rows] each, the arena
   int* pos;
   int* first_pos;
   int* tok;
   long long rows;
 };
-static_assert(sizeof(LoadTablesParams) == 8 * 9, "one 8-byte slot per registry parameter");
+static_assert(sizeof(LoadTablesParams) == 8 * 6, "one 8-byte slot per registry parameter");
 
-// Table t of the four, laid end to end (selects, not an indexed array: that would live on the stack).
-template <typename T>
-__device__ __forceinline__ T table_of(long long t, T a, T b, T c, T d) {
-  return t == 0 ? a : t == 1 ? b : t == 2 ? c : d;
-}
-
-// One CTA; thread i copies entries i, i + blockDim.x, ... of the four tables laid end to end.
+// One CTA of 128 threads; thread i copies row i (rows <= 128: launch_shape refuses more).
 template <typename Cfg>
 __global__ void __launch_bounds__(128) load_tables(const LoadTablesParams p) {
-  constexpr int kPerThread = 4;  // 4 x 128 entries: four tables of up to 128 rows in one round of loads
-  int v[kPerThread];
-  const long long n = 4 * p.rows;
-  // Host memory is written before the launch, not by an earlier node: its loads go out before the wait.
-#pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
-    const long long i = threadIdx.x + k * 128LL;
-    if (i < n)
-      v[k] = __ldcv(table_of(i / p.rows, p.host_slot, p.host_pos, p.host_first_pos, p.host_tok) + i % p.rows);
-  }
+  const long long i = threadIdx.x;
+  int4 v = make_int4(0, 0, 0, 0);
+  // Host memory is written before the launch, not by an earlier node: its load goes out before the wait.
+  if (i < p.rows) v = __ldcv(reinterpret_cast<const int4*>(p.host_tables) + i);
   start_after_predecessors();
-#pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
-    const long long i = threadIdx.x + k * 128LL;
-    if (i < n) table_of(i / p.rows, p.slot, p.pos, p.first_pos, p.tok)[i % p.rows] = v[k];
+  if (i < p.rows) {
+    p.slot[i] = v.x;
+    p.pos[i] = v.y;
+    p.first_pos[i] = v.z;
+    p.tok[i] = v.w;
   }
 }
 

@@ -333,14 +333,14 @@ class Planner {
     add(a, "out_conf", BufferRole::output, DType::F32, {B, int64_t{o.max_steps}});
   }
 
-  // Mapped pinned host memory (Plan::host): the draft's tables as the host writes them, the copy of its
-  // outputs that store_outputs writes for the host to read, and the word store_outputs sets last, which the
-  // host polls (host_done).
+  // Mapped pinned host memory (Plan::host): the draft's tables as the host writes them (host_tables: a row's
+  // slot, pos, first_pos and tok side by side, so that load_tables reads a row in one 16-byte load), the
+  // copy of its outputs that store_outputs writes for the host to read, and the word store_outputs sets
+  // last, which the host polls (host_done).
   void lay_out_host() {
     const auto& o = p_.options;
     const int64_t B = o.buckets.back();
-    for (auto t : {"host_slot", "host_pos", "host_first_pos", "host_tok"})
-      add(p_.host, t, BufferRole::host, DType::I32, {B});
+    add(p_.host, "host_tables", BufferRole::host, DType::I32, {B, kc::kHostTableColumns});
     add(p_.host, "host_token", BufferRole::host, DType::I32, {B, int64_t{o.max_steps}});
     add(p_.host, "host_conf", BufferRole::host, DType::F32, {B, int64_t{o.max_steps}});
     add(p_.host, "host_done", BufferRole::host, DType::I32, {1});
@@ -543,9 +543,8 @@ class Planner {
     bucket.streams = streams;
     auto& nodes = bucket.nodes;
     nodes.push_back(kernel("s1.load_tables", 1, make_spec("load_tables", {}), fixed, B,
-                           {buf("host_slot", "host_slot"), buf("host_pos", "host_pos"),
-                            buf("host_first_pos", "host_first_pos"), buf("host_tok", "host_tok"), buf("slot", "slot"),
-                            buf("pos", "pos"), buf("first_pos", "first_pos"), buf("tok", "tok"), i64("rows", B)}));
+                           {buf("host_tables", "host_tables"), buf("slot", "slot"), buf("pos", "pos"),
+                            buf("first_pos", "first_pos"), buf("tok", "tok"), i64("rows", B)}));
     nodes.push_back(kernel("s1.gather_g", 1, make_spec("copy_rows", {{"WIDTH", H}, {"THREADS", row_threads(H)}}),
                            fixed, B,
                            {buf("src", "slot_g"), buf("src_index", "slot"), buf("dst", "g"), none("dst_index"),

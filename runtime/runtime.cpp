@@ -113,8 +113,7 @@ struct Runtime::Impl {
   std::string broken;  // the first failure after which device state is unknown
   DeviceDraftOutputs last_outputs;
   // Tables the runtime fills, found once.
-  const Buffer *h_slot = nullptr, *h_pos = nullptr, *h_first_pos = nullptr, *h_tok = nullptr;
-  const Buffer *h_token = nullptr, *h_conf = nullptr, *h_done = nullptr;
+  const Buffer *h_tables = nullptr, *h_token = nullptr, *h_conf = nullptr, *h_done = nullptr;
   const Buffer *t_row_slot = nullptr, *t_row_pos = nullptr, *t_row_tok = nullptr;
   const Buffer *t_last_row = nullptr, *t_last_slot = nullptr, *t_taps = nullptr;
   const Buffer *b_out_token = nullptr, *b_out_conf = nullptr, *b_ring_k = nullptr, *b_ring_v = nullptr;
@@ -505,10 +504,7 @@ Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) {
   r.options = o;
   r.device = o.device;
   const Plan& p = r.plan;
-  r.h_slot = table(p, "host_slot", BufferRole::host);
-  r.h_pos = table(p, "host_pos", BufferRole::host);
-  r.h_first_pos = table(p, "host_first_pos", BufferRole::host);
-  r.h_tok = table(p, "host_tok", BufferRole::host);
+  r.h_tables = table(p, "host_tables", BufferRole::host);
   r.h_token = table(p, "host_token", BufferRole::host);
   r.h_conf = table(p, "host_conf", BufferRole::host);
   r.h_done = table(p, "host_done", BufferRole::host);
@@ -535,10 +531,15 @@ Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) {
            p.options.buckets.back(), p.options.max_steps);
   if (r.h_done->bytes != 4)
     fail("plan: host buffer `host_done` holds {} bytes; the pass's completion word is one int32", r.h_done->bytes);
-  for (const Buffer* b : {r.h_slot, r.h_pos, r.h_first_pos, r.h_tok})
-    if (b->bytes < int64_t{p.options.buckets.back()} * 4)
-      fail("plan: host buffer `{}` holds {} bytes; the draft's tables take {} int32 values", b->name, b->bytes,
-           p.options.buckets.back());
+  constexpr int64_t kTableRowBytes = kc::kHostTableColumns * 4;
+  if (r.h_tables->bytes < int64_t{p.options.buckets.back()} * kTableRowBytes)
+    fail("plan: host buffer `host_tables` holds {} bytes; the draft's tables take {} rows of {} bytes",
+         r.h_tables->bytes, p.options.buckets.back(), kTableRowBytes);
+  // load_tables reads a row in one 16-byte load (the host arena's base is page-aligned).
+  if (r.h_tables->offset % kTableRowBytes != 0)
+    fail("plan: host buffer `host_tables` is at offset {}; load_tables reads it in {}-byte rows, so the offset "
+         "must be a multiple of {}",
+         r.h_tables->offset, kTableRowBytes, kTableRowBytes);
 
   r.open_device(o);
   r.upload_weights(file);
@@ -645,23 +646,23 @@ DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
   DeviceScope scope(r.device);
   DraftResult out;
   r.device_work([&] {
-    // The tables go straight into the host arena: the pass's first node (load_tables) reads them from there.
-    auto* slot = r.host_buffer<int32_t>(r.h_slot);
-    auto* pos = r.host_buffer<int32_t>(r.h_pos);
-    auto* first_pos = r.host_buffer<int32_t>(r.h_first_pos);
-    auto* tok = r.host_buffer<int32_t>(r.h_tok);
+    // The tables go straight into the host arena, a row's four entries side by side: the pass's first node
+    // (load_tables) reads them from there.
+    auto* tables = r.host_buffer<int32_t>(r.h_tables);
     for (int i = 0; i < streams; ++i) {
+      int32_t* row = tables + i * kc::kHostTableColumns;
       if (i < n) {
-        slot[i] = slot_ids[static_cast<size_t>(i)];
-        pos[i] = r.slots.last_pos(slot[i]);
-        first_pos[i] = r.slots.first_pos(slot[i]);
-        tok[i] = r.slots.last_token(slot[i]);
+        const int slot = slot_ids[static_cast<size_t>(i)];
+        row[0] = slot;
+        row[1] = r.slots.last_pos(slot);
+        row[2] = r.slots.first_pos(slot);
+        row[3] = r.slots.last_token(slot);
       } else {
         // Padding: the scratch slot at position 0; its ring and g are zeros (valid) and its rows are dropped.
-        slot[i] = r.scratch_slot();
-        pos[i] = 0;
-        first_pos[i] = 0;
-        tok[i] = 0;
+        row[0] = r.scratch_slot();
+        row[1] = 0;
+        row[2] = 0;
+        row[3] = 0;
       }
     }
 

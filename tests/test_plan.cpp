@@ -306,8 +306,7 @@ TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role
       {"slot", {R::table, R::activation}}, {"pos", {R::table, R::activation}},
       {"first_pos", {R::table, R::activation}}, {"src_index", {R::table, R::activation}}, {"dst_index", {R::table}},
       {"tokens", {R::table, R::activation}}, {"tok", {R::activation}},
-      {"host_slot", {R::host}}, {"host_pos", {R::host}}, {"host_first_pos", {R::host}}, {"host_tok", {R::host}},
-      {"host_token", {R::host}}, {"host_conf", {R::host}}, {"host_done", {R::host}},
+      {"host_tables", {R::host}}, {"host_token", {R::host}}, {"host_conf", {R::host}}, {"host_done", {R::host}},
       {"ring_k", {R::state}}, {"ring_v", {R::state}},
       {"out_token", {R::output}}, {"out_conf", {R::output}},
       {"src", {R::state, R::activation}}, {"dst", {R::state, R::activation}},
@@ -434,8 +433,8 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
     CAPTURE(name);
     const Plan p = make_plan(h, golden_options());
     const int64_t B = p.options.buckets.back(), steps = p.options.max_steps;
-    std::map<std::string, std::vector<int64_t>> want = {{"host_slot", {B}}, {"host_pos", {B}},
-                                                        {"host_first_pos", {B}}, {"host_tok", {B}},
+    // host_tables: a row's slot, pos, first_pos and tok side by side, one 16-byte load for load_tables.
+    std::map<std::string, std::vector<int64_t>> want = {{"host_tables", {B, 4}},
                                                         {"host_token", {B, steps}}, {"host_conf", {B, steps}},
                                                         {"host_done", {1}}};
     REQUIRE(p.host.buffers.size() == want.size());
@@ -447,7 +446,7 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
     }
     for (const Bucket& bucket : p.buckets) {
       CAPTURE(bucket.streams);
-      // The first node copies the four tables; no other node reads them from host memory, and only each
+      // The first node copies the tables; no other node reads them from host memory, and only each
       // step's store_outputs, which runs in the pass that ends at its step, writes host memory.
       const Node& first = bucket.nodes.front();
       CHECK(first.name == "s1.load_tables");
@@ -468,7 +467,7 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
     for (const Node& n : p.extend)
       for (const Arg& a : n.args) CHECK_MESSAGE(!p.host.find(a.buffer), n.name << " binds host memory");
   }
-  // One CTA copies the tables, four entries a thread: more rows than it covers are refused, not truncated.
+  // One CTA copies the tables, a row a thread: more rows than it covers are refused, not truncated.
   const KernelSpec load = make_spec("load_tables", {});
   CHECK(launch_shape(load, 128).block == 128);
   CHECK_THROWS_WITH_AS(launch_shape(load, 129), doctest::Contains("rows is 129; load_tables copies at most 128"),
@@ -1109,8 +1108,8 @@ TEST_CASE("plan YAML: corrupted plans are refused by name, never loaded") {
           "node s1.gather_g: arg `src` names buffer `slot_h`, which no arena holds");
   refused("{param: src, kind: buffer", "{param: source, kind: buffer", "binds `source`, kernel copy_rows expects `src`");
   // Host memory holds the host arena's buffers only, and they live nowhere else.
-  refused("{name: host_tok, role: host", "{name: host_tok, role: activation",
-          "buffer `host_tok` of role activation cannot live in the host arena");
+  refused("{name: host_tables, role: host", "{name: host_tables, role: activation",
+          "buffer `host_tables` of role activation cannot live in the host arena");
   refused("{name: tok, role: activation", "{name: tok, role: host",
           "buffer `tok` of role host cannot live in the arena");
   refused("kind: buffer, buffer: slot_g, byte_offset: 0", "kind: buffer, buffer: slot_g, byte_offset: 99999999",

@@ -120,53 +120,74 @@ TFE_GPU_TEST_CASE("refusals: an artifact compiled for another head is refused, o
   std::filesystem::remove_all(dir);
 }
 
-// A plan passes validate() by what its nodes bind; the buffers the runtime itself writes and reads must
-// also be there, or open refuses by name.
-TFE_GPU_TEST_CASE("refusals: an artifact whose host arena lacks a table the runtime writes is refused at open") {
-  auto head = random_head_image("tiny", 73, false);
+// A plan passes validate() by what its nodes bind; the host buffers the runtime itself writes and reads
+// must also be there, in the form it uses them, or open refuses by name. `mend` edits tiny's plan; the test
+// checks that validate() still takes it and that open refuses its compiled artifact with `message`.
+template <typename Mend>
+void check_artifact_refused_at_open(uint64_t seed, std::string_view tag, Mend&& mend, const char* message) {
+  auto head = random_head_image("tiny", seed, false);
   PlanOptions po = test_plan_options(Fp8Mode::off);
   po.arch = device_arch_name();
   Plan p = make_plan(head->file.header(), po, head->file.header_sha256());
-  for (Buffer& b : p.host.buffers)
-    if (b.name == "host_tok") b.name = "host_tokens";
-  for (Bucket& bucket : p.buckets)
-    for (Node& n : bucket.nodes)
-      for (Arg& a : n.args)
-        if (a.buffer == "host_tok") a.buffer = "host_tokens";
+  mend(p);
   REQUIRE_NOTHROW(validate(p));
-  const auto dir = std::filesystem::temp_directory_path() / fmt::format("tfe-gpu-artifact-host-{}", ::getpid());
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("tfe-gpu-artifact-{}-{}", tag, ::getpid());
   std::filesystem::remove_all(dir);
   compile_plan(p, dir.string());
   OpenOptions o = test_open_options(po);
   o.artifact_dir = dir.string();
-  CHECK_THROWS_WITH_AS(Runtime::open(head->file, o),
-                       doctest::Contains("the host arena has no buffer `host_tok`; the runtime needs it as a host"),
-                       Error);
+  CHECK_THROWS_WITH_AS(Runtime::open(head->file, o), doctest::Contains(message), Error);
   std::filesystem::remove_all(dir);
 }
 
+Buffer& host_buffer(Plan& p, std::string_view name) {
+  const auto it = std::find_if(p.host.buffers.begin(), p.host.buffers.end(),
+                               [&](const Buffer& b) { return b.name == name; });
+  REQUIRE(it != p.host.buffers.end());
+  return *it;
+}
+
+TFE_GPU_TEST_CASE("refusals: an artifact whose host arena lacks the tables the runtime writes is refused at open") {
+  check_artifact_refused_at_open(
+      73, "host",
+      [](Plan& p) {
+        host_buffer(p, "host_tables").name = "host_rows";
+        for (Bucket& bucket : p.buckets)
+          for (Node& n : bucket.nodes)
+            for (Arg& a : n.args)
+              if (a.buffer == "host_tables") a.buffer = "host_rows";
+      },
+      "the host arena has no buffer `host_tables`; the runtime needs it as a host");
+}
+
+TFE_GPU_TEST_CASE("refusals: an artifact whose host tables are not in 16-byte rows is refused at open") {
+  // Moved 4 bytes on (alignment 4): still what load_tables reaches, so validate() takes it; its rows are
+  // single 16-byte loads.
+  check_artifact_refused_at_open(
+      75, "tables",
+      [](Plan& p) {
+        Buffer& tables = host_buffer(p, "host_tables");
+        tables.alignment = 4;
+        tables.offset += 4;
+        // The buffers after the tables move on by 256 bytes, so that none overlaps them.
+        for (Buffer& b : p.host.buffers)
+          if (&b != &tables && b.offset >= tables.offset) b.offset += 256;
+        p.host.bytes += 256;
+      },
+      "host buffer `host_tables` is at offset 4; load_tables reads it in 16-byte rows");
+}
+
 TFE_GPU_TEST_CASE("refusals: an artifact whose completion word is not one int32 is refused at open") {
-  auto head = random_head_image("tiny", 74, false);
-  PlanOptions po = test_plan_options(Fp8Mode::off);
-  po.arch = device_arch_name();
-  Plan p = make_plan(head->file.header(), po, head->file.header_sha256());
   // Two words: still what store_outputs reaches, so validate() takes it; the host polls exactly one.
-  Buffer& done = *std::find_if(p.host.buffers.begin(), p.host.buffers.end(),
-                               [](const Buffer& b) { return b.name == "host_done"; });
-  done.shape = {2};
-  done.bytes = 8;
-  p.host.bytes = std::max(p.host.bytes, done.offset + done.bytes);
-  REQUIRE_NOTHROW(validate(p));
-  const auto dir = std::filesystem::temp_directory_path() / fmt::format("tfe-gpu-artifact-done-{}", ::getpid());
-  std::filesystem::remove_all(dir);
-  compile_plan(p, dir.string());
-  OpenOptions o = test_open_options(po);
-  o.artifact_dir = dir.string();
-  CHECK_THROWS_WITH_AS(Runtime::open(head->file, o),
-                       doctest::Contains("host buffer `host_done` holds 8 bytes; the pass's completion word is one "
-                                         "int32"),
-                       Error);
-  std::filesystem::remove_all(dir);
+  check_artifact_refused_at_open(
+      74, "done",
+      [](Plan& p) {
+        Buffer& done = host_buffer(p, "host_done");
+        done.shape = {2};
+        done.bytes = 8;
+        p.host.bytes = std::max(p.host.bytes, done.offset + done.bytes);
+      },
+      "host buffer `host_done` holds 8 bytes; the pass's completion word is one int32");
 }
 
 TFE_GPU_TEST_CASE("refusals: an out-of-range device and the legacy stream are refused at open") {
