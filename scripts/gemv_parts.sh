@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Where a GEMV's time goes, part by part, on a machine with a CUDA device: examples/bench_gemv times
+# kernels/gemv.cuh as it is and variants of it (`--source`, no rebuild) that each leave one part of the ring
+# loop out. The variants' outputs are wrong by design (their checks print FAIL); only their times mean
+# something. Each variant keeps the kernel's launch (grid, block, dynamic shared memory), so the CTAs sit
+# where the kept kernel's do.
+#   kept       kernels/gemv.cuh
+#   no_x       the ring's x chunks zero-filled (cp.async of 0 source bytes): no x read from L2, the
+#              ring's shape, copies and shared-memory reads unchanged
+#   no_x_deep  in the dynamic-ring shapes (two weight tiles; FP8 above 8 rows), x never loaded and the
+#              ring's shared memory given to weights alone, up to 6 stages: what more weights in flight buy
+#   no_mma     the ring's steps compute nothing (their chunks are still read from shared memory): the
+#              loads alone
+# Usage: scripts/gemv_parts.sh [BUILD_DIR] [bench_gemv options]
+#   (default build-gpu; options default to --rows 16 --weights fp8 --cols 32)
+# Builds bench_gemv in BUILD_DIR (configured like scripts/gpu_test.sh) and prints, per variant, its shapes'
+# times and their sum. BENCHMARKS.md "What is left" (FP8 at 16 rows) quotes a run of it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-gpu}
+shift || true
+opts=("$@")
+[ ${#opts[@]} -gt 0 ] || opts=(--rows 16 --weights fp8 --cols 32)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+prefix=()
+[ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >/dev/null
+cmake --build "$build" --target bench_gemv >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
+
+# Each variant is kernels/gemv.cuh with text replaced; a pattern that is not found exactly once means the
+# kernel changed under this script, which then stops rather than time the kept kernel under a wrong name.
+python3 - kernels/gemv.cuh "$work" <<'EOF'
+import sys
+src, work = sys.argv[1], sys.argv[2]
+kept = open(src).read()
+
+def variant(name, edits):
+    s = kept
+    for old, new in edits:
+        if s.count(old) != 1:
+            sys.exit(f"gemv_parts: variant {name}: pattern found {s.count(old)} times, not once: {old[:70]!r}")
+        s = s.replace(old, new)
+    open(f"{work}/{name}.cuh", "w").write(s)
+
+x_copy = ("copy_async_16<true>(dst + (S::W_SLOTS + n * S::XCHUNKS + c) * SLOT_BYTES, in ? xrow[n] + xat : x,\n"
+          "                                  in ? 16u : 0u);")
+variant("no_x", [(x_copy, x_copy.replace("in ? 16u : 0u", "0u"))])
+
+x_ring = "static constexpr bool X_RING = BUDGET"
+stages = "static constexpr int STAGES_WANTED = MT == 1 || DYNAMIC ? 3 : 2;"
+load_x = "xc[n][c] = xrow[n] ? load_chunk"
+variant("no_x_deep", [(x_ring, "static constexpr bool X_RING = !DYNAMIC && BUDGET"),
+                      (stages, "static constexpr int STAGES_WANTED = DYNAMIC ? 6 : MT == 1 ? 3 : 2;"),
+                      (load_x, "xc[n][c] = xrow[n] && !S::DYNAMIC ? load_chunk")])
+
+# The chunks read from the ring are folded into one accumulator so that their loads stay in the code.
+step = "        gemv_step<S>(acc, wc, xr);\n      } else {"
+variant("no_mma", [(step, "        acc[0][0][0] += __uint_as_float(wc[0][0].x ^ wc[S::MT - 1][1].y ^ xr[0][0].x ^\n"
+                          "                                        xr[S::NT - 1][S::XCHUNKS - 1].z);\n"
+                          "      } else {")])
+EOF
+
+for v in kept no_x no_x_deep no_mma; do
+  source_opt=()
+  [ "$v" = kept ] || source_opt=(--source "gemv.cuh=$work/$v.cuh")
+  echo "== $v"
+  "$build/examples/bench_gemv" "${opts[@]}" --label "$v" "${source_opt[@]}" 2>&1 |
+    awk '/^[a-z_]+ +(bf16|fp8) / { print "  " $1, $2, "rows", $3, "cols", $4, $5, "us" }
+         /the linears summed/ { sum = 1 } sum && /^ +(bf16|fp8) / { print "  sum", $1, "rows", $2, "cols", $3, $4, "us, floor", $5 }'
+done
