@@ -964,6 +964,15 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
           }, "node s1.wqkv arg `scale` is null, but kernel gemv_rope_kv reaches");
   refused("a grid wider than the kernel's mapping", [&](Plan& p) { ++find(p, "s1.lm_head").launch.grid[0]; },
           "node s1.lm_head: launch grid");
+  // load_tables reads 16 bytes a row from host_tables: a table of one int32 a row (16 rows, 64 bytes, as
+  // the host tables were laid out before schema 12) is a quarter of what it reaches.
+  refused("the draft's host tables one int32 a row", [&](Plan& p) {
+            for (Buffer& b : p.host.buffers)
+              if (b.name == "host_tables") {
+                b.shape = {b.shape[0]};
+                b.bytes /= 4;
+              }
+          }, "node s1.load_tables arg `host_tables`: kernel load_tables reaches 256 bytes");
   // A plan made for sm_80 (attention in one CTA a cluster, the GEMV's 96 KB ring within 163 KB), whose
   // attention node is then made to ask for more than sm_80's 163 KB.
   {
