@@ -15,23 +15,16 @@
 #   (default build-gpu; options default to --rows 16 --weights fp8 --cols 32)
 # Builds bench_gemv in BUILD_DIR (configured like scripts/gpu_test.sh) and prints, per variant, its shapes'
 # times and their sum. BENCHMARKS.md "What is left" (FP8 at 16 rows) quotes a run of it.
+#        scripts/gemv_parts.sh --generate DIR
+# Only writes the variants into DIR (no GPU needed): a CPU test compiles them, so that a change to
+# kernels/gemv.cuh that the edits no longer fit is found by the tests, not on the device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build-gpu}
-shift || true
-opts=("$@")
-[ ${#opts[@]} -gt 0 ] || opts=(--rows 16 --weights fp8 --cols 32)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-prefix=()
-[ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >/dev/null
-cmake --build "$build" --target bench_gemv >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
 
 # Each variant is kernels/gemv.cuh with text replaced; a pattern that is not found exactly once means the
 # kernel changed under this script, which then stops rather than time the kept kernel under a wrong name.
-python3 - kernels/gemv.cuh "$work" <<'EOF'
+generate() {
+  python3 - kernels/gemv.cuh "$1" <<'EOF'
 import sys
 src, work = sys.argv[1], sys.argv[2]
 kept = open(src).read()
@@ -61,6 +54,27 @@ variant("no_mma", [(step, "        acc[0][0][0] += __uint_as_float(wc[0][0].x ^ 
                           "                                        xr[S::NT - 1][S::XCHUNKS - 1].z);\n"
                           "      } else {")])
 EOF
+}
+
+if [ "${1:-}" = --generate ]; then
+  [ $# -eq 2 ] || { echo "usage: scripts/gemv_parts.sh --generate DIR" >&2; exit 2; }
+  mkdir -p "$2"
+  generate "$2"
+  exit 0
+fi
+
+build=${1:-build-gpu}
+shift || true
+opts=("$@")
+[ ${#opts[@]} -gt 0 ] || opts=(--rows 16 --weights fp8 --cols 32)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+generate "$work"
+
+prefix=()
+[ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >/dev/null
+cmake --build "$build" --target bench_gemv >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
 
 for v in kept no_x no_x_deep no_mma; do
   source_opt=()

@@ -23,6 +23,7 @@
 
 namespace fs = std::filesystem;
 using namespace tfe;
+using tfe::test::read_text;
 using tfe::test::TempDir;
 
 namespace {
@@ -90,11 +91,6 @@ CompileOptions test_options() {
 }
 
 bool has_elf_magic(const std::string& cubin) { return cubin.size() > 4 && cubin.compare(0, 4, "\x7f" "ELF") == 0; }
-
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
 
 }  // namespace
 
@@ -194,7 +190,7 @@ TEST_CASE("cache: a miss compiles and stores, the next lookup hits with the same
   CHECK(first.key.size() == 64);
   const fs::path entry = dir.path / fmt::format("v{}", kCacheSchemaVersion) / "sm_90" / first.key;
   CHECK(fs::file_size(entry.string() + ".cubin") == first.kernel.cubin.size());
-  CHECK(read_file(entry.string() + ".json").find(unit.uri) != std::string::npos);
+  CHECK(read_text(entry.string() + ".json").find(unit.uri) != std::string::npos);
 
   const CachedKernel second = cache.get(unit, o);
   CHECK(second.hit);
@@ -305,7 +301,7 @@ TEST_CASE("cache: a corrupt entry is a miss and is rewritten") {
   fs::resize_file(cubin, fs::file_size(cubin) / 2);
   expect_recompile("truncated cubin");
 
-  std::string bytes = read_file(cubin);
+  std::string bytes = read_text(cubin);
   bytes[bytes.size() / 2] ^= 0x5a;
   std::ofstream(cubin, std::ios::binary | std::ios::trunc) << bytes;
   expect_recompile("flipped byte in the cubin");
@@ -450,11 +446,11 @@ TEST_CASE("artifact: compile_plan writes plan, CUBINs and manifest that load_art
   CHECK_THROWS_WITH_AS(a.kernel("no_such_kernel"), doctest::Contains("no_such_kernel"), Error);
 
   // A second compile is all hits and writes the same artifact.
-  const std::string manifest = read_file(out / "manifest.json");
+  const std::string manifest = read_text(out / "manifest.json");
   const CompileSummary again = compile_plan(plan, out.string(), {}, cache, stub_options());
   CHECK(again.hits == plan.specs.size());
   CHECK(again.misses == 0);
-  CHECK(read_file(out / "manifest.json") == manifest);
+  CHECK(read_text(out / "manifest.json") == manifest);
 
   // A plan with fewer specializations written over it leaves no stale CUBIN behind.
   PlanOptions fewer = plan.options;
@@ -484,7 +480,7 @@ TEST_CASE("artifact: load_artifact refuses a damaged or foreign artifact, naming
   int n = 0;
   auto fresh = [&] { return copy_of(good, tmp.path / fmt::format("copy{}", n++)); };
   auto rewrite_manifest = [](const fs::path& dir, const std::string& from, const std::string& to) {
-    std::string m = read_file(dir / "manifest.json");
+    std::string m = read_text(dir / "manifest.json");
     const auto at = m.find(from);
     REQUIRE(at != std::string::npos);
     m.replace(at, from.size(), to);
@@ -494,7 +490,7 @@ TEST_CASE("artifact: load_artifact refuses a damaged or foreign artifact, naming
   SUBCASE("a CUBIN with a flipped byte") {
     const fs::path d = fresh();
     const fs::path cubin = d / "kernels" / (uri + ".cubin");
-    std::string b = read_file(cubin);
+    std::string b = read_text(cubin);
     b[b.size() / 2] ^= 0x01;
     std::ofstream(cubin, std::ios::binary | std::ios::trunc) << b;
     expect_refused(d, cubin.string());
@@ -549,7 +545,7 @@ TEST_CASE("artifact: load_artifact refuses a damaged or foreign artifact, naming
   }
   SUBCASE("a kernel entry missing") {
     const fs::path d = fresh();
-    auto m = nlohmann::json::parse(read_file(d / "manifest.json"));
+    auto m = nlohmann::json::parse(read_text(d / "manifest.json"));
     m["kernels"].erase(m["kernels"].begin());
     std::ofstream(d / "manifest.json", std::ios::trunc) << m.dump();
     expect_refused(d, "specializations");

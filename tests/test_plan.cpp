@@ -8,7 +8,6 @@
 #include <map>
 #include <random>
 #include <set>
-#include <sstream>
 #include <tuple>
 
 #include "compiler/kernel_registry.h"
@@ -21,6 +20,7 @@
 #include "test_util.h"
 
 using namespace tfe;
+using tfe::test::read_text;
 
 namespace {
 
@@ -116,13 +116,6 @@ std::vector<std::pair<std::string, HeadHeader>> golden_heads() {
     out.emplace_back(std::string(name) + "-fp8", h);
   }
   return out;
-}
-
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 std::string replace_once(std::string s, std::string_view from, std::string_view to) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <span>
@@ -118,6 +119,12 @@ inline const std::filesystem::path& temp_dir() {
   };
   static const Dir dir;
   return dir.path;
+}
+
+// The bytes of the file at `path` (empty where it cannot be read).
+inline std::string read_text(const std::filesystem::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
 }
 
 // A fresh directory of its own under the system temp dir, removed with everything in it.
