@@ -79,6 +79,10 @@ struct Reach {
   std::function<int64_t(std::string_view)> index_rows;   // copy_rows: ids an index argument may hold (0: null)
 };
 int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach& r);
+// The alignment in bytes that a kernel's loads through a pointer parameter need of the argument's address
+// (buffer offset + byte_offset; every arena's base is at least 256-byte aligned): 1 where the kernel
+// checks at run time or loads bytewise. Plan validation refuses an argument that breaks it.
+int64_t param_alignment(const KernelSpec& spec, std::string_view param);
 
 // Values of the kernels' enumerated constants (mirrored in kernels/common.cuh).
 namespace kc {

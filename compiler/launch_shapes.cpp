@@ -198,6 +198,12 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows) {
   return s;
 }
 
+int64_t param_alignment(const KernelSpec& spec, std::string_view param) {
+  // load_tables reads a host_tables row as one int4 (kernels/load_tables.cuh).
+  if (spec.kernel == "load_tables" && param == "host_tables") return kc::kHostTableColumns * 4;
+  return 1;
+}
+
 int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach& r) {
   const std::string& k = spec.kernel;
   const auto c = [&](std::string_view name) { return spec.constant(name); };

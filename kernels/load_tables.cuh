@@ -18,7 +18,7 @@ namespace tfe {
 namespace kernels {
 
 struct LoadTablesParams {
-  const int* host_tables;  // [rows, 4] host memory, 16-byte aligned (the runtime refuses a plan otherwise)
+  const int* host_tables;  // [rows, 4] host memory, 16-byte aligned (validate: param_alignment)
   int* slot;               // [rows] each, the arena
   int* pos;
   int* first_pos;

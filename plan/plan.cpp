@@ -316,6 +316,11 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
     if (need > b.bytes - a.byte_offset)
       fail("plan: node {} arg `{}`: kernel {} reaches {} bytes from byte_offset {} of `{}`, which holds {} bytes",
            n.name, a.param, spec.kernel, need, a.byte_offset, b.name, b.bytes);
+    const int64_t align = param_alignment(spec, a.param);
+    if ((b.offset + a.byte_offset) % align != 0)
+      fail("plan: node {} arg `{}`: kernel {} loads it in {}-byte units, but `{}` offset {} + byte_offset {} is "
+           "not a multiple of {}",
+           n.name, a.param, spec.kernel, align, b.name, b.offset, a.byte_offset, align);
   }
 }
 

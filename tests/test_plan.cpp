@@ -966,6 +966,18 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
                 b.bytes /= 4;
               }
           }, "node s1.load_tables arg `host_tables`: kernel load_tables reaches 256 bytes");
+  // ... and reads each row in one 16-byte load: the tables moved 4 bytes on (alignment 4, still within the
+  // host arena and overlapping nothing) are refused.
+  refused("the draft's host tables 4 bytes off a 16-byte row", [&](Plan& p) {
+            for (Buffer& b : p.host.buffers) b.offset += 256;
+            p.host.bytes += 256;
+            for (Buffer& b : p.host.buffers)
+              if (b.name == "host_tables") {
+                b.alignment = 4;
+                b.offset = 4;
+              }
+          }, "node s1.load_tables arg `host_tables`: kernel load_tables loads it in 16-byte units, but `host_tables` "
+             "offset 4 + byte_offset 0 is not a multiple of 16");
   // A plan made for sm_80 (attention in one CTA a cluster, the GEMV's 96 KB ring within 163 KB), whose
   // attention node is then made to ask for more than sm_80's 163 KB.
   {
