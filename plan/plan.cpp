@@ -324,6 +324,48 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
   }
 }
 
+// The runtime's side of a draft pass (runtime/runtime.cpp): before the launch it writes the bucket's rows
+// of `host_tables`; once `host_done` is set it reads `host_token` and `host_conf`. So the pass begins with
+// the load_tables that reads those tables, and every step ends with the store_outputs that only a pass
+// ending there runs: one that ran inside a longer pass would set host_done before its outputs were final,
+// and one that wrote elsewhere would leave the host reading the last call's outputs. (Both kernels' rows
+// are the bucket's streams: check_node checks every node's `rows`.)
+void check_draft_pass(const Bucket& b, int max_steps, const std::map<std::string, const KernelSpec*>& specs) {
+  auto kernel = [&](const Node& n) -> const std::string& { return specs.at(n.spec)->kernel; };
+  auto expect_binding = [&](const Node& n, std::string_view param, std::string_view buffer) {
+    for (const Arg& a : n.args)
+      if (a.param == param && a.kind == Arg::Kind::buffer && a.buffer == buffer && a.byte_offset == 0) return;
+    fail("plan: bucket {} node {}: `{}` must bind host buffer `{}` at byte_offset 0, which the runtime {}", b.streams,
+         n.name, param, buffer, param == "host_tables" ? "writes before the launch" : "reads after it");
+  };
+  const Node& first = b.nodes.front();
+  if (kernel(first) != "load_tables")
+    fail("plan: bucket {}: the pass begins with node {} (kernel {}); it must begin with load_tables, which reads the "
+         "tables the runtime wrote", b.streams, first.name, kernel(first));
+  expect_binding(first, "host_tables", "host_tables");
+  for (size_t i = 0; i < b.nodes.size(); ++i) {
+    const Node& n = b.nodes[i];
+    const bool store = kernel(n) == "store_outputs";
+    if (store != n.last_step_only)
+      fail("plan: bucket {} node {}: {}; a step's outputs reach the host only through the store_outputs that ends "
+           "the pass", b.streams, n.name, store ? "store_outputs is not last_step_only" : "only store_outputs may be "
+           "last_step_only");
+    if (store)
+      for (const char* param : {"host_token", "host_conf", "host_done"}) expect_binding(n, param, param);
+    const bool ends_step = i + 1 == b.nodes.size() || b.nodes[i + 1].step != n.step;
+    if (ends_step != store)
+      fail("plan: bucket {} node {}: {} step {}; each step ends with its store_outputs and has only that one",
+           b.streams, n.name, store ? "store_outputs does not end" : "a node other than store_outputs ends", n.step);
+  }
+  // check_node and the bucket loop keep steps in 1..max_steps, non-decreasing, ending at max_steps; a step
+  // with no node at all would leave its pass without a store_outputs.
+  std::set<int> steps;
+  for (const Node& n : b.nodes) steps.insert(n.step);
+  if (static_cast<int>(steps.size()) != max_steps)
+    fail("plan: bucket {}: {} of the {} steps have nodes; a pass of every length must end with its store_outputs",
+         b.streams, steps.size(), max_steps);
+}
+
 }  // namespace
 
 void validate(const Plan& p) {
@@ -421,6 +463,7 @@ void validate(const Plan& p) {
     }
     if (b.nodes.empty() || b.nodes.back().step != p.options.max_steps)
       fail("plan: bucket {} does not run all {} steps", b.streams, p.options.max_steps);
+    check_draft_pass(b, p.options.max_steps, uris);
   }
   for (const auto& n : p.extend) {
     if (n.step != 0) fail("plan: extend node {} has step {}; extend nodes have step 0", n.name, n.step);

@@ -11,6 +11,8 @@
 #              ring's shared memory given to weights alone, up to 6 stages: what more weights in flight buy
 #   no_mma     the ring's steps compute nothing (their chunks are still read from shared memory): the
 #              loads alone
+#   no_x_no_mma  both: the weights' copies into the ring and their reads back alone, the stream this
+#              grid gets with nothing else in a warp's way
 # Usage: scripts/gemv_parts.sh [BUILD_DIR] [bench_gemv options]
 #   (default build-gpu; options default to --rows 16 --weights fp8 --cols 32)
 # Builds bench_gemv in BUILD_DIR (configured like scripts/gpu_test.sh) and prints, per variant, its shapes'
@@ -50,9 +52,11 @@ variant("no_x_deep", [(x_ring, "static constexpr bool X_RING = !DYNAMIC && BUDGE
 
 # The chunks read from the ring are folded into one accumulator so that their loads stay in the code.
 step = "        gemv_step<S>(acc, wc, xr);\n      } else {"
-variant("no_mma", [(step, "        acc[0][0][0] += __uint_as_float(wc[0][0].x ^ wc[S::MT - 1][1].y ^ xr[0][0].x ^\n"
-                          "                                        xr[S::NT - 1][S::XCHUNKS - 1].z);\n"
-                          "      } else {")])
+no_mma = (step, "        acc[0][0][0] += __uint_as_float(wc[0][0].x ^ wc[S::MT - 1][1].y ^ xr[0][0].x ^\n"
+                "                                        xr[S::NT - 1][S::XCHUNKS - 1].z);\n"
+                "      } else {")
+variant("no_mma", [no_mma])
+variant("no_x_no_mma", [(x_copy, x_copy.replace("in ? 16u : 0u", "0u")), no_mma])
 EOF
 }
 
@@ -76,7 +80,7 @@ prefix=()
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >/dev/null
 cmake --build "$build" --target bench_gemv >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
 
-for v in kept no_x no_x_deep no_mma; do
+for v in kept no_x no_x_deep no_mma no_x_no_mma; do
   source_opt=()
   [ "$v" = kept ] || source_opt=(--source "gemv.cuh=$work/$v.cuh")
   echo "== $v"

@@ -1096,6 +1096,59 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
           "WIDTH = 1099511627776 is outside 1..16777216");
 }
 
+TEST_CASE("validate: a draft pass must begin with load_tables of host_tables and end every step with its "
+          "store_outputs to host_token, host_conf and host_done") {
+  const Plan good = make_plan(preset_header("tiny"), golden_options());
+  CHECK_NOTHROW(validate(good));
+  const auto nodes = [](Plan& p) -> std::vector<Node>& { return p.buckets.back().nodes; };
+  auto find = [&](Plan& p, std::string_view node) -> Node& {
+    for (Node& n : nodes(p))
+      if (n.name == node) return n;
+    FAIL("no node " << node);
+    throw std::logic_error("unreachable");
+  };
+  auto param = [](Node& n, std::string_view name) -> Arg& {
+    for (Arg& a : n.args)
+      if (a.param == name) return a;
+    FAIL("no argument " << name);
+    throw std::logic_error("unreachable");
+  };
+  auto refused = [&](const char* what, const std::function<void(Plan&)>& edit, const char* message) {
+    CAPTURE(what);
+    Plan p = good;
+    edit(p);
+    CHECK_THROWS_WITH_AS(validate(p), doctest::Contains(message), Error);
+  };
+  // Each edit keeps every node's own checks (reach, alignment, launch) satisfied: only the pass's contract
+  // with the runtime is broken.
+  refused("the tables read from another host buffer",
+          [&](Plan& p) { param(find(p, "s1.load_tables"), "host_tables").buffer = "host_token"; },
+          "bucket 16 node s1.load_tables: `host_tables` must bind host buffer `host_tables` at byte_offset 0, which "
+          "the runtime writes before the launch");
+  refused("the completion word written into the outputs",
+          [&](Plan& p) { param(find(p, "s3.store_outputs"), "host_done").buffer = "host_conf"; },
+          "bucket 16 node s3.store_outputs: `host_done` must bind host buffer `host_done`");
+  refused("a pass that reads the tables after its first node",
+          [&](Plan& p) { std::swap(nodes(p)[0], nodes(p)[1]); },
+          "bucket 16: the pass begins with node s1.gather_g (kernel copy_rows); it must begin with load_tables");
+  // Run in every longer pass, step 2's store_outputs would set host_done while steps 3 and 4 still run.
+  refused("a store_outputs in every pass",
+          [&](Plan& p) { find(p, "s2.store_outputs").last_step_only = false; },
+          "bucket 16 node s2.store_outputs: store_outputs is not last_step_only");
+  refused("another node left out of longer passes",
+          [&](Plan& p) { find(p, "s2.top1").last_step_only = true; },
+          "bucket 16 node s2.top1: only store_outputs may be last_step_only");
+  refused("a step without its store_outputs", [&](Plan& p) {
+            auto& n = nodes(p);
+            n.erase(std::find_if(n.begin(), n.end(), [](const Node& x) { return x.name == "s3.store_outputs"; }));
+          }, "a node other than store_outputs ends step 3");
+  refused("a store_outputs before its step's last node", [&](Plan& p) {
+            auto& n = nodes(p);
+            const auto at = std::find_if(n.begin(), n.end(), [](const Node& x) { return x.name == "s2.store_outputs"; });
+            std::iter_swap(at, at - 1);
+          }, "bucket 16 node s2.store_outputs: store_outputs does not end step 2");
+}
+
 TEST_CASE("plan YAML: another schema_version is refused naming both versions") {
   const std::string text = dump_plan_yaml(make_plan(preset_header("tiny"), golden_options()));
   const std::string now = fmt::format("schema_version: {}", kPlanSchemaVersion);
