@@ -35,19 +35,20 @@ std::vector<KernelDef> make_defs() {
       // Few-row GEMV: y[r, j] = epilogue(sum_k w[j, k] x[r, k]) for r < rows <= ROWS (rows beyond ROWS
       // are covered by grid.y tiles). WEIGHT: kc::kWeight*; EPILOGUE: kc::kEpilogue*; COLS: output
       // columns per CTA, 16, or 32 without SwiGLU. kc::kEpilogueTop1 writes, in place of y's logits, one
-      // 16-byte top1 partial per (row, CTA): y is [rows, ceil(N / COLS)] records.
-      {"gemv", "gemv.cuh", "tfe::kernels::gemv", {"ROWS", "K", "N", "WEIGHT", "EPILOGUE", "COLS"},
+      // 16-byte top1 partial per (row, CTA): y is [rows, ceil(N / COLS)] records. TILED: w in the tiled
+      // weight layout (plan/weight_layout.h), else row-major.
+      {"gemv", "gemv.cuh", "tfe::kernels::gemv", {"ROWS", "K", "N", "WEIGHT", "EPILOGUE", "COLS", "TILED"},
        {{"w", P::ptr}, {"scale", P::ptr}, {"x", P::ptr}, {"y", P::ptr}, {"residual", P::ptr}, {"rows", P::i64}}},
       // gemv over a narrow output (fewer than 64 tiles of 16 columns) with each column tile's K split over
       // a cluster of CSPLIT CTAs, joined through distributed shared memory; grid.x is gemv's times CSPLIT.
       {"gemv_cluster", "gemv.cuh", "tfe::kernels::gemv_cluster",
-       {"ROWS", "K", "N", "WEIGHT", "EPILOGUE", "COLS", "CSPLIT"},
+       {"ROWS", "K", "N", "WEIGHT", "EPILOGUE", "COLS", "TILED", "CSPLIT"},
        {{"w", P::ptr}, {"scale", P::ptr}, {"x", P::ptr}, {"y", P::ptr}, {"residual", P::ptr}, {"rows", P::i64}}},
       // The draft's wqkv GEMV (N = (HEADS + 2 KV_HEADS) x HEAD_DIM columns, [q | k | v]) with qk_rope_kv
       // as its epilogue, for heads without qk_norm: q rotated into q_out, k rotated and v as is into the
-      // slot's ring row (pos[r] + pos_offset mod RING). ROWS, K, WEIGHT and COLS as for gemv.
+      // slot's ring row (pos[r] + pos_offset mod RING). ROWS, K, WEIGHT, COLS and TILED as for gemv.
       {"gemv_rope_kv", "gemv.cuh", "tfe::kernels::gemv_rope_kv",
-       {"ROWS", "K", "WEIGHT", "COLS", "HEADS", "KV_HEADS", "HEAD_DIM", "RING"},
+       {"ROWS", "K", "WEIGHT", "COLS", "HEADS", "KV_HEADS", "HEAD_DIM", "RING", "TILED"},
        {{"w", P::ptr}, {"scale", P::ptr}, {"x", P::ptr}, {"inv_freq", P::ptr}, {"slot", P::ptr}, {"pos", P::ptr},
         {"pos_offset", P::i64}, {"q_out", P::ptr}, {"ring_k", P::ptr}, {"ring_v", P::ptr}, {"rows", P::i64}}},
       // qk_norm (if QK_NORM), RoPE at pos[r] + pos_offset, K/V written to the slot's ring row

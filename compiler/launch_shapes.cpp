@@ -111,7 +111,8 @@ KernelSpec gemv_equivalent(const KernelSpec& spec) {
                             {"N", n},
                             {"WEIGHT", spec.constant("WEIGHT")},
                             {"EPILOGUE", kc::kEpilogueBF16},
-                            {"COLS", spec.constant("COLS")}});
+                            {"COLS", spec.constant("COLS")},
+                            {"TILED", spec.constant("TILED")}});
 }
 
 int64_t gemv_tiles_per_cta(const KernelSpec& spec) { return gemv_tiles(gemv_equivalent(spec)); }

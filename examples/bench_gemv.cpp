@@ -19,6 +19,9 @@
 // against the CTAs resident at once); --dependent launches every GEMV with programmatic dependent launch,
 // as the runtime launches a pass's nodes, so that a launch's ring prologue overlaps its predecessor's tail.
 //
+// --layout rows times the weights row-major instead of tiled (plan/weight_layout.h), as a plan with
+// option tiled_weights = false stores them.
+//
 // --source NAME=FILE replaces an embedded kernel source (e.g. gemv.cuh) with a file's text, so that a
 // candidate kernel is measured without rebuilding the library (its launch shape must not change).
 #include <algorithm>
@@ -38,6 +41,7 @@
 #include "compiler/nvrtc.h"
 #include "plan/error.h"
 #include "plan/numeric.h"
+#include "plan/weight_layout.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_handles.h"
 #include "runtime/device_kernels.h"
@@ -155,6 +159,7 @@ struct Bench {
   KernelCache cache;
   uint64_t seed = 1;
   bool dependent = false;  // programmatic dependent launch between consecutive GEMVs
+  bool tiled = true;       // weights in the tiled layout (plan/weight_layout.h), as the planner stores them
 
   // Fresh random weights of one (shape, kind), shared by its ROWS values. splitmix64 rather than a normal
   // distribution: the largest head's weights are 262 MB, and the check needs values, not a distribution.
@@ -207,7 +212,7 @@ struct Bench {
   Result run(const Shape& s, int64_t weight, int64_t rows_tile, int64_t cols, const CachedKernel& compiled) {
     const bool fp8 = weight == kc::kWeightFP8;
     const KernelSpec spec = make_spec("gemv", {{"ROWS", rows_tile}, {"K", s.k}, {"N", s.n}, {"WEIGHT", weight},
-                                               {"EPILOGUE", s.epilogue}, {"COLS", cols}});
+                                               {"EPILOGUE", s.epilogue}, {"COLS", cols}, {"TILED", tiled}});
     const int64_t rows = rows_tile;
     const Weights& host = weights(s, fp8);
     const std::vector<float>& w = host.w;
@@ -230,7 +235,15 @@ struct Bench {
     // Weight copies: together more than 2x the L2, so no launch finds its weights cached.
     const int64_t copies = std::max<int64_t>(2, (2 * l2_bytes) / static_cast<int64_t>(w_bytes) + 2);
     std::vector<cuda::DeviceMemory> w_dev;
-    w_dev.push_back(upload(host.bytes, stream, "weights"));
+    if (tiled) {
+      const int64_t row_bytes = s.k * (fp8 ? 1 : 2);
+      std::vector<uint8_t> tiled_bytes(w_bytes);
+      tile_rows([&](int64_t r) { return reinterpret_cast<const std::byte*>(host.bytes.data() + r * row_bytes); },
+                static_cast<int64_t>(w_bytes) / row_bytes, row_bytes, reinterpret_cast<std::byte*>(tiled_bytes.data()));
+      w_dev.push_back(upload(tiled_bytes, stream, "weights"));
+    } else {
+      w_dev.push_back(upload(host.bytes, stream, "weights"));
+    }
     for (int64_t c = 1; c < copies; ++c) {
       w_dev.push_back(cuda::allocate_device(w_bytes, "weight copy"));
       TFE_CUDA(cudaMemcpyAsync(w_dev.back().data(), w_dev[0].data(), w_bytes, cudaMemcpyDeviceToDevice, stream));
@@ -327,7 +340,7 @@ std::vector<int64_t> parse_list(const std::string& text, const char* what) {
 int main(int argc, char** argv) {
   CLI::App app{"gemv alone at the llama3-8b-eagle3 linears: time, bandwidth against copy speed, and a check"};
   std::string rows_text = "1,2,4,8,16", weights_text = "bf16,fp8", cols_text = "16", label = "gemv";
-  std::string linears_text = "wqkv,wo,w_gate_up,w_down,lm_head";
+  std::string linears_text = "wqkv,wo,w_gate_up,w_down,lm_head", layout = "tiled";
   std::vector<std::string> sources, extra_shapes;
   bool dependent = false;
   app.add_option("--rows", rows_text, "ROWS values (rows = ROWS), comma-separated");
@@ -340,6 +353,8 @@ int main(int argc, char** argv) {
                  "NAME:K:N:EPILOGUE: a linear of that shape (EPILOGUE: bf16, f32, residual, swiglu), timed with "
                  "--linears'");
   app.add_flag("--dependent", dependent, "launch with programmatic dependent launch, as a pass's nodes are");
+  app.add_option("--layout", layout, "the weights' layout: tiled (as the planner stores a matrix only GEMVs read) "
+                 "or rows (row-major)");
   app.add_option("--source", sources, "NAME=FILE: replace the embedded kernel source NAME with FILE's text");
   app.add_option("--label", label, "names this run in the summary lines");
   CLI11_PARSE(app, argc, argv);
@@ -382,6 +397,16 @@ int main(int argc, char** argv) {
       else if (item == "fp8") weights.push_back(kc::kWeightFP8);
       else fail("--weights: `{}` is neither bf16 nor fp8", item);
     }
+    if (layout != "tiled" && layout != "rows") fail("--layout: `{}` is neither tiled nor rows", layout);
+    const bool tiled = layout == "tiled";
+    for (const Shape& s : shapes)
+      for (int64_t weight : weights) {
+        const int64_t w_rows = s.epilogue == kc::kEpilogueSwiGLU ? 2 * s.n : s.n;
+        const int64_t row_bytes = s.k * (weight == kc::kWeightFP8 ? 1 : 2);
+        if (tiled && !tileable(w_rows, row_bytes))
+          fail("--layout tiled: linear {} ({} rows of {} bytes) is not whole tiles of {} rows and {}-byte K steps",
+               s.name, w_rows, row_bytes, kTileRows, kTileStepBytes);
+      }
 
     CompileOptions options;
     for (const std::string& s : sources) {
@@ -402,7 +427,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     TFE_CUDA(cudaGetDeviceProperties(&prop, 0));
     auto stream = cuda::create_stream();
-    Bench bench{stream.get(), prop.l2CacheSize, options, KernelCache::from_environment(), 1, dependent, {}};
+    Bench bench{stream.get(), prop.l2CacheSize, options, KernelCache::from_environment(), 1, dependent, tiled, {}};
 
     // Compile every specialization up front, in parallel (the cache is thread-safe).
     struct Job {
@@ -420,15 +445,15 @@ int main(int argc, char** argv) {
           for (int64_t cols : col_tiles) {
             if (cols != cols_of(s, cols)) continue;
             const KernelSpec spec = make_spec("gemv", {{"ROWS", rows}, {"K", s.k}, {"N", s.n}, {"WEIGHT", weight},
-                                                       {"EPILOGUE", s.epilogue}, {"COLS", cols}});
+                                                       {"EPILOGUE", s.epilogue}, {"COLS", cols}, {"TILED", tiled}});
             jobs.push_back({&s, weight, rows, cols, std::async(std::launch::async, [&bench, spec] {
                               return bench.cache.get(make_compile_unit(spec), bench.options);
                             })});
           }
 
     const double copy_bw = copy_bandwidth(stream.get());
-    fmt::print("{} ({} SMs, L2 {} MB), copy bandwidth {:.0f} GB/s (read + write), {}\n", prop.name,
-               prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_bw * 1e-9, label);
+    fmt::print("{} ({} SMs, L2 {} MB), copy bandwidth {:.0f} GB/s (read + write), {}, weights {}\n", prop.name,
+               prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_bw * 1e-9, label, layout);
     fmt::print("{:<10} {:>5} {:>5} {:>5} {:>9} {:>9} {:>8} {:>7} {:>9}  {}\n", "shape", "w", "rows", "cols", "us",
                "floor us", "GB/s", "% copy", "error", "check");
     std::vector<Result> results;

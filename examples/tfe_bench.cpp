@@ -74,6 +74,7 @@ struct Options {
   int dependent_streams_fp8 = -1;  // likewise
   std::optional<bool> rope_in_wqkv;  // the plan option when planning here; unset: its default
   std::optional<bool> gemv_cluster;  // likewise
+  std::optional<bool> tiled_weights;  // likewise
   std::string streams = "1,2,4,8,16";
   std::string steps = "1..8";
   int iters = 50;
@@ -488,6 +489,7 @@ int run(const Options& o) {
     if (o.dependent_streams_fp8 >= 0) p.dependent_streams_fp8 = o.dependent_streams_fp8;
     if (o.rope_in_wqkv) p.rope_in_wqkv = *o.rope_in_wqkv;
     if (o.gemv_cluster) p.gemv_cluster = *o.gemv_cluster;
+    if (o.tiled_weights) p.tiled_weights = *o.tiled_weights;
     open.plan = p;
   }
   open.capture = tfe::OpenOptions::Capture::lazy;
@@ -507,6 +509,7 @@ int run(const Options& o) {
     out["dependent_streams_fp8"] = rt->plan().options.dependent_streams_fp8;
     out["rope_in_wqkv"] = rt->plan().options.rope_in_wqkv;
     out["gemv_cluster"] = rt->plan().options.gemv_cluster;
+    out["tiled_weights"] = rt->plan().options.tiled_weights;
   });
   if (!rt) {
     out["errors"] = errors;
@@ -832,6 +835,9 @@ int main(int argc, char** argv) {
   app.add_option("--gemv-cluster", o.gemv_cluster,
                  "plan option without an artifact: a narrow output's gemv with each column tile's K split over a "
                  "cluster of CTAs (true, false)")
+      ->excludes(artifact);
+  app.add_option("--tiled-weights", o.tiled_weights,
+                 "plan option without an artifact: matrices only gemvs read in the tiled layout (true, false)")
       ->excludes(artifact);
   app.add_option("--streams", o.streams, "slots per draft call: a list (1,2,4) or range (1..4)");
   app.add_option("--steps", o.steps, "draft steps per call: a list or range");

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "plan/error.h"
+#include "plan/weight_layout.h"
 
 namespace tfe {
 
@@ -33,6 +34,14 @@ std::string_view buffer_role_name(BufferRole r) {
     case BufferRole::activation: return "activation";
     case BufferRole::output: return "output";
     case BufferRole::host: return "host";
+  }
+  return "?";
+}
+
+std::string_view layout_name(Layout l) {
+  switch (l) {
+    case Layout::rows: return "rows";
+    case Layout::tiled: return "tiled";
   }
   return "?";
 }
@@ -175,6 +184,13 @@ void check_arena(const Arena& a, ArenaKind kind) {
       fail("plan: buffer `{}` ends at {}, past the {}'s {} bytes", b.name, b.offset + b.bytes, which, a.bytes);
     if (weights && b.from.empty()) fail("plan: weight `{}` names no source tensor (`from`)", b.name);
     if (!weights && !b.from.empty()) fail("plan: buffer `{}` is not a weight but names sources", b.name);
+    if (b.layout == Layout::tiled) {
+      const bool matrix = weights && b.shape.size() == 2 && (b.dtype == DType::BF16 || b.dtype == DType::F8_E4M3);
+      if (!matrix) fail("plan: buffer `{}` is tiled, which only a bf16 or FP8 weight matrix [rows, K] may be", b.name);
+      if (!tileable(b.shape[0], b.bytes / b.shape[0]))
+        fail("plan: tiled weight `{}`: {} rows of {} bytes are not whole tiles of {} rows and {}-byte K steps", b.name,
+             b.shape[0], b.bytes / b.shape[0], kTileRows, kTileStepBytes);
+    }
     by_offset.push_back(&b);
   }
   std::sort(by_offset.begin(), by_offset.end(), [](auto* x, auto* y) { return x->offset < y->offset; });
@@ -222,6 +238,9 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
         fail("plan: gemm node {}: `{}` holds {} rows, a chunk takes up to {}", n.name, b->name,
              b->bytes / (2 * b->shape.back()), rows);
     if (y.role == BufferRole::weight) fail("plan: gemm node {} writes weight `{}`", n.name, y.name);
+    if (w.layout != Layout::rows)
+      fail("plan: gemm node {}: w `{}` is {}; cuBLASLt reads a row-major matrix", n.name, w.name,
+           layout_name(w.layout));
     return;
   }
   const auto found = specs.find(n.spec);
@@ -249,6 +268,18 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
            b.bytes);
     if (param_writes(spec.kernel, a.param) && b.role == BufferRole::weight)
       fail("plan: node {} writes weight `{}` through `{}`", n.name, b.name, a.param);
+    // A GEMV reads its w in the layout its TILED constant says, from a whole tile on; nothing else reads a
+    // tiled matrix.
+    const bool gemv_w = spec.kernel.starts_with("gemv") && a.param == "w";
+    const bool tiled = b.layout == Layout::tiled;
+    if (gemv_w && (spec.constant("TILED") != 0) != tiled)
+      fail("plan: node {} arg `w`: spec {} has TILED = {}, but `{}` is {}", n.name, spec.uri(), spec.constant("TILED"),
+           b.name, layout_name(b.layout));
+    if (tiled && !gemv_w)
+      fail("plan: node {} arg `{}`: `{}` is tiled, which only a gemv's `w` reads", n.name, a.param, b.name);
+    if (tiled && a.byte_offset % (kTileRows * b.bytes / b.shape[0]) != 0)
+      fail("plan: node {} arg `w`: byte_offset {} of tiled `{}` is not at a tile ({} rows of {} bytes)", n.name,
+           a.byte_offset, b.name, kTileRows, b.bytes / b.shape[0]);
   }
   if (n.launch.rows_axis < -1 || n.launch.rows_axis > 2 || n.launch.rows_per_block < 1 || n.launch.block < 1 ||
       n.launch.smem < 0)
@@ -398,7 +429,8 @@ void validate(const Plan& p) {
     // Sizes and counts are at least 1 (some divide), switches at least 0; none is near int64's range, so
     // the launch shapes and reaches computed from them below stay exact.
     for (const auto& [name, v] : s.constants) {
-      const bool flag = name == "WEIGHT" || name == "EPILOGUE" || name == "QK_NORM" || name == "WRITE_Q";
+      const bool flag =
+          name == "WEIGHT" || name == "EPILOGUE" || name == "QK_NORM" || name == "WRITE_Q" || name == "TILED";
       const int64_t lo = flag ? 0 : 1;
       const int64_t hi = name == "EPILOGUE" ? kc::kEpilogueTop1 : flag ? 1 : kMaxSpecConstant;
       if (v < lo || v > hi) fail("plan: spec {}: {} = {} is outside {}..{}", s.uri(), name, v, lo, hi);

@@ -15,7 +15,7 @@
 namespace tfe {
 
 // Version of the plan schema (YAML and struct). Loading another version is refused.
-inline constexpr int kPlanSchemaVersion = 12;
+inline constexpr int kPlanSchemaVersion = 13;
 
 enum class Fp8Mode : uint8_t { automatic, off, require };  // YAML / CLI: auto, off, require
 std::string_view fp8_mode_name(Fp8Mode m);
@@ -44,6 +44,9 @@ struct PlanOptions {
   // each tile's K split over a cluster of CTAs, where the arch has clusters and K has steps enough; false:
   // gemv. (bf16 keeps gemv: measured slower as gemv_cluster.)
   bool gemv_cluster = true;
+  // Weight matrices read only by GEMVs in the tiled layout (Layout::tiled, plan/weight_layout.h) where
+  // their shape allows; false: every matrix row-major, as in the head file. Both give the same bits.
+  bool tiled_weights = true;
   bool operator==(const PlanOptions&) const = default;
 };
 
@@ -58,6 +61,13 @@ enum class BufferRole : uint8_t {
 };
 std::string_view buffer_role_name(BufferRole r);
 
+// The order of a weight matrix's bytes in the weights arena.
+enum class Layout : uint8_t {
+  rows,   // row-major, as in the head file
+  tiled,  // whole 16-row tiles, their rows interleaved one 64-byte K step at a time (plan/weight_layout.h)
+};
+std::string_view layout_name(Layout l);
+
 struct Buffer {
   std::string name;
   BufferRole role = BufferRole::activation;
@@ -69,6 +79,8 @@ struct Buffer {
   // weights: the file tensors concatenated along dim 0 to make it ("computed:rope_inv_freq" for the
   // RoPE table computed at open).
   std::vector<std::string> from;
+  // weights: a matrix [rows, K] that only GEMVs read may be tiled; the runtime reorders it at upload.
+  Layout layout = Layout::rows;
   bool operator==(const Buffer&) const = default;
 };
 

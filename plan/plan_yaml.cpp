@@ -64,6 +64,7 @@ YAML::Node buffer_yaml(const Buffer& b) {
   n["bytes"] = b.bytes;
   n["alignment"] = b.alignment;
   n["from"] = flow_list(b.from);
+  if (b.layout != Layout::rows) n["layout"] = std::string(layout_name(b.layout));
   return n;
 }
 
@@ -169,6 +170,8 @@ Buffer load_buffer(const yaml::Field& f) {
   b.bytes = m.at("bytes").i64(0, kI64Max);
   b.alignment = m.at("alignment").i64(1, 4096);
   for (const auto& x : m.at("from").seq(kMaxFrom)) b.from.push_back(x.str());
+  if (m.has("layout"))
+    b.layout = enum_from(m.at("layout"), {std::pair{"rows", Layout::rows}, std::pair{"tiled", Layout::tiled}});
   m.done();
   return b;
 }
@@ -264,6 +267,7 @@ std::string dump_plan_yaml(const Plan& p) {
   o["dependent_streams_fp8"] = p.options.dependent_streams_fp8;
   o["rope_in_wqkv"] = p.options.rope_in_wqkv;
   o["gemv_cluster"] = p.options.gemv_cluster;
+  o["tiled_weights"] = p.options.tiled_weights;
   root["options"] = o;
   root["ring_rows"] = p.ring_rows;
   root["fp8"] = p.fp8;
@@ -348,6 +352,7 @@ Plan load_plan_yaml(std::string_view text) {
     p.options.dependent_streams_fp8 = o.at("dependent_streams_fp8").i32(0, 16);
     p.options.rope_in_wqkv = o.at("rope_in_wqkv").boolean();
     p.options.gemv_cluster = o.at("gemv_cluster").boolean();
+    p.options.tiled_weights = o.at("tiled_weights").boolean();
     o.done();
     try {
       validate(p.options);

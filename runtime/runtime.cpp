@@ -15,6 +15,7 @@
 #include "graphs/graph_cache.h"
 #include "plan/error.h"
 #include "plan/head_file.h"
+#include "plan/weight_layout.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_gemm.h"
 #include "runtime/device_handles.h"
@@ -210,6 +211,7 @@ struct Runtime::Impl {
 
   void open_device(const OpenOptions& o);
   void upload_weights(const HeadFile& file);
+  void upload_tiled(const Buffer& b, const std::vector<const TensorView*>& parts, std::byte* dst);
   void load_kernels(const std::map<std::string, KernelImage>& images);
   void prepare_nodes();
   void capture_all();
@@ -359,6 +361,7 @@ void Runtime::Impl::upload_weights(const HeadFile& file) {
     }
     if (b.from.empty()) fail("weights: `{}` names no file tensor to upload", b.name);
     int64_t at = 0;
+    std::vector<const TensorView*> parts;
     for (const std::string& name : b.from) {
       const TensorView& t = file.tensor(name);
       if (t.dtype != b.dtype)
@@ -366,14 +369,33 @@ void Runtime::Impl::upload_weights(const HeadFile& file) {
              file.file().path(), dtype_name(t.dtype));
       if (at + t.bytes > b.bytes)
         fail("weights: the parts of `{}` ({}) hold more than its {} bytes", b.name, fmt::join(b.from, ", "), b.bytes);
-      TFE_CUDA(cudaMemcpy(dst + at, t.data, static_cast<size_t>(t.bytes), cudaMemcpyHostToDevice));
+      if (b.layout == Layout::rows)
+        TFE_CUDA(cudaMemcpy(dst + at, t.data, static_cast<size_t>(t.bytes), cudaMemcpyHostToDevice));
+      parts.push_back(&t);
       at += t.bytes;
     }
     if (at != b.bytes)
       fail("weights: the parts of `{}` ({}) hold {} bytes, the plan needs {}", b.name, fmt::join(b.from, ", "), at,
            b.bytes);
+    if (b.layout == Layout::tiled) upload_tiled(b, parts, dst);
     stats.weight_bytes += static_cast<uint64_t>(b.bytes);
   }
+}
+
+// A tiled matrix (plan/weight_layout.h) is reordered on the host, its parts (the file tensors concatenated
+// along rows) read in place, and uploaded in one copy.
+void Runtime::Impl::upload_tiled(const Buffer& b, const std::vector<const TensorView*>& parts, std::byte* dst) {
+  const int64_t rows = b.shape[0], row_bytes = b.bytes / rows;
+  std::vector<const std::byte*> row_at;
+  row_at.reserve(static_cast<size_t>(rows));
+  for (const TensorView* t : parts) {
+    if (t->bytes % row_bytes != 0)
+      fail("weights: part of `{}` holds {} bytes, not whole rows of {} bytes", b.name, t->bytes, row_bytes);
+    for (int64_t r = 0; r < t->bytes / row_bytes; ++r) row_at.push_back(t->data + r * row_bytes);
+  }
+  std::vector<std::byte> tiled(static_cast<size_t>(b.bytes));
+  tile_rows([&](int64_t r) { return row_at[static_cast<size_t>(r)]; }, rows, row_bytes, tiled.data());
+  TFE_CUDA(cudaMemcpy(dst, tiled.data(), tiled.size(), cudaMemcpyHostToDevice));
 }
 
 void Runtime::Impl::load_kernels(const std::map<std::string, KernelImage>& images) {

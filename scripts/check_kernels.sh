@@ -45,26 +45,33 @@ gemv_shapes = [  # (K, N, epilogue): the linears of both presets, and tails
     (100, 37, 0), (72, 50, 3), (200, 33, 2), (40, 17, 1),  # K and N tails
     (64, 300, 4), (100, 5000, 4),        # top1 partials: tiny's narrow lm_head; K and column tails, not narrow
 ]
+# TILED 1 (plan/weight_layout.h) where the matrix has a tiled form: whole 16-row tiles, 64-byte K steps.
+def tileable(k, n, weight):
+    return n % 16 == 0 and (k * (1 if weight else 2)) % 64 == 0
 for rows in [1, 2, 4, 8, 16]:
     for weight in [0, 1]:
         for k, n, epi in gemv_shapes:
             for cols in [16] if epi == 3 else [16, 32]:
-                add(f"gemv", "gemv.cuh", ROWS=rows, K=k, N=n, WEIGHT=weight, EPILOGUE=epi, COLS=cols)
+                for tiled in [0, 1] if tileable(k, n, weight) else [0]:
+                    add(f"gemv", "gemv.cuh", ROWS=rows, K=k, N=n, WEIGHT=weight, EPILOGUE=epi, COLS=cols, TILED=tiled)
 # gemv_cluster: narrow outputs with K split over a cluster: two_stage's lr_a at the planner's split (4) and
 # the most (8), every epilogue it takes, and a column tail (300 of 304) at a K that gives each CTA 2 steps.
 for rows in [1, 2, 4, 8, 16]:
     for weight in [0, 1]:
         for k, n, epi, cs in [(4096, 512, 0, 4), (4096, 512, 0, 8), (4096, 512, 1, 4), (4096, 512, 2, 2),
                               (4096, 512, 4, 4), (2048, 300, 0, 2)]:
-            add("gemv_cluster", "gemv.cuh", ROWS=rows, K=k, N=n, WEIGHT=weight, EPILOGUE=epi, COLS=16, CSPLIT=cs)
+            for tiled in [0, 1] if tileable(k, n, weight) else [0]:
+                add("gemv_cluster", "gemv.cuh", ROWS=rows, K=k, N=n, WEIGHT=weight, EPILOGUE=epi, COLS=16, TILED=tiled,
+                    CSPLIT=cs)
 # gemv_rope_kv: llama3's wqkv, tiny's (narrow: 128 columns), head_dim 64 and 256.
 for rows in [1, 2, 4, 8, 16]:
     for weight in [0, 1]:
         for heads, kvh, hd, k, ring in [(32, 8, 128, 8192, 520), (4, 2, 16, 128, 24), (8, 8, 64, 1024, 520),
                                         (16, 2, 256, 4096, 1024)]:
             for cols in [16, 32]:
-                add("gemv_rope_kv", "gemv.cuh", ROWS=rows, K=k, WEIGHT=weight, COLS=cols, HEADS=heads, KV_HEADS=kvh,
-                    HEAD_DIM=hd, RING=ring)
+                for tiled in [0, 1] if tileable(k, (heads + 2 * kvh) * hd, weight) else [0]:
+                    add("gemv_rope_kv", "gemv.cuh", ROWS=rows, K=k, WEIGHT=weight, COLS=cols, HEADS=heads,
+                        KV_HEADS=kvh, HEAD_DIM=hd, RING=ring, TILED=tiled)
 for heads, kvh, hd, ring in [(32, 8, 128, 520), (32, 8, 128, 144), (16, 2, 256, 1024), (8, 8, 64, 520), (4, 2, 16, 24)]:
     for qk in [0, 1]:
         for wq in [0, 1]:

@@ -231,11 +231,12 @@ KernelSpec rope_gemv_spec(const Heads& h, int64_t k, int64_t weight, int64_t row
                                     {"HEADS", h.heads},
                                     {"KV_HEADS", h.kv_heads},
                                     {"HEAD_DIM", h.head_dim},
-                                    {"RING", 520}});
+                                    {"RING", 520},
+                                    {"TILED", 0}});
 }
 KernelSpec gemv_spec(int64_t k, int64_t n, int64_t weight, int64_t epilogue, int64_t rows, int64_t cols) {
   return make_spec("gemv", {{"ROWS", rows}, {"K", k}, {"N", n}, {"WEIGHT", weight}, {"EPILOGUE", epilogue},
-                            {"COLS", cols}});
+                            {"COLS", cols}, {"TILED", 0}});
 }
 
 }  // namespace
@@ -335,9 +336,9 @@ TEST_CASE("scripts/gemv_parts.sh: its variants of gemv.cuh still apply and compi
   REQUIRE_FALSE(kept.empty());
   const std::vector<KernelSpec> specs = {
       make_spec("gemv", {{"ROWS", 16}, {"K", 4096}, {"N", 4096}, {"WEIGHT", kc::kWeightFP8},
-                         {"EPILOGUE", kc::kEpilogueResidual}, {"COLS", 32}}),
+                         {"EPILOGUE", kc::kEpilogueResidual}, {"COLS", 32}, {"TILED", 1}}),
       make_spec("gemv", {{"ROWS", 1}, {"K", 4096}, {"N", 4096}, {"WEIGHT", kc::kWeightBF16},
-                         {"EPILOGUE", kc::kEpilogueResidual}, {"COLS", 16}}),
+                         {"EPILOGUE", kc::kEpilogueResidual}, {"COLS", 16}, {"TILED", 1}}),
   };
   for (const char* variant : {"no_x", "no_x_deep", "no_mma", "no_x_no_mma"}) {
     CAPTURE(variant);

@@ -467,35 +467,53 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
                        Error);
 }
 
-TEST_CASE("make_plan: the extend's K/V GEMM reads the contiguous wk|wv rows of wqkv") {
-  for (const auto& [name, h] : golden_heads()) {
-    CAPTURE(name);
-    const Plan p = make_plan(h, golden_options());
-    const auto kv = std::find_if(p.extend.begin(), p.extend.end(), [](const Node& n) { return n.name == "extend.kv"; });
-    REQUIRE(kv != p.extend.end());
-    const Buffer& wqkv = p.weights.at("wqkv");
-    const int64_t q_rows = h.heads * h.head_dim, k = 2 * h.hidden;
-    if (wqkv.dtype == DType::BF16) {
-      CHECK(kv->kind == Node::Kind::gemm);
-      CHECK(kv->gemm.w == "wqkv");
-      CHECK(kv->gemm.w_offset == q_rows * k * 2);
-      CHECK(kv->gemm.n == 2 * h.kv_heads * h.head_dim);
-      CHECK(kv->gemm.w_offset + kv->gemm.n * kv->gemm.k * 2 == wqkv.bytes);
-    } else {
-      CHECK(kv->kind == Node::Kind::kernel);
-      CHECK(p.spec(kv->spec).constant("ROWS") == 16);
-      CHECK(kv->args[0].byte_offset == q_rows * k);
-      CHECK(kv->args[1].byte_offset == q_rows * 4);
-    }
-    // Each tap norm works in place on its column slice of the uploaded taps.
-    for (const auto& n : p.extend)
-      if (n.name.starts_with("extend.tap_norm.")) {
-        const int64_t i = std::stoll(n.name.substr(16));
-        CHECK(n.args[0].byte_offset == i * h.target_hidden * 2);
-        CHECK(n.args[3].byte_offset == n.args[0].byte_offset);
-        CHECK(n.args[1].i == static_cast<int64_t>(h.taps.size()) * h.target_hidden);
+TEST_CASE("make_plan: the extend's K/V GEMM reads the contiguous wk|wv rows of wqkv, or their row-major copy wkv "
+          "beside a tiled bf16 wqkv") {
+  PlanOptions rows_only = golden_options();
+  rows_only.tiled_weights = false;
+  for (const auto& [name, h] : golden_heads())
+    for (const PlanOptions& o : {golden_options(), rows_only}) {
+      CAPTURE(name);
+      CAPTURE(o.tiled_weights);
+      const Plan p = make_plan(h, o);
+      const auto kv =
+          std::find_if(p.extend.begin(), p.extend.end(), [](const Node& n) { return n.name == "extend.kv"; });
+      REQUIRE(kv != p.extend.end());
+      const Buffer& wqkv = p.weights.at("wqkv");
+      const int64_t q_rows = h.heads * h.head_dim, k = 2 * h.hidden;
+      const Buffer* wkv = p.weights.find("wkv");
+      // The copy exists exactly where the bf16 wqkv is tiled: wk's rows and wv's, row-major.
+      CHECK((wkv != nullptr) == (wqkv.dtype == DType::BF16 && wqkv.layout == Layout::tiled));
+      CHECK((wqkv.layout == Layout::tiled) == (o.tiled_weights && q_rows % 16 == 0));
+      if (wqkv.dtype == DType::BF16) {
+        CHECK(kv->kind == Node::Kind::gemm);
+        CHECK(kv->gemm.n == 2 * h.kv_heads * h.head_dim);
+        if (wkv) {
+          CHECK(wkv->layout == Layout::rows);
+          CHECK(wkv->from == std::vector<std::string>{"wk", "wv"});
+          CHECK(kv->gemm.w == "wkv");
+          CHECK(kv->gemm.w_offset == 0);
+          CHECK(kv->gemm.n * kv->gemm.k * 2 == wkv->bytes);
+        } else {
+          CHECK(kv->gemm.w == "wqkv");
+          CHECK(kv->gemm.w_offset == q_rows * k * 2);
+          CHECK(kv->gemm.w_offset + kv->gemm.n * kv->gemm.k * 2 == wqkv.bytes);
+        }
+      } else {
+        CHECK(kv->kind == Node::Kind::kernel);
+        CHECK(p.spec(kv->spec).constant("ROWS") == 16);
+        CHECK(kv->args[0].byte_offset == q_rows * k);
+        CHECK(kv->args[1].byte_offset == q_rows * 4);
       }
-  }
+      // Each tap norm works in place on its column slice of the uploaded taps.
+      for (const auto& n : p.extend)
+        if (n.name.starts_with("extend.tap_norm.")) {
+          const int64_t i = std::stoll(n.name.substr(16));
+          CHECK(n.args[0].byte_offset == i * h.target_hidden * 2);
+          CHECK(n.args[3].byte_offset == n.args[0].byte_offset);
+          CHECK(n.args[1].i == static_cast<int64_t>(h.taps.size()) * h.target_hidden);
+        }
+    }
 }
 
 TEST_CASE("make_plan: attention splits the window over a cluster of up to 8 CTAs, from sm_90 on") {
@@ -674,16 +692,16 @@ TEST_CASE("make_plan: a narrow FP8 output's gemv splits each column tile's K ove
   // The split's limit: every warp of the cluster a K step of its own; 1 where the output is not narrow.
   const auto lr_a = [](int64_t k, int64_t weight) {
     return make_spec("gemv_cluster", {{"ROWS", 1}, {"K", k}, {"N", 512}, {"WEIGHT", weight},
-                                      {"EPILOGUE", kc::kEpilogueBF16}, {"COLS", 16}, {"CSPLIT", 2}});
+                                      {"EPILOGUE", kc::kEpilogueBF16}, {"COLS", 16}, {"TILED", 1}, {"CSPLIT", 2}});
   };
   CHECK(gemv_cluster_split_limit(lr_a(4096, kc::kWeightFP8)) == 4);    // 64 steps, 16 warps
   CHECK(gemv_cluster_split_limit(lr_a(4096, kc::kWeightBF16)) == 8);   // 128 steps
   CHECK(gemv_cluster_split_limit(lr_a(256, kc::kWeightFP8)) == 1);     // 4 steps, 4 warps
   CHECK(gemv_equivalent(lr_a(4096, kc::kWeightFP8)) ==
         make_spec("gemv", {{"ROWS", 1}, {"K", 4096}, {"N", 512}, {"WEIGHT", kc::kWeightFP8},
-                           {"EPILOGUE", kc::kEpilogueBF16}, {"COLS", 16}}));
+                           {"EPILOGUE", kc::kEpilogueBF16}, {"COLS", 16}, {"TILED", 1}}));
   CHECK(gemv_cluster_split_limit(make_spec("gemv", {{"ROWS", 1}, {"K", 4096}, {"N", 4096}, {"WEIGHT", 0},
-                                                    {"EPILOGUE", 0}, {"COLS", 16}})) == 1);
+                                                    {"EPILOGUE", 0}, {"COLS", 16}, {"TILED", 0}})) == 1);
 }
 
 TEST_CASE("make_plan: a head without qk_norm ropes in the wqkv gemv's epilogue (gemv_rope_kv), one with qk_norm "
@@ -848,7 +866,8 @@ TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows with K >= 
     CAPTURE(cols);
     const int64_t epilogue = cols == 32 ? kc::kEpilogueSwiGLU : kc::kEpilogueF32;
     const KernelSpec spec = make_spec(
-        "gemv", {{"ROWS", 16}, {"K", 4096}, {"N", 14336}, {"WEIGHT", 0}, {"EPILOGUE", epilogue}, {"COLS", cols}});
+        "gemv", {{"ROWS", 16}, {"K", 4096}, {"N", 14336}, {"WEIGHT", 0}, {"EPILOGUE", epilogue}, {"COLS", cols},
+                 {"TILED", 0}});
     CHECK_THROWS_WITH_AS(launch_shape(spec, 16), doctest::Contains(fmt::format("COLS is {}", cols).c_str()), Error);
   }
 }

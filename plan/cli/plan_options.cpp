@@ -45,6 +45,9 @@ void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
   cmd->add_option("--gemv-cluster", args->options.gemv_cluster,
                   "a narrow output's gemv with each column tile's K split over a cluster of CTAs (true, false)")
       ->capture_default_str();
+  cmd->add_option("--tiled-weights", args->options.tiled_weights,
+                  "matrices only gemvs read in the tiled layout, a warp's load 512 consecutive bytes (true, false)")
+      ->capture_default_str();
 }
 
 Plan plan_from_args(const PlanArgs& args) {

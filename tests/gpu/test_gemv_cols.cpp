@@ -1,12 +1,16 @@
 // The gemv's output width per CTA (COLS 16 or 32) changes which CTA computes a column, never its bits:
 // at either width a column is the same per-warp step sums joined in the same warp order. The planner
 // picks the width for speed alone (plan/planner.cpp gemv_cols), so both specializations of one shape
-// must write identical outputs. Each runs on the same fresh random x, weights and residual, into outputs
+// must write identical outputs. The same holds for the weights' layout (plan/weight_layout.h): tiled, a
+// lane loads the same chunks from other addresses, so where a shape has a tiled form (N a multiple of 16,
+// rows of whole 64-byte steps) TILED 1 on the tiled weights must write the bits of TILED 0 on the rows.
+// Each runs on the same fresh random x, weights and residual, into outputs
 // filled with NaN first; N is not a multiple of 32 (the last COLS 32 CTA has a partial second tile) and
 // the row counts cover a full and a partial 8-row input tile.
 #include <cstring>
 
 #include "compiler/kernel_registry.h"
+#include "plan/weight_layout.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_handles.h"
 #include "runtime/device_kernels.h"
@@ -50,13 +54,19 @@ cuda::DeviceMemory upload(const std::vector<T>& v, cudaStream_t s) {
   return d;
 }
 
-// y of one gemv specialization on `in`, as bytes.
+// y of one gemv specialization on `in`, as bytes; its weights tiled first where the spec says TILED.
 std::vector<uint8_t> run_gemv(const KernelSpec& spec, const Inputs& in, int64_t rows, cudaStream_t s) {
   const TestKernel kernel = load_test_kernel(spec);
 
   const int64_t n = spec.constant("N");
   const size_t y_bytes = static_cast<size_t>(rows * n) * (spec.constant("EPILOGUE") == kc::kEpilogueF32 ? 4 : 2);
-  auto w = upload(in.w, s), scale = upload(in.scale, s), x = upload(in.x, s), residual = upload(in.residual, s);
+  std::vector<uint8_t> w_bytes = in.w;
+  if (spec.constant("TILED")) {
+    const int64_t row_bytes = static_cast<int64_t>(in.w.size()) / n;
+    tile_rows([&](int64_t r) { return reinterpret_cast<const std::byte*>(in.w.data() + r * row_bytes); }, n,
+              row_bytes, reinterpret_cast<std::byte*>(w_bytes.data()));
+  }
+  auto w = upload(w_bytes, s), scale = upload(in.scale, s), x = upload(in.x, s), residual = upload(in.residual, s);
   auto y = cuda::allocate_device(y_bytes, "y");
   TFE_CUDA(cudaMemsetAsync(y.data(), 0xFF, y_bytes, s));  // NaN in bf16 and f32
   uint64_t slots[6] = {reinterpret_cast<uint64_t>(w.data()),        reinterpret_cast<uint64_t>(scale.data()),
@@ -70,16 +80,20 @@ std::vector<uint8_t> run_gemv(const KernelSpec& spec, const Inputs& in, int64_t 
   return out;
 }
 
-TFE_GPU_TEST_CASE("gemv: COLS 16 and COLS 32 write the same bits, bf16 and FP8, f32 and residual outputs") {
+TFE_GPU_TEST_CASE("gemv: COLS 16 and COLS 32, row-major and tiled weights write the same bits, bf16 and FP8, f32 "
+                  "and residual outputs") {
   auto stream = cuda::create_stream();
   std::mt19937_64 rng(2026);
   // 1000 = 31 x 32 + 8: the last COLS 32 CTA holds 8 columns. K 512 gives a warp too few steps, so a CTA
   // runs several column tiles (69 of 16 columns, 35 of 32: the last CTA's later tiles lie past N); K 100
-  // the same through the direct-load loop (its rows are not a whole number of 16-byte chunks).
+  // the same through the direct-load loop (its rows are not a whole number of 16-byte chunks). The last
+  // three have tiled forms: 1104 columns at K 512 (several tiles a CTA), 1008 (63 tiles of 16: a narrow
+  // output, the direct-load loop) and 2064 at K 4096 (the ring; a partial last COLS 32 CTA).
   struct Shape {
     int64_t k, n;
   };
-  for (const Shape& shape : {Shape{2048, 1000}, Shape{512, 1096}, Shape{100, 1096}}) {
+  for (const Shape& shape : {Shape{2048, 1000}, Shape{512, 1096}, Shape{100, 1096}, Shape{512, 1104},
+                             Shape{1024, 1008}, Shape{4096, 2064}}) {
     const int64_t K = shape.k, N = shape.n;
     for (const int64_t weight : {kc::kWeightBF16, kc::kWeightFP8})
       for (const int64_t epilogue : {kc::kEpilogueF32, kc::kEpilogueResidual})
@@ -89,13 +103,16 @@ TFE_GPU_TEST_CASE("gemv: COLS 16 and COLS 32 write the same bits, bf16 and FP8, 
           CAPTURE(epilogue);
           CAPTURE(rows);
           const Inputs in = random_inputs(rng, rows, K, N, weight == kc::kWeightFP8);
-          std::vector<uint8_t> y[2];
-          for (int i = 0; i < 2; ++i) {
-            const KernelSpec spec = make_spec("gemv", {{"ROWS", 16}, {"K", K}, {"N", N}, {"WEIGHT", weight},
-                                                       {"EPILOGUE", epilogue}, {"COLS", i == 0 ? 16 : 32}});
+          const bool tileable_shape = tileable(N, K * (weight == kc::kWeightFP8 ? 1 : 2));
+          std::vector<uint8_t> y[4];
+          for (int i = 0; i < (tileable_shape ? 4 : 2); ++i) {
+            CAPTURE(i);
+            const KernelSpec spec =
+                make_spec("gemv", {{"ROWS", 16}, {"K", K}, {"N", N}, {"WEIGHT", weight}, {"EPILOGUE", epilogue},
+                                   {"COLS", i % 2 == 0 ? 16 : 32}, {"TILED", i / 2}});
             y[i] = run_gemv(spec, in, rows, stream.get());
+            CHECK(y[i] == y[0]);
           }
-          CHECK(y[0] == y[1]);
           // Every output was written: no NaN left from the fill.
           size_t unwritten = 0;
           if (epilogue == kc::kEpilogueF32) {

@@ -147,19 +147,6 @@ Buffer& host_buffer(Plan& p, std::string_view name) {
   return *it;
 }
 
-TFE_GPU_TEST_CASE("refusals: an artifact whose host arena lacks the tables the runtime writes is refused at open") {
-  check_artifact_refused_at_open(
-      73, "host",
-      [](Plan& p) {
-        host_buffer(p, "host_tables").name = "host_rows";
-        for (Bucket& bucket : p.buckets)
-          for (Node& n : bucket.nodes)
-            for (Arg& a : n.args)
-              if (a.buffer == "host_tables") a.buffer = "host_rows";
-      },
-      "the host arena has no buffer `host_tables`; the runtime needs it as a host");
-}
-
 TFE_GPU_TEST_CASE("refusals: an artifact whose completion word is not one int32 is refused at open") {
   // Two words: still what store_outputs reaches, so validate() takes it; the host polls exactly one.
   check_artifact_refused_at_open(

@@ -83,7 +83,7 @@ Outputs run_pair(const Head& h, int64_t tile_rows, int64_t rows, int64_t k, int6
   constexpr int64_t kMaxSteps = 2;
   const KernelSpec gemv = make_spec("gemv", {{"ROWS", tile_rows}, {"K", k}, {"N", n},
                                              {"WEIGHT", fp8 ? kc::kWeightFP8 : kc::kWeightBF16},
-                                             {"EPILOGUE", kc::kEpilogueTop1}, {"COLS", cols}});
+                                             {"EPILOGUE", kc::kEpilogueTop1}, {"COLS", cols}, {"TILED", 0}});
   const KernelSpec top1 = make_spec("top1", {{"VOCAB", n}, {"COLS", cols}, {"MAX_STEPS", kMaxSteps}});
   const TestKernel gk = load_test_kernel(gemv), tk = load_test_kernel(top1);
   const int64_t n_parts = (n + cols - 1) / cols;
