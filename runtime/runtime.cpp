@@ -8,6 +8,7 @@
 #include <future>
 #include <map>
 #include <optional>
+#include <thread>
 
 #include "compiler/artifact.h"
 #include "compiler/cache.h"
@@ -394,7 +395,20 @@ void Runtime::Impl::upload_tiled(const Buffer& b, const std::vector<const Tensor
     for (int64_t r = 0; r < t->bytes / row_bytes; ++r) row_at.push_back(t->data + r * row_bytes);
   }
   std::vector<std::byte> tiled(static_cast<size_t>(b.bytes));
-  tile_rows([&](int64_t r) { return row_at[static_cast<size_t>(r)]; }, rows, row_bytes, tiled.data());
+  // Bands of whole tiles on several threads: on one thread, open of the 1.9 GB llama3-8b-eagle3 bf16
+  // head took 1.2 s against 0.45 s row-major.
+  const int64_t tiles = rows / kTileRows;
+  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 16);
+  const int64_t band = (tiles + threads - 1) / threads;
+  std::vector<std::future<void>> jobs;
+  for (int64_t first = 0; first < tiles; first += band) {
+    const int64_t count = std::min(band, tiles - first);
+    jobs.push_back(std::async(std::launch::async, [&, first, count] {
+      tile_rows([&](int64_t r) { return row_at[static_cast<size_t>(first * kTileRows + r)]; }, count * kTileRows,
+                row_bytes, tiled.data() + first * kTileRows * row_bytes);
+    }));
+  }
+  for (auto& j : jobs) j.get();
   TFE_CUDA(cudaMemcpy(dst, tiled.data(), tiled.size(), cudaMemcpyHostToDevice));
 }
 
