@@ -17,9 +17,13 @@
 #include "plan/plan.h"
 #include "plan/plan_yaml.h"
 #include "plan/presets.h"
+#include "plan_edits.h"
 #include "test_util.h"
 
 using namespace tfe;
+using tfe::test::check_refused;
+using tfe::test::node_arg;
+using tfe::test::plan_node;
 using tfe::test::read_text;
 
 namespace {
@@ -942,25 +946,11 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
   const Plan good = make_plan(fp8_head, golden_options());
   REQUIRE(good.fp8);
   CHECK_NOTHROW(validate(good));
-  // The first node named `node` in the last bucket (16 streams) or the extend, and its argument `param`.
-  auto find = [](Plan& p, std::string_view node) -> Node& {
-    for (auto* nodes : {&p.buckets.back().nodes, &p.extend})
-      for (Node& n : *nodes)
-        if (n.name == node) return n;
-    FAIL("no node " << node);
-    throw std::logic_error("unreachable");
-  };
-  auto param = [](Node& n, std::string_view name) -> Arg& {
-    for (Arg& a : n.args)
-      if (a.param == name) return a;
-    FAIL("no argument " << name);
-    throw std::logic_error("unreachable");
-  };
+  // Nodes of the last bucket (16 streams) or the extend.
+  const auto find = plan_node;
+  const auto param = node_arg;
   auto refused = [&](const char* what, const std::function<void(Plan&)>& edit, const char* message) {
-    CAPTURE(what);
-    Plan p = good;
-    edit(p);
-    CHECK_THROWS_WITH_AS(validate(p), doctest::Contains(message), Error);
+    check_refused(good, what, edit, message);
   };
   // 16 rows of top1 records (16 bytes per lm_head CTA) do not fit next_token's 64 bytes.
   refused("a gemv output bound to a smaller buffer",
@@ -1120,23 +1110,10 @@ TEST_CASE("validate: a draft pass must begin with load_tables of host_tables and
   const Plan good = make_plan(preset_header("tiny"), golden_options());
   CHECK_NOTHROW(validate(good));
   const auto nodes = [](Plan& p) -> std::vector<Node>& { return p.buckets.back().nodes; };
-  auto find = [&](Plan& p, std::string_view node) -> Node& {
-    for (Node& n : nodes(p))
-      if (n.name == node) return n;
-    FAIL("no node " << node);
-    throw std::logic_error("unreachable");
-  };
-  auto param = [](Node& n, std::string_view name) -> Arg& {
-    for (Arg& a : n.args)
-      if (a.param == name) return a;
-    FAIL("no argument " << name);
-    throw std::logic_error("unreachable");
-  };
+  const auto find = plan_node;
+  const auto param = node_arg;
   auto refused = [&](const char* what, const std::function<void(Plan&)>& edit, const char* message) {
-    CAPTURE(what);
-    Plan p = good;
-    edit(p);
-    CHECK_THROWS_WITH_AS(validate(p), doctest::Contains(message), Error);
+    check_refused(good, what, edit, message);
   };
   // Each edit keeps every node's own checks (reach, alignment, launch) satisfied: only the pass's contract
   // with the runtime is broken.

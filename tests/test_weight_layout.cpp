@@ -10,6 +10,7 @@
 #include "plan/plan.h"
 #include "plan/presets.h"
 #include "plan/weight_layout.h"
+#include "plan_edits.h"
 
 namespace tfe::test {
 namespace {
@@ -92,10 +93,7 @@ TEST_CASE("validate: a tiled matrix read by anything but a gemv of TILED 1, or o
   REQUIRE(good.weights.at("wo").layout == Layout::tiled);
   CHECK_NOTHROW(validate(good));
   auto refused = [&](const char* what, const std::function<void(Plan&)>& edit, const char* message) {
-    CAPTURE(what);
-    Plan p = good;
-    edit(p);
-    CHECK_THROWS_WITH_AS(validate(p), doctest::Contains(message), Error);
+    check_refused(good, what, edit, message);
   };
   auto weight = [](Plan& p, std::string_view name) -> Buffer& {
     for (Buffer& b : p.weights.buffers)
@@ -103,12 +101,7 @@ TEST_CASE("validate: a tiled matrix read by anything but a gemv of TILED 1, or o
     FAIL("no weight " << name);
     throw std::logic_error("unreachable");
   };
-  auto node = [](Plan& p, std::string_view name) -> Node& {
-    for (Node& n : p.buckets.back().nodes)
-      if (n.name == name) return n;
-    FAIL("no node " << name);
-    throw std::logic_error("unreachable");
-  };
+  const auto node = plan_node;
   refused("a tiled matrix read as rows", [&](Plan& p) { weight(p, "wo").layout = Layout::rows; },
           "node s1.wo arg `w`: spec gemv");
   refused("a tiled matrix read as rows (its message)", [&](Plan& p) { weight(p, "wo").layout = Layout::rows; },
