@@ -820,7 +820,7 @@ class Planner {
     choose("weight layout", tiled_.empty() ? "rows" : fmt::format("tiled: {}", fmt::join(tiled_, ", ")),
            fmt::format("a matrix only GEMVs read is stored in 16-row tiles interleaved a 64-byte K step at a time, "
                        "so that each warp load reads 512 consecutive bytes (bench_gemv, rows 1, five linears: bf16 "
-                       "1.14 -> 1.00 x the floor, FP8 1.26 -> 1.21 x); row-major: {}",
+                       "1.14 -> 0.99 x the floor, FP8 1.27 -> 1.20 x); row-major: {}",
                        rows_.empty() ? "none" : fmt::format("{}", fmt::join(rows_, ", "))));
     for (auto& [uri, spec] : specs_) p_.specs.push_back(spec);  // std::map: sorted by uri
     if (gemms_ == 0) {
