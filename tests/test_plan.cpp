@@ -1188,6 +1188,9 @@ TEST_CASE("plan YAML: corrupted plans are refused by name, never loaded") {
           "buffers `ring_k` and `ring_v` overlap in the arena");
   refused("role: state, dtype: BF16, shape: [65, 64]", "role: state, dtype: BF16, shape: [65, 65]",
           "buffer `slot_g` has bytes = 8320, its shape and dtype make 8450");
+  // The weights' layout is read by name; a tiled matrix changed to rows no longer matches its gemvs.
+  refused("from: [wo], layout: tiled", "from: [wo], layout: tiles", "`tiles` is not one of rows, tiled");
+  refused("from: [wo], layout: tiled", "from: [wo], layout: rows", "has TILED = 1, but `wo` is rows");
   refused("dtype: F32, shape: [8]", "dtype: F64, shape: [8]", "dtype `F64` is not one of");
   refused("rows: fixed", "rows: some", "`some` is not one of fixed, chunk_rows, chunk_slots");
   refused("f32: 0.25", "f32: .inf", "expected a finite float");
@@ -1298,6 +1301,18 @@ TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
   CHECK_FALSE(r.options.gemv_cluster);
   CHECK(std::none_of(r.specs.begin(), r.specs.end(), [](const KernelSpec& k) { return k.kernel == "gemv_cluster"; }));
   CHECK(std::any_of(r.specs.begin(), r.specs.end(), [](const KernelSpec& k) { return k.kernel == "gemv"; }));
+  // --tiled-weights false: every matrix row-major, every gemv TILED 0, and no wkv copy.
+  const std::string rows =
+      fmt::format("{} dump --preset tiny --buckets 1 --tiled-weights false -o {}", TFE_PLAN_EXE, out);
+  REQUIRE(std::system(rows.c_str()) == 0);
+  const Plan t = load_plan_yaml(read_text(out));
+  CHECK_FALSE(t.options.tiled_weights);
+  CHECK(std::none_of(t.weights.buffers.begin(), t.weights.buffers.end(),
+                     [](const Buffer& b) { return b.layout == Layout::tiled; }));
+  CHECK(t.weights.find("wkv") == nullptr);
+  CHECK(std::all_of(t.specs.begin(), t.specs.end(), [](const KernelSpec& k) {
+    return !k.kernel.starts_with("gemv") || k.constant("TILED") == 0;
+  }));
 }
 
 TEST_CASE("tfe-plan dump --preset-fp8: the preset with the FP8 forms random --fp8 writes") {
