@@ -462,6 +462,14 @@ void validate(const Plan& p) {
         s.constant("MAX_STEPS") != p.options.max_steps)
       fail("plan: spec {} has MAX_STEPS = {}, but the plan's max_steps is {}", s.uri(), s.constant("MAX_STEPS"),
            p.options.max_steps);
+    // A tiled gemv reads whole 16-row tiles of 64-byte K steps (kernels/gemv.cuh asserts it at compile time).
+    if (s.kernel.starts_with("gemv") && s.constant("TILED") == 1) {
+      const KernelSpec g = gemv_equivalent(s);
+      const int64_t row_bytes = g.constant("K") * (g.constant("WEIGHT") == kc::kWeightFP8 ? 1 : 2);
+      if (g.constant("N") % kTileRows != 0 || row_bytes % kTileStepBytes != 0)
+        fail("plan: spec {}: TILED = 1 needs N a multiple of {} and rows of whole {}-byte K steps (N = {}, {} bytes "
+             "a row)", s.uri(), kTileRows, kTileStepBytes, g.constant("N"), row_bytes);
+    }
     if (s.kernel == "gemv_rope_kv" && s.constant("HEAD_DIM") % 16 != 0)
       fail("plan: spec {}: HEAD_DIM = {} is not a multiple of 16, which gemv_rope_kv's tiles of rotate-half pairs "
            "need", s.uri(), s.constant("HEAD_DIM"));

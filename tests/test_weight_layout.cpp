@@ -118,6 +118,13 @@ TEST_CASE("validate: a tiled matrix read by anything but a gemv of TILED 1, or o
             Arg& w = node(p, "s1.wo").args[0];
             w.byte_offset = p.weights.at("wo").bytes / p.weights.at("wo").shape[0];  // row 1
           }, "node s1.wo arg `w`: byte_offset");
+  // A tiled spec whose shape has no tiled form (it would not compile) is refused before NVRTC sees it.
+  refused("a tiled gemv of 8 columns", [&](Plan& p) {
+            for (KernelSpec& spec : p.specs)
+              if (spec.kernel == "gemv" && spec.constant("TILED") == 1)
+                for (auto& [name, v] : spec.constants)
+                  if (name == "N") v = 8;
+          }, "TILED = 1 needs N a multiple of 16 and rows of whole 64-byte K steps (N = 8");
 }
 
 }  // namespace
