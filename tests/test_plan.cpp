@@ -1140,7 +1140,8 @@ TEST_CASE("validate: a draft pass must begin with load_tables of host_tables and
           }, "a node other than store_outputs ends step 3");
   refused("a store_outputs before its step's last node", [&](Plan& p) {
             auto& n = nodes(p);
-            const auto at = std::find_if(n.begin(), n.end(), [](const Node& x) { return x.name == "s2.store_outputs"; });
+            const auto at =
+                std::find_if(n.begin(), n.end(), [](const Node& x) { return x.name == "s2.store_outputs"; });
             std::iter_swap(at, at - 1);
           }, "bucket 16 node s2.store_outputs: store_outputs does not end step 2");
 }
