@@ -13,6 +13,8 @@
 #              loads alone
 #   no_x_no_mma  both: the weights' copies into the ring and their reads back alone, the stream this
 #              grid gets with nothing else in a warp's way
+#   no_widen   FP8 chunks fed to the mmas as they are, not widened to bf16 (the mmas kept): what the
+#              e4m3 -> bf16 widening costs (bf16 shapes are the kept kernel)
 # Usage: scripts/gemv_parts.sh [BUILD_DIR] [bench_gemv options]
 #   (default build-gpu; options default to --rows 16 --weights fp8 --cols 32)
 # Builds bench_gemv in BUILD_DIR (configured like scripts/gpu_test.sh) and prints, per variant, its shapes'
@@ -57,6 +59,10 @@ no_mma = (step, "        acc[0][0][0] += __uint_as_float(wc[0][0].x ^ wc[S::MT -
                 "      } else {")
 variant("no_mma", [no_mma])
 variant("no_x_no_mma", [(x_copy, x_copy.replace("in ? 16u : 0u", "0u")), no_mma])
+
+widen = ("      out[2 * i] = fp8x2_widen(static_cast<unsigned short>(in[i] & 0xffffu));\n"
+         "      out[2 * i + 1] = fp8x2_widen(static_cast<unsigned short>(in[i] >> 16));\n")
+variant("no_widen", [(widen, "      out[2 * i] = in[i];\n      out[2 * i + 1] = in[i] >> 16;\n")])
 EOF
 }
 
@@ -80,7 +86,7 @@ prefix=()
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >/dev/null
 cmake --build "$build" --target bench_gemv >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
 
-for v in kept no_x no_x_deep no_mma no_x_no_mma; do
+for v in kept no_x no_x_deep no_mma no_x_no_mma no_widen; do
   source_opt=()
   [ "$v" = kept ] || source_opt=(--source "gemv.cuh=$work/$v.cuh")
   echo "== $v"

@@ -340,7 +340,7 @@ TEST_CASE("scripts/gemv_parts.sh: its variants of gemv.cuh still apply and compi
       make_spec("gemv", {{"ROWS", 1}, {"K", 4096}, {"N", 4096}, {"WEIGHT", kc::kWeightBF16},
                          {"EPILOGUE", kc::kEpilogueResidual}, {"COLS", 16}, {"TILED", 1}}),
   };
-  for (const char* variant : {"no_x", "no_x_deep", "no_mma", "no_x_no_mma"}) {
+  for (const char* variant : {"no_x", "no_x_deep", "no_mma", "no_x_no_mma", "no_widen"}) {
     CAPTURE(variant);
     const std::string text = read_text(tmp.path / fmt::format("{}.cuh", variant));
     REQUIRE_FALSE(text.empty());
