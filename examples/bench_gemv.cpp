@@ -238,8 +238,7 @@ struct Bench {
     if (tiled) {
       const int64_t row_bytes = s.k * (fp8 ? 1 : 2);
       std::vector<uint8_t> tiled_bytes(w_bytes);
-      tile_rows([&](int64_t r) { return reinterpret_cast<const std::byte*>(host.bytes.data() + r * row_bytes); },
-                static_cast<int64_t>(w_bytes) / row_bytes, row_bytes, reinterpret_cast<std::byte*>(tiled_bytes.data()));
+      tile_rows(host.bytes.data(), static_cast<int64_t>(w_bytes) / row_bytes, row_bytes, tiled_bytes.data());
       w_dev.push_back(upload(tiled_bytes, stream, "weights"));
     } else {
       w_dev.push_back(upload(host.bytes, stream, "weights"));

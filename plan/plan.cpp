@@ -277,7 +277,7 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
            b.name, layout_name(b.layout));
     if (tiled && !gemv_w)
       fail("plan: node {} arg `{}`: `{}` is tiled, which only a gemv's `w` reads", n.name, a.param, b.name);
-    if (tiled && a.byte_offset % (kTileRows * b.bytes / b.shape[0]) != 0)
+    if (tiled && a.byte_offset % (kTileRows * (b.bytes / b.shape[0])) != 0)  // rows >= 16: check_arena
       fail("plan: node {} arg `w`: byte_offset {} of tiled `{}` is not at a tile ({} rows of {} bytes)", n.name,
            a.byte_offset, b.name, kTileRows, b.bytes / b.shape[0]);
   }

@@ -31,4 +31,9 @@ void tile_rows(const std::function<const std::byte*(int64_t)>& row, int64_t rows
   }
 }
 
+void tile_rows(const void* matrix, int64_t rows, int64_t row_bytes, void* out) {
+  const auto* base = static_cast<const std::byte*>(matrix);
+  tile_rows([&](int64_t r) { return base + r * row_bytes; }, rows, row_bytes, static_cast<std::byte*>(out));
+}
+
 }  // namespace tfe

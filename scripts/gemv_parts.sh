@@ -90,9 +90,16 @@ for v in kept no_x no_x_deep no_mma no_x_no_mma no_widen; do
   source_opt=()
   [ "$v" = kept ] || source_opt=(--source "gemv.cuh=$work/$v.cuh")
   echo "== $v"
-  "$build/examples/bench_gemv" "${opts[@]}" --label "$v" "${source_opt[@]}" 2>&1 |
-    awk '/^[a-z_]+ +(bf16|fp8) / { print "  " $1, $2, "rows", $3, "cols", $4, $5, "us" }
-         /the linears summed/ { sum = 1 }
-         sum && /^ +(bf16|fp8) / { print "  sum", $1, "rows", $2, "cols", $3, $4, "us, floor", $5 }' ||
-    true  # a variant's check fails by design (bench_gemv exits 1); its times still count
+  # A variant's checks fail by design (bench_gemv exits 1) and its times still count; any other status
+  # (it did not run, or crashed) stops the script.
+  rc=0
+  "$build/examples/bench_gemv" "${opts[@]}" --label "$v" "${source_opt[@]}" >"$work/$v.log" 2>&1 || rc=$?
+  if [ "$rc" -gt 1 ] || { [ "$v" = kept ] && [ "$rc" -ne 0 ]; }; then
+    tail -20 "$work/$v.log"
+    echo "gemv_parts: bench_gemv exited $rc for $v" >&2
+    exit 1
+  fi
+  awk '/^[a-z_]+ +(bf16|fp8) / { print "  " $1, $2, "rows", $3, "cols", $4, $5, "us" }
+       /the linears summed/ { sum = 1 }
+       sum && /^ +(bf16|fp8) / { print "  sum", $1, "rows", $2, "cols", $3, $4, "us, floor", $5 }' "$work/$v.log"
 done

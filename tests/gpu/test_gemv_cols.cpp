@@ -63,8 +63,7 @@ std::vector<uint8_t> run_gemv(const KernelSpec& spec, const Inputs& in, int64_t 
   std::vector<uint8_t> w_bytes = in.w;
   if (spec.constant("TILED")) {
     const int64_t row_bytes = static_cast<int64_t>(in.w.size()) / n;
-    tile_rows([&](int64_t r) { return reinterpret_cast<const std::byte*>(in.w.data() + r * row_bytes); }, n,
-              row_bytes, reinterpret_cast<std::byte*>(w_bytes.data()));
+    tile_rows(in.w.data(), n, row_bytes, w_bytes.data());
   }
   auto w = upload(w_bytes, s), scale = upload(in.scale, s), x = upload(in.x, s), residual = upload(in.residual, s);
   auto y = cuda::allocate_device(y_bytes, "y");
