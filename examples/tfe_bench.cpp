@@ -75,6 +75,7 @@ struct Options {
   std::optional<bool> rope_in_wqkv;  // the plan option when planning here; unset: its default
   std::optional<bool> gemv_cluster;  // likewise
   std::optional<bool> tiled_weights;  // likewise
+  std::optional<bool> attention_split_per_bucket;  // likewise
   std::string streams = "1,2,4,8,16";
   std::string steps = "1..8";
   int iters = 50;
@@ -490,6 +491,7 @@ int run(const Options& o) {
     if (o.rope_in_wqkv) p.rope_in_wqkv = *o.rope_in_wqkv;
     if (o.gemv_cluster) p.gemv_cluster = *o.gemv_cluster;
     if (o.tiled_weights) p.tiled_weights = *o.tiled_weights;
+    if (o.attention_split_per_bucket) p.attention_split_per_bucket = *o.attention_split_per_bucket;
     open.plan = p;
   }
   open.capture = tfe::OpenOptions::Capture::lazy;
@@ -510,6 +512,7 @@ int run(const Options& o) {
     out["rope_in_wqkv"] = rt->plan().options.rope_in_wqkv;
     out["gemv_cluster"] = rt->plan().options.gemv_cluster;
     out["tiled_weights"] = rt->plan().options.tiled_weights;
+    out["attention_split_per_bucket"] = rt->plan().options.attention_split_per_bucket;
   });
   if (!rt) {
     out["errors"] = errors;
@@ -855,6 +858,10 @@ int main(int argc, char** argv) {
       ->excludes(artifact);
   app.add_option("--tiled-weights", o.tiled_weights,
                  "plan option without an artifact: matrices only gemvs read in the tiled layout (true, false)")
+      ->excludes(artifact);
+  app.add_option("--attention-split-per-bucket", o.attention_split_per_bucket,
+                 "plan option without an artifact: ring_attention's key split per bucket (true), or the largest "
+                 "bucket's in every bucket (false)")
       ->excludes(artifact);
   app.add_option("--streams", o.streams, "slots per draft call: a list (1,2,4) or range (1..4)");
   app.add_option("--steps", o.steps, "draft steps per call: a list or range");

@@ -15,7 +15,7 @@
 namespace tfe {
 
 // Version of the plan schema (YAML and struct). Loading another version is refused.
-inline constexpr int kPlanSchemaVersion = 13;
+inline constexpr int kPlanSchemaVersion = 14;
 
 enum class Fp8Mode : uint8_t { automatic, off, require };  // YAML / CLI: auto, off, require
 std::string_view fp8_mode_name(Fp8Mode m);
@@ -47,6 +47,11 @@ struct PlanOptions {
   // Weight matrices read only by GEMVs in the tiled layout (Layout::tiled, plan/weight_layout.h) where
   // their shape allows; false: every matrix row-major, as in the head file. Both give the same bits.
   bool tiled_weights = true;
+  // ring_attention's key split chosen per bucket: fewer, longer chunks where a bucket's grid would exceed
+  // one wave (measured 2.5-4 us a step faster at 16 streams). The split sets the order of attention's fp32
+  // sums, so a slot's drafts may then differ between buckets at a near-tie. false: every bucket takes the
+  // largest bucket's split, and a slot drafts the same tokens in every bucket.
+  bool attention_split_per_bucket = true;
   bool operator==(const PlanOptions&) const = default;
 };
 

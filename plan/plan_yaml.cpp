@@ -268,6 +268,7 @@ std::string dump_plan_yaml(const Plan& p) {
   o["rope_in_wqkv"] = p.options.rope_in_wqkv;
   o["gemv_cluster"] = p.options.gemv_cluster;
   o["tiled_weights"] = p.options.tiled_weights;
+  o["attention_split_per_bucket"] = p.options.attention_split_per_bucket;
   root["options"] = o;
   root["ring_rows"] = p.ring_rows;
   root["fp8"] = p.fp8;
@@ -353,6 +354,7 @@ Plan load_plan_yaml(std::string_view text) {
     p.options.rope_in_wqkv = o.at("rope_in_wqkv").boolean();
     p.options.gemv_cluster = o.at("gemv_cluster").boolean();
     p.options.tiled_weights = o.at("tiled_weights").boolean();
+    p.options.attention_split_per_bucket = o.at("attention_split_per_bucket").boolean();
     o.done();
     try {
       validate(p.options);

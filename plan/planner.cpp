@@ -406,7 +406,9 @@ class Planner {
     return layer_fp8() ? p_.options.dependent_streams_fp8 : p_.options.dependent_streams;
   }
 
+  // Without attention_split_per_bucket every bucket takes the largest bucket's split.
   int64_t attention_split(int64_t rows) const {
+    if (!p_.options.attention_split_per_bucket) rows = p_.options.buckets.back();
     const int64_t keys = h().window + 1;
     int64_t split = std::min<int64_t>(max_cluster_ctas(p_.options), (keys + 7) / 8);
     while (split > 1 && h().kv_heads * rows * split > kAttnWaveCtas && attention_smem(split - 1) <= kAttnSmemPerCta)
@@ -757,8 +759,13 @@ class Planner {
     choose("attention draft", decision,
            fmt::format("{}, over the window of {} keys; each (kv head, row) is one cluster that joins its chunks "
                        "through distributed shared memory; fewer, longer chunks where {} CTAs would exceed one "
-                       "wave ({}) and five CTAs still fit an SM's shared memory ({} bytes a CTA)",
-                       reason, hh.window + 1, "kv_heads x streams x SPLIT", kAttnWaveCtas, kAttnSmemPerCta));
+                       "wave ({}) and five CTAs still fit an SM's shared memory ({} bytes a CTA){}",
+                       reason, hh.window + 1, "kv_heads x streams x SPLIT", kAttnWaveCtas, kAttnSmemPerCta,
+                       p_.options.attention_split_per_bucket
+                           ? "; the split sets the order of the fp32 sums, so a slot's drafts may differ between "
+                             "buckets at a near-tie (option attention_split_per_bucket)"
+                           : "; option attention_split_per_bucket = false: every bucket takes the largest bucket's "
+                             "split, so a slot drafts the same tokens in every bucket"));
     if (hh.head_type == HeadType::dense) {
       const int64_t b0 = p_.options.buckets.front(), b1 = p_.options.buckets.back();
       choose("lm_head draft", "gemv top1 partials + top1 join",

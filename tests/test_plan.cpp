@@ -177,6 +177,8 @@ TEST_CASE("plan YAML: round trip under varied options and FP8 forms") {
     o.dependent_streams_fp8 = static_cast<int>(rng() % 17);
     o.rope_in_wqkv = rng() % 2 == 0;
     o.gemv_cluster = rng() % 2 == 0;
+    o.tiled_weights = rng() % 2 == 0;
+    o.attention_split_per_bucket = rng() % 2 == 0;
     o.arch = rng() % 2 ? "sm_90" : "sm_100";
     const std::string sha = fmt::format("{:016x}", rng());
     const Plan p = make_plan(h, o, sha);
@@ -611,6 +613,13 @@ TEST_CASE("make_plan: attention takes fewer, longer key chunks where its grid wo
   CHECK(w.at(4) == 4);
   CHECK(w.at(8) == 2);
   CHECK(w.at(16) == 1);
+  // attention_split_per_bucket = false: every bucket takes the largest bucket's split (a slot's attention
+  // sums its keys in one order in every bucket), also where the buckets stop below 16.
+  o.attention_split_per_bucket = false;
+  CHECK(splits(llama) == std::map<int, int64_t>{{1, 4}, {2, 4}, {4, 4}, {8, 4}, {16, 4}});
+  CHECK(splits(wide) == std::map<int, int64_t>{{1, 1}, {2, 1}, {4, 1}, {8, 1}, {16, 1}});
+  o.buckets = {1, 2, 4};
+  CHECK(splits(wide) == std::map<int, int64_t>{{1, 4}, {2, 4}, {4, 4}});
 }
 
 TEST_CASE("make_plan: two_stage topk is one cluster of CTAs per row, 4096 scores a CTA up to 8, one below sm_90") {
@@ -1314,6 +1323,14 @@ TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
   CHECK(std::all_of(t.specs.begin(), t.specs.end(), [](const KernelSpec& k) {
     return !k.kernel.starts_with("gemv") || k.constant("TILED") == 0;
   }));
+  // --attention-split-per-bucket false: one ring_attention specialization for every bucket.
+  const std::string one_split = fmt::format(
+      "{} dump --preset llama3-8b-eagle3 --attention-split-per-bucket false -o {}", TFE_PLAN_EXE, out);
+  REQUIRE(std::system(one_split.c_str()) == 0);
+  const Plan a = load_plan_yaml(read_text(out));
+  CHECK_FALSE(a.options.attention_split_per_bucket);
+  const auto attention = [](const KernelSpec& k) { return k.kernel == "ring_attention"; };
+  CHECK(std::count_if(a.specs.begin(), a.specs.end(), attention) == 1);
 }
 
 TEST_CASE("tfe-plan dump --preset-fp8: the preset with the FP8 forms random --fp8 writes") {

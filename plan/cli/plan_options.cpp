@@ -48,6 +48,10 @@ void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
   cmd->add_option("--tiled-weights", args->options.tiled_weights,
                   "matrices only gemvs read in the tiled layout, a warp's load 512 consecutive bytes (true, false)")
       ->capture_default_str();
+  cmd->add_option("--attention-split-per-bucket", args->options.attention_split_per_bucket,
+                  "ring_attention's key split per bucket (true), or the largest bucket's in every bucket, so that "
+                  "a slot drafts the same tokens in every bucket (false)")
+      ->capture_default_str();
 }
 
 Plan plan_from_args(const PlanArgs& args) {
