@@ -761,11 +761,13 @@ class Planner {
                        "through distributed shared memory; fewer, longer chunks where {} CTAs would exceed one "
                        "wave ({}) and five CTAs still fit an SM's shared memory ({} bytes a CTA){}",
                        reason, hh.window + 1, "kv_heads x streams x SPLIT", kAttnWaveCtas, kAttnSmemPerCta,
-                       p_.options.attention_split_per_bucket
+                       !p_.options.attention_split_per_bucket
+                           ? "; option attention_split_per_bucket = false: every bucket takes the largest bucket's "
+                             "split, so a slot drafts the same tokens in every bucket"
+                       : splits.size() > 1
                            ? "; the split sets the order of the fp32 sums, so a slot's drafts may differ between "
                              "buckets at a near-tie (option attention_split_per_bucket)"
-                           : "; option attention_split_per_bucket = false: every bucket takes the largest bucket's "
-                             "split, so a slot drafts the same tokens in every bucket"));
+                           : ""));
     if (hh.head_type == HeadType::dense) {
       const int64_t b0 = p_.options.buckets.front(), b1 = p_.options.buckets.back();
       choose("lm_head draft", "gemv top1 partials + top1 join",
