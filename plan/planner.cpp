@@ -375,14 +375,18 @@ class Planner {
     add(p_.host, "host_done", BufferRole::host, DType::I32, {1});
   }
 
-  // ring_attention key chunks per (kv head, row) at `rows` rows: at least 8 keys a CTA, and up to 8 CTAs
+  // ring_attention key chunks per (kv head, row) at `rows` rows: at least 32 keys a CTA, and up to 8 CTAs
   // (the portable cluster size), so that one row's window covers kv_heads x SPLIT CTAs instead of kv_heads
-  // walking it serially, and a cluster joins the chunks through distributed shared memory. Where that grid
-  // would exceed one wave (kAttnWaveCtas) the chunks grow, one CTA a cluster fewer at a time, while five
-  // CTAs still fit an SM's shared memory: a CTA streams its chunk through a ring of K/V tiles, so a longer
-  // chunk costs only its bytes, but a second wave costs a whole CTA's chain of loads, scores and join.
+  // walking it serially, and a cluster joins the chunks through distributed shared memory. A chunk must
+  // pay for its CTA's share of the join: tfe-two-stage's 129 keys took up to 4 us a step longer at 1-8
+  // streams at 17 keys a CTA (SPLIT 8) than at 26 (SPLIT 5), and 43 (SPLIT 3) was mixed (BENCHMARKS.md).
+  // Where that grid would exceed one wave (kAttnWaveCtas) the chunks grow, one CTA a cluster fewer at a
+  // time, while five CTAs still fit an SM's shared memory: a CTA streams its chunk through a ring of K/V
+  // tiles, so a longer chunk costs only its bytes, but a second wave costs a whole CTA's chain of loads,
+  // scores and join.
   // One wave: 5 CTAs an SM (the kernel's launch bounds) on 132 SMs is 660, less the SMs that clusters
   // leave idle at the edges of GPCs (at 4 an SM an H200 held 124 clusters of 4: 496 of 528 CTAs).
+  static constexpr int64_t kAttnMinKeysPerCta = 32;
   static constexpr int64_t kAttnWaveCtas = 512;
   static constexpr int64_t kAttnSmemPerCta = 44 * 1024;  // 5 CTAs (and 1 KB each for the driver) in 228 KB
   int64_t attention_smem(int64_t split) const { return launch_shape(attention_spec(split), 1).smem; }
@@ -410,7 +414,7 @@ class Planner {
   int64_t attention_split(int64_t rows) const {
     if (!p_.options.attention_split_per_bucket) rows = p_.options.buckets.back();
     const int64_t keys = h().window + 1;
-    int64_t split = std::min<int64_t>(max_cluster_ctas(p_.options), (keys + 7) / 8);
+    int64_t split = std::min(max_cluster_ctas(p_.options), (keys + kAttnMinKeysPerCta - 1) / kAttnMinKeysPerCta);
     while (split > 1 && h().kv_heads * rows * split > kAttnWaveCtas && attention_smem(split - 1) <= kAttnSmemPerCta)
       --split;
     return split;
@@ -757,10 +761,16 @@ class Planner {
                             hh.kv_heads * s, splits.size() > 1 ? fmt::format(" at streams {}", streams) : "");
     }
     choose("attention draft", decision,
-           fmt::format("{}, over the window of {} keys; each (kv head, row) is one cluster that joins its chunks "
-                       "through distributed shared memory; fewer, longer chunks where {} CTAs would exceed one "
+           fmt::format("{}, over the window of {} keys; {}; fewer, longer chunks where {} CTAs would exceed one "
                        "wave ({}) and five CTAs still fit an SM's shared memory ({} bytes a CTA){}",
-                       reason, hh.window + 1, "kv_heads x streams x SPLIT", kAttnWaveCtas, kAttnSmemPerCta,
+                       reason, hh.window + 1,
+                       splits.size() == 1 && splits.front().first == 1
+                           ? fmt::format("one CTA a (kv head, row), since a chunk takes at least {} keys and "
+                                         "clusters need sm_90", kAttnMinKeysPerCta)
+                           : fmt::format("each (kv head, row) is one cluster that joins its chunks through "
+                                         "distributed shared memory, a chunk at least {} keys where the window "
+                                         "allows", kAttnMinKeysPerCta),
+                       "kv_heads x streams x SPLIT", kAttnWaveCtas, kAttnSmemPerCta,
                        !p_.options.attention_split_per_bucket
                            ? "; option attention_split_per_bucket = false: every bucket takes the largest bucket's "
                              "split, so a slot drafts the same tokens in every bucket"

@@ -529,9 +529,10 @@ TEST_CASE("make_plan: attention splits the window over a cluster of up to 8 CTAs
     std::string arch;
     int64_t split;
   };
-  // SPLIT = min(8, ceil((W + 1) / 8)): chunks of at least 8 keys, at most the portable cluster size.
-  for (const Case& c : {Case{"llama3-8b-eagle3", 511, "sm_90", 8}, Case{"tiny", 15, "sm_90", 2},
-                        Case{"tiny", 7, "sm_90", 1}, Case{"tiny", 63, "sm_90", 8}, Case{"tiny", 47, "sm_90", 6},
+  // SPLIT = min(8, ceil((W + 1) / 32)): chunks of at least 32 keys, at most the portable cluster size.
+  for (const Case& c : {Case{"llama3-8b-eagle3", 511, "sm_90", 8}, Case{"tiny", 15, "sm_90", 1},
+                        Case{"tiny", 31, "sm_90", 1}, Case{"tiny", 32, "sm_90", 2}, Case{"tiny", 128, "sm_90", 5},
+                        Case{"tiny", 255, "sm_90", 8}, Case{"tiny", 511, "sm_90", 8},
                         Case{"llama3-8b-eagle3", 511, "sm_89", 1}, Case{"llama3-8b-eagle3", 511, "sm_100", 8}}) {
     CAPTURE(c.preset);
     CAPTURE(c.window);
@@ -588,10 +589,10 @@ TEST_CASE("make_plan: attention takes fewer, longer key chunks where its grid wo
         }
     return by_streams;
   };
-  // tfe-two-stage: 8 kv heads, 129 keys. 16 streams x 8 kv heads x 8 = 1024 CTAs; at SPLIT 4, 512 CTAs of
-  // 33 keys.
+  // tfe-two-stage: 8 kv heads, 129 keys, so SPLIT 5 (26 keys a CTA). 16 streams x 8 kv heads x 5 = 640 CTAs;
+  // at SPLIT 4, 512 CTAs of 33 keys.
   const HeadHeader two_stage = preset_header("tfe-two-stage");
-  CHECK(splits(two_stage) == std::map<int, int64_t>{{1, 8}, {2, 8}, {4, 8}, {8, 8}, {16, 4}});
+  CHECK(splits(two_stage) == std::map<int, int64_t>{{1, 5}, {2, 5}, {4, 5}, {8, 5}, {16, 4}});
   // llama3-8b-eagle3: 512 keys. At 16 streams, SPLIT 4: 512 CTAs of 128 keys, two tiles of K, then of V,
   // two of the four in flight (36896 bytes of shared memory).
   const HeadHeader llama = preset_header("llama3-8b-eagle3");
@@ -603,10 +604,10 @@ TEST_CASE("make_plan: attention takes fewer, longer key chunks where its grid wo
   grouped.heads = 96;
   const auto gs = splits(grouped, false);
   CHECK(gs == std::map<int, int64_t>{{1, 8}, {2, 8}, {4, 8}, {8, 8}, {16, 5}});
-  // A head with 32 kv heads and 64 keys: the wave is exceeded from 4 streams on (32 x 4 x 8 = 1024).
+  // A head with 32 kv heads and 256 keys: the wave is exceeded from 4 streams on (32 x 4 x 8 = 1024).
   HeadHeader wide = two_stage;
   wide.kv_heads = 32;
-  wide.window = 63;
+  wide.window = 255;
   const auto w = splits(wide);
   CHECK(w.at(1) == 8);
   CHECK(w.at(2) == 8);

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "graphs/graph_cache.h"
+#include "plan/presets.h"
 #include "runtime/cuda_check.h"
 #include "tests/gpu/fixture.h"
 #include "tests/gpu/gpu_test.h"
@@ -14,10 +15,14 @@ namespace {
 // every output and every state buffer must match to the bit, for each bucket and step count. Outputs and
 // activations are filled with 0xFF (NaN in bf16 and fp32, -1 as int32) before each pass, so a pass that
 // leaves a value unwritten cannot match by leftover. `dependent`: how the graph runtime launches; the
-// eager one never overlaps kernels, so programmatic launch is held to the plain order's bits.
+// eager one never overlaps kernels, so programmatic launch is held to the plain order's bits. `window`
+// other than 0 replaces the preset's, so that attention splits the keys over a cluster (32 keys a CTA
+// at least: the tiny presets' 16 keys take one CTA).
 void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
-                    OpenOptions::DependentLaunch dependent = OpenOptions::DependentLaunch::plan) {
-  auto head = random_head_image(preset, 11, fp8 != Fp8Mode::off);
+                    OpenOptions::DependentLaunch dependent = OpenOptions::DependentLaunch::plan, int64_t window = 0) {
+  HeadHeader header = preset_header(preset);
+  if (window) header.window = window;
+  auto head = random_head_image(header, 11, fp8 != Fp8Mode::off);
   const HeadHeader& h = head->file.header();
   const PlanOptions po = test_plan_options(fp8);
   OpenOptions go = test_open_options(po, true);
@@ -31,8 +36,8 @@ void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
 
   std::mt19937_64 rng(5);
   std::vector<Rows> prefix;
-  // Lengths 3..22: some shorter than the window, some longer, all within one ring.
-  for (int s = 0; s < 16; ++s) prefix.push_back(random_rows(rng, h, s, 0, 3 + (5 * s) % 20));
+  // Lengths 3..W + 7: some shorter than the window, some longer, all within one ring (W + 1 + max_steps).
+  for (int s = 0; s < 16; ++s) prefix.push_back(random_rows(rng, h, s, 0, 3 + (13 * s) % (h.window + 5)));
   graph.extend(requests(prefix));
   eager.extend(requests(prefix));
 
@@ -95,6 +100,10 @@ TFE_GPU_TEST_CASE("graphs: replay with dependent launch on every node equals pla
 }
 TFE_GPU_TEST_CASE("graphs: replay with dependent launch on every node equals plain eager, tiny two_stage FP8") {
   graph_vs_eager("tiny-two-stage", Fp8Mode::require, OpenOptions::DependentLaunch::all);
+}
+// A window of 96 keys: attention's chunks over a cluster of 3 CTAs and their join, in every bucket.
+TFE_GPU_TEST_CASE("graphs: replay equals eager bit for bit, tiny dense bf16, attention over a cluster of 3") {
+  graph_vs_eager("tiny", Fp8Mode::off, OpenOptions::DependentLaunch::plan, 95);
 }
 
 TFE_GPU_TEST_CASE("graphs: lazy capture captures each key once, at its first replay") {
