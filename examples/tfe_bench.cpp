@@ -72,6 +72,7 @@ struct Options {
   std::string dependent_launch = "plan";
   int dependent_streams = -1;  // the plan option when planning here; -1: its default
   int dependent_streams_fp8 = -1;  // likewise
+  std::optional<bool> dependent_safe_nodes;  // the plan option when planning here; unset: its default
   std::optional<bool> rope_in_wqkv;  // the plan option when planning here; unset: its default
   std::optional<bool> gemv_cluster;  // likewise
   std::optional<bool> tiled_weights;  // likewise
@@ -488,6 +489,7 @@ int run(const Options& o) {
     p.fp8 = tfe::fp8_mode_from_name(o.fp8);
     if (o.dependent_streams >= 0) p.dependent_streams = o.dependent_streams;
     if (o.dependent_streams_fp8 >= 0) p.dependent_streams_fp8 = o.dependent_streams_fp8;
+    if (o.dependent_safe_nodes) p.dependent_safe_nodes = *o.dependent_safe_nodes;
     if (o.rope_in_wqkv) p.rope_in_wqkv = *o.rope_in_wqkv;
     if (o.gemv_cluster) p.gemv_cluster = *o.gemv_cluster;
     if (o.tiled_weights) p.tiled_weights = *o.tiled_weights;
@@ -509,6 +511,7 @@ int run(const Options& o) {
     out["dependent_launch"] = o.dependent_launch;
     out["dependent_streams"] = rt->plan().options.dependent_streams;
     out["dependent_streams_fp8"] = rt->plan().options.dependent_streams_fp8;
+    out["dependent_safe_nodes"] = rt->plan().options.dependent_safe_nodes;
     out["rope_in_wqkv"] = rt->plan().options.rope_in_wqkv;
     out["gemv_cluster"] = rt->plan().options.gemv_cluster;
     out["tiled_weights"] = rt->plan().options.tiled_weights;
@@ -847,6 +850,10 @@ int main(int argc, char** argv) {
                  "plan option without an artifact: --dependent-streams for a plan whose layer linears are all FP8 "
                  "(0..16)")
       ->check(CLI::Range(0, 16))
+      ->excludes(artifact);
+  app.add_option("--dependent-safe-nodes", o.dependent_safe_nodes,
+                 "plan option without an artifact: in buckets above that limit, every node but a GEMV after a grid "
+                 "of one CTA an SM or more launches dependent (true), or none (false)")
       ->excludes(artifact);
   app.add_option("--rope-in-wqkv", o.rope_in_wqkv,
                  "plan option without an artifact: the draft's RoPE in the wqkv gemv's epilogue where the head has "

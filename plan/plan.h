@@ -15,7 +15,7 @@
 namespace tfe {
 
 // Version of the plan schema (YAML and struct). Loading another version is refused.
-inline constexpr int kPlanSchemaVersion = 14;
+inline constexpr int kPlanSchemaVersion = 15;
 
 enum class Fp8Mode : uint8_t { automatic, off, require };  // YAML / CLI: auto, off, require
 std::string_view fp8_mode_name(Fp8Mode m);
@@ -36,6 +36,12 @@ struct PlanOptions {
   // of dependent_streams. 16 measured best there (BENCHMARKS.md, "Dependent launch for FP8 heads"): 4.5-5.8
   // us a step faster at 16 streams, where the bf16 layer is 3-6 us slower.
   int dependent_streams_fp8 = 16;  // 0..16
+  // In the buckets above that limit, the nodes whose early start cannot unbalance a GEMV's grid still launch
+  // dependent: every node but a GEMV right after a grid of at least one CTA an SM (kSmCount), whose CTAs would
+  // land unevenly on the slots that grid's last CTAs leave. Measured on the H200 (BENCHMARKS.md, "Dependent
+  // launch above dependent_streams"): llama3 bf16 6.4 us a step faster at 8 streams, 2.4 at 16. false: no
+  // node of those buckets launches dependent.
+  bool dependent_safe_nodes = true;
   // The draft's RoPE in the wqkv GEMV's epilogue (kernel gemv_rope_kv) where the head allows it (no
   // qk_norm, head_dim a multiple of 16); false: the wqkv gemv and a qk_rope_kv node, as heads with
   // qk_norm run. Both give the same bits.

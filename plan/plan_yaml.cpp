@@ -265,6 +265,7 @@ std::string dump_plan_yaml(const Plan& p) {
   o["extend_rows"] = p.options.extend_rows;
   o["dependent_streams"] = p.options.dependent_streams;
   o["dependent_streams_fp8"] = p.options.dependent_streams_fp8;
+  o["dependent_safe_nodes"] = p.options.dependent_safe_nodes;
   o["rope_in_wqkv"] = p.options.rope_in_wqkv;
   o["gemv_cluster"] = p.options.gemv_cluster;
   o["tiled_weights"] = p.options.tiled_weights;
@@ -351,6 +352,7 @@ Plan load_plan_yaml(std::string_view text) {
     p.options.extend_rows = o.at("extend_rows").i32(16, 8192);
     p.options.dependent_streams = o.at("dependent_streams").i32(0, 16);
     p.options.dependent_streams_fp8 = o.at("dependent_streams_fp8").i32(0, 16);
+    p.options.dependent_safe_nodes = o.at("dependent_safe_nodes").boolean();
     p.options.rope_in_wqkv = o.at("rope_in_wqkv").boolean();
     p.options.gemv_cluster = o.at("gemv_cluster").boolean();
     p.options.tiled_weights = o.at("tiled_weights").boolean();

@@ -175,6 +175,7 @@ TEST_CASE("plan YAML: round trip under varied options and FP8 forms") {
     o.extend_rows = 16 + static_cast<int>(rng() % 2000);
     o.dependent_streams = static_cast<int>(rng() % 17);
     o.dependent_streams_fp8 = static_cast<int>(rng() % 17);
+    o.dependent_safe_nodes = rng() % 2 == 0;
     o.rope_in_wqkv = rng() % 2 == 0;
     o.gemv_cluster = rng() % 2 == 0;
     o.tiled_weights = rng() % 2 == 0;
@@ -887,40 +888,59 @@ TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows with K >= 
 }
 
 TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (default 4, or dependent_streams_fp8, "
-          "default 16, where the layer's linears are FP8), but an FP8 GEMV right after a GEMV, and extend kernels "
-          "never") {
+          "default 16, where the layer's linears are FP8), but an FP8 GEMV right after a GEMV; above it every node "
+          "but a GEMV after a full grid (dependent_safe_nodes); extend kernels never") {
   CHECK(PlanOptions{}.dependent_streams == 4);
   CHECK(PlanOptions{}.dependent_streams_fp8 == 16);
+  CHECK(PlanOptions{}.dependent_safe_nodes);
   for (const auto& [name, header] : golden_heads()) {
     CAPTURE(name);
     // The golden FP8 presets run every linear in FP8; the others none.
     const bool fp8 = name.ends_with("-fp8");
-    for (const auto& [bf16_limit, fp8_limit] : std::vector<std::pair<int, int>>{{0, 16}, {2, 4}, {4, 16}, {16, 0}}) {
-      CAPTURE(bf16_limit);
-      CAPTURE(fp8_limit);
-      PlanOptions o = golden_options();
-      o.dependent_streams = bf16_limit;
-      o.dependent_streams_fp8 = fp8_limit;
-      const int limit = fp8 ? fp8_limit : bf16_limit;
-      const Plan p = make_plan(header, o);
-      int plain_fp8 = 0;
-      for (const auto& b : p.buckets)
-        for (size_t i = 0; i < b.nodes.size(); ++i) {
-          const Node& n = b.nodes[i];
-          CAPTURE(n.name);
-          const auto gemv = [&](const Node& m) { return p.spec(m.spec).kernel.starts_with("gemv"); };
-          const bool fp8_after_gemv =
-              i > 0 && gemv(b.nodes[i - 1]) && gemv(n) && p.spec(n.spec).constant("WEIGHT") == kc::kWeightFP8;
-          plain_fp8 += b.streams <= limit && fp8_after_gemv;
-          CHECK(n.dependent == (b.streams <= limit && !fp8_after_gemv));
+    for (const auto& [bf16_limit, fp8_limit] : std::vector<std::pair<int, int>>{{0, 16}, {2, 4}, {4, 16}, {16, 0}})
+      for (const bool safe : {false, true}) {
+        CAPTURE(bf16_limit);
+        CAPTURE(fp8_limit);
+        CAPTURE(safe);
+        PlanOptions o = golden_options();
+        o.dependent_streams = bf16_limit;
+        o.dependent_streams_fp8 = fp8_limit;
+        o.dependent_safe_nodes = safe;
+        const int limit = fp8 ? fp8_limit : bf16_limit;
+        const Plan p = make_plan(header, o);
+        int plain_fp8 = 0, plain_above = 0, dependent_above = 0;
+        for (const auto& b : p.buckets)
+          for (size_t i = 0; i < b.nodes.size(); ++i) {
+            const Node& n = b.nodes[i];
+            CAPTURE(n.name);
+            const auto gemv = [&](const Node& m) { return p.spec(m.spec).kernel.starts_with("gemv"); };
+            const bool fp8_after_gemv =
+                i > 0 && gemv(b.nodes[i - 1]) && gemv(n) && p.spec(n.spec).constant("WEIGHT") == kc::kWeightFP8;
+            plain_fp8 += b.streams <= limit && fp8_after_gemv;
+            if (b.streams <= limit) {
+              CHECK(n.dependent == !fp8_after_gemv);
+              continue;
+            }
+            // Above the limit: a GEMV after a grid of 132 CTAs or more (an H200's SMs) launches plainly.
+            const auto ctas = [](const Node& m) { return m.launch.grid[0] * m.launch.grid[1] * m.launch.grid[2]; };
+            const bool after_full_grid = i > 0 && gemv(n) && ctas(b.nodes[i - 1]) >= 132;
+            CHECK(n.dependent == (safe && !after_full_grid));
+            plain_above += safe && after_full_grid;
+            dependent_above += n.dependent;
+          }
+        // Both kinds occur above the limit where it is under 16 (the golden plans' largest bucket), for the
+        // full-size presets (the tiny ones' grids are all under 132 CTAs).
+        if (safe && limit < 16 && !name.starts_with("tiny")) {
+          CHECK(plain_above > 0);
+          CHECK(dependent_above > 0);
         }
-      // w_down (and two_stage's lr_b) in every FP8 bucket that launches dependent.
-      const int dependent_buckets = static_cast<int>(
-          std::count_if(p.buckets.begin(), p.buckets.end(), [&](const Bucket& b) { return b.streams <= limit; }));
-      const int per_step = name.starts_with("tfe-two-stage") ? 2 : 1;
-      CHECK(plain_fp8 == (fp8 ? dependent_buckets * p.options.max_steps * per_step : 0));
-      for (const auto& n : p.extend) CHECK_FALSE(n.dependent);
-    }
+        // w_down (and two_stage's lr_b) in every FP8 bucket that launches dependent.
+        const int dependent_buckets = static_cast<int>(
+            std::count_if(p.buckets.begin(), p.buckets.end(), [&](const Bucket& b) { return b.streams <= limit; }));
+        const int per_step = name.starts_with("tfe-two-stage") ? 2 : 1;
+        CHECK(plain_fp8 == (fp8 ? dependent_buckets * p.options.max_steps * per_step : 0));
+        for (const auto& n : p.extend) CHECK_FALSE(n.dependent);
+      }
     Plan p = make_plan(header, golden_options());
     // The flag is plan data: it survives the YAML, and an extend node carrying it is refused by name.
     CHECK(load_plan_yaml(dump_plan_yaml(p)) == p);
@@ -941,6 +961,7 @@ TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (de
     PlanOptions o = golden_options();
     o.dependent_streams = 1;
     o.dependent_streams_fp8 = 16;
+    o.dependent_safe_nodes = false;  // so that a bucket's first node shows which limit applies
     const Plan p = make_plan(h, o);
     for (const auto& b : p.buckets) {
       CAPTURE(b.streams);
@@ -1332,6 +1353,15 @@ TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
   CHECK_FALSE(a.options.attention_split_per_bucket);
   const auto attention = [](const KernelSpec& k) { return k.kernel == "ring_attention"; };
   CHECK(std::count_if(a.specs.begin(), a.specs.end(), attention) == 1);
+  // --dependent-safe-nodes false: no node of a bucket above dependent_streams (4) launches dependent.
+  const std::string no_safe = fmt::format(
+      "{} dump --preset llama3-8b-eagle3 --buckets 4,8 --dependent-safe-nodes false -o {}", TFE_PLAN_EXE, out);
+  REQUIRE(std::system(no_safe.c_str()) == 0);
+  const Plan d = load_plan_yaml(read_text(out));
+  CHECK_FALSE(d.options.dependent_safe_nodes);
+  const auto dependent = [](const Node& n) { return n.dependent; };
+  CHECK(std::all_of(d.buckets[0].nodes.begin(), d.buckets[0].nodes.end(), dependent));
+  CHECK(std::none_of(d.buckets[1].nodes.begin(), d.buckets[1].nodes.end(), dependent));
 }
 
 TEST_CASE("tfe-plan dump --preset-fp8: the preset with the FP8 forms random --fp8 writes") {

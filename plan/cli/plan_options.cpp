@@ -39,6 +39,10 @@ void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
   cmd->add_option("--dependent-streams-fp8", args->options.dependent_streams_fp8,
                   "--dependent-streams for a plan whose layer linears all run in FP8 (0..16, 0: none)")
       ->capture_default_str();
+  cmd->add_option("--dependent-safe-nodes", args->options.dependent_safe_nodes,
+                  "in buckets above that limit, every node but a GEMV after a grid of one CTA an SM or more "
+                  "launches dependent (true), or none (false)")
+      ->capture_default_str();
   cmd->add_option("--rope-in-wqkv", args->options.rope_in_wqkv,
                   "the draft's RoPE in the wqkv gemv's epilogue where the head has no qk_norm (true, false)")
       ->capture_default_str();
