@@ -33,14 +33,16 @@ struct PlanOptions {
   // 668a17b): faster at 1, 2 and 4 streams, slower at 8 and 16.
   int dependent_streams = 4;  // 0..16
   // The same limit for a plan whose layer linears (wqkv, wo, w_gate_up, w_down) all run in FP8, in place
-  // of dependent_streams. 16 measured best there (BENCHMARKS.md, "Dependent launch for FP8 heads"): 4.5-5.8
-  // us a step faster at 16 streams, where the bf16 layer is 3-6 us slower.
-  int dependent_streams_fp8 = 16;  // 0..16
+  // of dependent_streams. 0 measured best there with dependent_safe_nodes (BENCHMARKS.md, "Dependent launch
+  // above dependent_streams"): every node but a GEMV after a full grid dependent in every bucket was
+  // 1.2-3.1 us a step faster at 4-16 streams than every node but an FP8 GEMV after a GEMV (the limit 16
+  // before), and within 0.3 us (llama3) or 1 us faster (tfe-two-stage) at 1-2.
+  int dependent_streams_fp8 = 0;  // 0..16
   // In the buckets above that limit, the nodes whose early start cannot unbalance a GEMV's grid still launch
   // dependent: every node but a GEMV right after a grid of at least one CTA an SM (kSmCount), whose CTAs would
   // land unevenly on the slots that grid's last CTAs leave. Measured on the H200 (BENCHMARKS.md, "Dependent
   // launch above dependent_streams"): llama3 bf16 6.4 us a step faster at 8 streams, 2.4 at 16. false: no
-  // node of those buckets launches dependent.
+  // node of those buckets launches dependent (FP8 layers, at dependent_streams_fp8 0: none at all).
   bool dependent_safe_nodes = true;
   // The draft's RoPE in the wqkv GEMV's epilogue (kernel gemv_rope_kv) where the head allows it (no
   // qk_norm, head_dim a multiple of 16); false: the wqkv gemv and a qk_rope_kv node, as heads with

@@ -130,15 +130,15 @@ class Planner {
     if (decision.empty()) decision = "none";
     choose("dependent launch", decision,
            fmt::format("option {}: programmatic dependent launch overlaps each kernel's start with its predecessor's "
-                       "end; measured on the H200 2-4 % faster at 1-2 streams, 1-6 us a step at 4; at 8-16 streams "
-                       "slower for bf16 layers on every node, 4.5-5.8 us a step faster at 16 for FP8 ones "
-                       "(BENCHMARKS.md); an FP8 GEMV right after a GEMV is launched plainly (measured 3 us faster "
-                       "so){}",
+                       "end; on every node measured on the H200 2-4 % faster at 1-2 streams, 1-6 us a step at 4, "
+                       "slower at 8-16 streams for bf16 layers (BENCHMARKS.md); an FP8 GEMV right after a GEMV is "
+                       "launched plainly (measured 3 us faster so){}",
                        layer_fp8() ? "dependent_streams_fp8 (the layer's linears are FP8)" : "dependent_streams",
                        above ? "; option dependent_safe_nodes: above that, a GEMV after a grid of one CTA an SM or "
                                "more is launched plainly (its CTAs would land unevenly on the slots that grid's last "
                                "CTAs leave) and every other node dependent: llama3 bf16 measured 6.4 us a step "
-                               "faster at 8 streams, 2.4 at 16"
+                               "faster at 8 streams, 2.4 at 16, FP8 layers 1.2-3.1 us at 4-16 streams than with "
+                               "every node but an FP8 GEMV after a GEMV"
                              : ""));
     plan_extend();
     finish();

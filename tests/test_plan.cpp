@@ -888,10 +888,10 @@ TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows with K >= 
 }
 
 TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (default 4, or dependent_streams_fp8, "
-          "default 16, where the layer's linears are FP8), but an FP8 GEMV right after a GEMV, and above it every node "
+          "default 0, where the layer's linears are FP8), but an FP8 GEMV right after a GEMV, and above it every node "
           "but a GEMV after a full grid (dependent_safe_nodes), extend kernels never") {
   CHECK(PlanOptions{}.dependent_streams == 4);
-  CHECK(PlanOptions{}.dependent_streams_fp8 == 16);
+  CHECK(PlanOptions{}.dependent_streams_fp8 == 0);
   CHECK(PlanOptions{}.dependent_safe_nodes);
   for (const auto& [name, header] : golden_heads()) {
     CAPTURE(name);
