@@ -5,6 +5,8 @@
 #include <regex>
 #include <set>
 
+#include <fmt/ranges.h>
+
 #include "plan/error.h"
 #include "plan/weight_layout.h"
 
@@ -70,6 +72,29 @@ const KernelSpec& Plan::spec(std::string_view uri) const {
   for (const auto& s : specs)
     if (s.uri() == uri) return s;
   fail("plan: no kernel spec `{}`", uri);
+}
+
+std::string plan_options_differences(const PlanOptions& a, const PlanOptions& b) {
+  std::vector<std::string> out;
+  const auto field = [&](std::string_view key, const auto& x, const auto& y) {
+    if (x != y) out.push_back(fmt::format("{} {} against {}", key, x, y));
+  };
+  field("buckets", fmt::format("{}", fmt::join(a.buckets, ",")), fmt::format("{}", fmt::join(b.buckets, ",")));
+  field("max_steps", a.max_steps, b.max_steps);
+  field("fp8", fp8_mode_name(a.fp8), fp8_mode_name(b.fp8));
+  field("arch", a.arch, b.arch);
+  field("max_slots", a.max_slots, b.max_slots);
+  field("extend_rows", a.extend_rows, b.extend_rows);
+  field("dependent_streams", a.dependent_streams, b.dependent_streams);
+  field("dependent_streams_fp8", a.dependent_streams_fp8, b.dependent_streams_fp8);
+  field("dependent_safe_nodes", a.dependent_safe_nodes, b.dependent_safe_nodes);
+  field("rope_in_wqkv", a.rope_in_wqkv, b.rope_in_wqkv);
+  field("gemv_cluster", a.gemv_cluster, b.gemv_cluster);
+  field("tiled_weights", a.tiled_weights, b.tiled_weights);
+  field("attention_split_per_bucket", a.attention_split_per_bucket, b.attention_split_per_bucket);
+  // A field added to PlanOptions and not above would otherwise read as "no difference".
+  if (out.empty() && !(a == b)) out.push_back("a field plan_options_differences does not name");
+  return fmt::format("{}", fmt::join(out, "; "));
 }
 
 int sm_version(const PlanOptions& o) { return std::stoi(o.arch.substr(3)); }

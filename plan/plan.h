@@ -205,6 +205,10 @@ Plan make_plan(const HeadHeader& header, const PlanOptions& options, std::string
 // throws naming the option, its value and the limit.
 void validate(const PlanOptions& options);
 
+// The options in which `a` and `b` differ, by their YAML keys with both values ("dependent_safe_nodes true
+// against false; max_steps 8 against 4"); empty where they are equal. Names every field of PlanOptions.
+std::string plan_options_differences(const PlanOptions& a, const PlanOptions& b);
+
 // The compute capability of a validated arch as one number: "sm_90" -> 90.
 int sm_version(const PlanOptions& options);
 

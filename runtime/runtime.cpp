@@ -57,10 +57,11 @@ std::string device_arch(int device) {
   return fmt::format("sm_{}{}", major, minor);
 }
 
-// Plan options without the arch, which the runtime always takes from the device.
-bool same_except_arch(PlanOptions a, PlanOptions b) {
-  a.arch = b.arch;
-  return a == b;
+// How the asked plan options differ from an artifact's, but for the arch, which the runtime always takes
+// from the device; empty where they agree.
+std::string differences_except_arch(PlanOptions asked, const PlanOptions& artifact) {
+  asked.arch = artifact.arch;
+  return plan_options_differences(artifact, asked);
 }
 
 // A cubin and the symbol to look up in it.
@@ -295,10 +296,8 @@ Planned plan_for(const HeadFile& file, const OpenOptions& o, const std::string& 
                            file.file().path(), sha);
   else if (art.arch != arch || art.plan.options.arch != arch)
     mismatch = fmt::format("it was compiled for {}, but device {} is {}", art.arch, o.device, arch);
-  else if (o.plan && !same_except_arch(*o.plan, art.plan.options))
-    mismatch =
-        "its plan options (buckets, max_steps, fp8, max_slots, extend_rows, dependent_streams, dependent_streams_fp8, "
-        "rope_in_wqkv, gemv_cluster) differ from those asked";
+  else if (const std::string d = o.plan ? differences_except_arch(*o.plan, art.plan.options) : ""; !d.empty())
+    mismatch = fmt::format("its plan options differ from those asked (the artifact's against the asked): {}", d);
   if (!mismatch.empty()) {
     if (!o.recompile_mismatched_artifact)
       fail("artifact {}: {}; compile one for this head and device (tfe-plan compile), or open with "

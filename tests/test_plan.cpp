@@ -220,6 +220,33 @@ TEST_CASE("make_plan: options outside their limits are refused by name") {
   CHECK_THROWS_WITH_AS(fp8_mode_from_name("on"), doctest::Contains("fp8 mode `on`"), Error);
 }
 
+TEST_CASE("plan_options_differences: names each differing option by its YAML key with both values") {
+  const PlanOptions a;
+  CHECK(plan_options_differences(a, a).empty());
+  const auto differs = [&](auto&& mend, const char* expected) {
+    PlanOptions b = a;
+    mend(b);
+    CAPTURE(expected);
+    CHECK(plan_options_differences(a, b) == expected);
+  };
+  differs([](PlanOptions& o) { o.buckets = {1, 4}; }, "buckets 1,2,4,8,16 against 1,4");
+  differs([](PlanOptions& o) { o.max_steps = 4; }, "max_steps 8 against 4");
+  differs([](PlanOptions& o) { o.fp8 = Fp8Mode::off; }, "fp8 auto against off");
+  differs([](PlanOptions& o) { o.arch = "sm_100"; }, "arch sm_90 against sm_100");
+  differs([](PlanOptions& o) { o.max_slots = 32; }, "max_slots 64 against 32");
+  differs([](PlanOptions& o) { o.extend_rows = 512; }, "extend_rows 1024 against 512");
+  differs([](PlanOptions& o) { o.dependent_streams = 2; }, "dependent_streams 4 against 2");
+  differs([](PlanOptions& o) { o.dependent_streams_fp8 = 16; }, "dependent_streams_fp8 0 against 16");
+  differs([](PlanOptions& o) { o.dependent_safe_nodes = false; }, "dependent_safe_nodes true against false");
+  differs([](PlanOptions& o) { o.rope_in_wqkv = false; }, "rope_in_wqkv true against false");
+  differs([](PlanOptions& o) { o.gemv_cluster = false; }, "gemv_cluster true against false");
+  differs([](PlanOptions& o) { o.tiled_weights = false; }, "tiled_weights true against false");
+  differs([](PlanOptions& o) { o.attention_split_per_bucket = false; },
+          "attention_split_per_bucket true against false");
+  differs([](PlanOptions& o) { o.max_steps = 2, o.gemv_cluster = false; },
+          "max_steps 8 against 2; gemv_cluster true against false");
+}
+
 TEST_CASE("make_plan: fp8 = require names each linear without an FP8 form") {
   HeadHeader h = preset_header("tiny-two-stage");
   h.fp8 = linears_in_use(h);
