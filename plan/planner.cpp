@@ -536,8 +536,7 @@ class Planner {
   // dependent: launched early, its CTAs land where the predecessor's last wave leaves room, unevenly, and
   // FP8's one-wave w_down measured 3 us slower so (bf16's w_down, 2 us faster dependent, keeps it).
   bool fp8_gemv_after_gemv(const Node& before, const Node& n) const {
-    const auto gemv = [&](const Node& m) { return m.kind == Node::Kind::kernel && is_gemv(specs_.at(m.spec)); };
-    return gemv(before) && gemv(n) && specs_.at(n.spec).constant("WEIGHT") == kc::kWeightFP8;
+    return is_gemv(before) && is_gemv(n) && specs_.at(n.spec).constant("WEIGHT") == kc::kWeightFP8;
   }
   // Above dependent_streams (PlanOptions::dependent_safe_nodes): a GEMV after a grid of at least one CTA an SM
   // is launched plainly, for the same reason as above, in bf16 too: at 8-16 streams its one or two waves are
@@ -545,13 +544,13 @@ class Planner {
   // leaves free take the GEMV's first CTAs evenly; small kernels have one short wave and gain the overlap.
   static constexpr int64_t kSmCount = 132;  // an H100 SXM's or H200's SMs
   bool gemv_after_full_grid(const Node& before, const Node& n) const {
-    const auto gemv = [&](const Node& m) { return m.kind == Node::Kind::kernel && is_gemv(specs_.at(m.spec)); };
     const auto& g = before.launch.grid;
-    return gemv(n) && before.kind == Node::Kind::kernel && g[0] * g[1] * g[2] >= kSmCount;
+    return is_gemv(n) && before.kind == Node::Kind::kernel && g[0] * g[1] * g[2] >= kSmCount;
   }
   static bool is_gemv(const KernelSpec& spec) {
     return spec.kernel == "gemv" || spec.kernel == "gemv_cluster" || spec.kernel == "gemv_rope_kv";
   }
+  bool is_gemv(const Node& n) const { return n.kind == Node::Kind::kernel && is_gemv(specs_.at(n.spec)); }
 
   // The draft's RoPE in the wqkv GEMV's epilogue (gemv_rope_kv): a head without qk_norm, whose rotate-half
   // pairs the GEMV's 16-column tiles can hold 8 at a time. qk_norm needs a head's whole sum of squares,
