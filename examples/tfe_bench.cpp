@@ -77,6 +77,7 @@ struct Options {
   std::optional<bool> gemv_cluster;  // likewise
   std::optional<bool> tiled_weights;  // likewise
   std::optional<bool> attention_split_per_bucket;  // likewise
+  std::vector<std::string> knock_out;  // draft nodes left out (OpenOptions::knock_out): timing only
   std::string streams = "1,2,4,8,16";
   std::string steps = "1..8";
   int iters = 50;
@@ -501,6 +502,11 @@ int run(const Options& o) {
   open.dependent_launch = o.dependent_launch == "all"   ? Dependent::all
                           : o.dependent_launch == "off" ? Dependent::off
                                                         : Dependent::plan;
+  open.knock_out = o.knock_out;
+  if (!o.knock_out.empty())
+    fmt::print("knock-out: {} left out of every draft pass; the drafts are wrong, the times are what the rest "
+               "costs\n",
+               fmt::join(o.knock_out, ", "));
 
   std::optional<tfe::Runtime> rt;
   parts.run("open", [&] {
@@ -509,6 +515,7 @@ int run(const Options& o) {
     out["open_ms"] = ms_since(t0);
     out["open_capture"] = "lazy";
     out["dependent_launch"] = o.dependent_launch;
+    out["knock_out"] = o.knock_out;
     out["dependent_streams"] = rt->plan().options.dependent_streams;
     out["dependent_streams_fp8"] = rt->plan().options.dependent_streams_fp8;
     out["dependent_safe_nodes"] = rt->plan().options.dependent_safe_nodes;
@@ -841,6 +848,10 @@ int main(int argc, char** argv) {
   app.add_option("--dependent-launch", o.dependent_launch,
                  "programmatic dependent launch of the draft kernels: plan (where the plan marks it), off, all")
       ->check(CLI::IsMember({"plan", "off", "all"}));
+  app.add_option("--knock-out", o.knock_out,
+                 "draft nodes (names without the step prefix, e.g. post_norm,final_norm) left out of every pass, "
+                 "to time what the rest costs; the drafts are then wrong")
+      ->delimiter(',');
   app.add_option("--dependent-streams", o.dependent_streams,
                  "plan option without an artifact (whose plan is fixed: tfe-plan compile --dependent-streams): "
                  "dependent launch in buckets up to N streams (0..16)")

@@ -74,6 +74,25 @@ const KernelSpec& Plan::spec(std::string_view uri) const {
   fail("plan: no kernel spec `{}`", uri);
 }
 
+std::string_view node_base_name(const Node& node) {
+  const std::string_view name = node.name;
+  const size_t dot = name.find('.');
+  return dot == std::string_view::npos ? name : name.substr(dot + 1);
+}
+
+void check_knock_out(const Plan& plan, const std::vector<std::string>& names) {
+  std::set<std::string, std::less<>> known;
+  for (const Bucket& b : plan.buckets)
+    for (const Node& n : b.nodes) known.emplace(node_base_name(n));
+  for (const std::string& name : names) {
+    if (name == "load_tables" || name == "store_outputs")
+      fail("knock_out: `{}` cannot be left out: every draft pass needs it ({})", name,
+           name == "load_tables" ? "it brings the call's tables" : "it writes the word the host waits for");
+    if (!known.contains(name))
+      fail("knock_out: no draft node is named `{}` (the draft nodes: {})", name, fmt::join(known, ", "));
+  }
+}
+
 std::string plan_options_differences(const PlanOptions& a, const PlanOptions& b) {
   std::vector<std::string> out;
   const auto field = [&](std::string_view key, const auto& x, const auto& y) {

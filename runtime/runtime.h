@@ -55,6 +55,10 @@ struct OpenOptions {
   // marks it; off: nowhere; all: every kernel node of every draft pass (to measure or test it).
   enum class DependentLaunch : uint8_t { plan, off, all };
   DependentLaunch dependent_launch = DependentLaunch::plan;
+  // Draft-pass nodes left out of every pass, named without their step prefix ("post_norm"), to time what
+  // the rest of a pass costs inside the graph (tfe-bench --knock-out). The drafts are then wrong: for
+  // measurement only. Checked at open by check_knock_out (plan/plan.h).
+  std::vector<std::string> knock_out;
 };
 
 struct RuntimeStats {

@@ -247,6 +247,25 @@ TEST_CASE("plan_options_differences: names each differing option by its YAML key
           "max_steps 8 against 2; gemv_cluster true against false");
 }
 
+TEST_CASE("check_knock_out: takes draft node names without their step, refuses unknown and needed ones") {
+  const Plan plan = make_plan(preset_header("tiny"), PlanOptions{});
+  Node n;
+  n.name = "s3.post_norm";
+  CHECK(node_base_name(n) == "post_norm");
+  n.name = "extend.fc";
+  CHECK(node_base_name(n) == "fc");
+  CHECK_NOTHROW(check_knock_out(plan, {}));
+  CHECK_NOTHROW(check_knock_out(plan, {"post_norm", "final_norm", "top1", "prepare_x", "attention"}));
+  CHECK_THROWS_WITH_AS(check_knock_out(plan, {"top1", "s1.top1"}),
+                       doctest::Contains("no draft node is named `s1.top1` (the draft nodes: "), Error);
+  // An extend node is not a draft node.
+  CHECK_THROWS_WITH_AS(check_knock_out(plan, {"fc"}), doctest::Contains("no draft node is named `fc`"), Error);
+  CHECK_THROWS_WITH_AS(check_knock_out(plan, {"store_outputs"}),
+                       doctest::Contains("`store_outputs` cannot be left out"), Error);
+  CHECK_THROWS_WITH_AS(check_knock_out(plan, {"load_tables"}), doctest::Contains("`load_tables` cannot be left out"),
+                       Error);
+}
+
 TEST_CASE("make_plan: fp8 = require names each linear without an FP8 form") {
   HeadHeader h = preset_header("tiny-two-stage");
   h.fp8 = linears_in_use(h);

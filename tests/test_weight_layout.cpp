@@ -17,7 +17,7 @@ namespace {
 
 TEST_CASE("tile_rows: every byte moves to tiled_offset, a warp's chunks of one step are 512 consecutive bytes") {
   std::mt19937_64 rng(7);
-  for (const auto [rows, row_bytes] : {std::pair<int64_t, int64_t>{16, 64}, {48, 192}, {32, 1024}}) {
+  for (const auto& [rows, row_bytes] : {std::pair<int64_t, int64_t>{16, 64}, {48, 192}, {32, 1024}}) {
     CAPTURE(rows);
     CAPTURE(row_bytes);
     std::vector<std::byte> src(static_cast<size_t>(rows * row_bytes)), out(src.size());
