@@ -57,7 +57,8 @@ struct OpenOptions {
   DependentLaunch dependent_launch = DependentLaunch::plan;
   // Draft-pass nodes left out of every pass, named without their step prefix ("post_norm"), to time what
   // the rest of a pass costs inside the graph (tfe-bench --knock-out). The drafts are then wrong: for
-  // measurement only. Checked at open by check_knock_out (plan/plan.h).
+  // measurement only. A left-out node's outputs keep what they last held (zeros from open on), so the
+  // nodes after it still read ids and rows in range. Checked at open by check_knock_out (plan/plan.h).
   std::vector<std::string> knock_out;
 };
 
