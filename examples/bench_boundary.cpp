@@ -220,8 +220,9 @@ int main(int argc, char** argv) {
             auto slots = params(k);
             LaunchShape producer_shape;
             producer_shape.block = 256;
+            // The first producer follows the memsets, not a kernel: a plain launch.
             TFE_CUDA(cuda::launch_kernel(kernels[mode][0].kernel, dim3(static_cast<unsigned>(ctas)), producer_shape,
-                                         slots.data(), stream.get(), dependent));
+                                         slots.data(), stream.get(), dependent && k > 0));
             if (with_consumer) {
               LaunchShape consumer_shape;
               consumer_shape.block = 256;
