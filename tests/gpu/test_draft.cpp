@@ -8,6 +8,7 @@
 //  - confidences: within kConfTolerance (absolute) at the compared steps;
 //  - hidden states (slot g after extend, h2 after a pass, ring K/V): normalized L2 error below
 //    kHiddenTolerance.
+#include <algorithm>
 #include <set>
 
 #include "tests/gpu/fixture.h"
@@ -226,5 +227,54 @@ TFE_GPU_TEST_CASE("draft: a slot attached mid-sequence attends only its own rows
         kHiddenTolerance);
 }
 
+
+// OpenOptions::knock_out (tfe-bench --knock-out) leaves a node out of every draft pass, replayed or
+// launched eagerly. With top1 out no step writes a token or a confidence, so the outputs keep the zeros
+// the arena starts with, while the nodes before it still run: step 1's h2 is the full pass's, bit for bit.
+TFE_GPU_TEST_CASE("draft: knock_out leaves top1 out of every pass, graph and eager alike") {
+  auto head = random_head_image("tiny", 23, false);
+  const HeadHeader& h = head->file.header();
+  const PlanOptions po = test_plan_options(Fp8Mode::off);
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<Rows> prefix;
+  std::vector<int> slots;
+  for (int s = 0; s < 4; ++s) {
+    prefix.push_back(random_rows(rng, h, s, 0, 3 + s));
+    slots.push_back(s);
+  }
+  struct Run {
+    std::vector<std::byte> h2_after_one_step;
+    DraftResult drafts;
+  };
+  const auto run = [&](bool graphs, std::vector<std::string> knock_out) {
+    OpenOptions o = test_open_options(po, graphs);
+    o.knock_out = std::move(knock_out);
+    Runtime rt = Runtime::open(head->file, o);
+    rt.extend(requests(prefix));
+    Run r;
+    rt.draft(slots, 1);
+    r.h2_after_one_step = rt.read_buffer("h2");
+    r.drafts = rt.draft(slots, po.max_steps);
+    return r;
+  };
+  const Run full = run(true, {});
+  const Run graph = run(true, {"top1"});
+  const Run eager = run(false, {"top1"});
+  // The zeros below are top1's absence only if the full pass writes something else.
+  REQUIRE(std::ranges::any_of(full.drafts.tokens, [](int32_t t) { return t != 0; }));
+  CHECK(std::ranges::all_of(graph.drafts.tokens, [](int32_t t) { return t == 0; }));
+  CHECK(std::ranges::all_of(graph.drafts.confidences, [](float c) { return c == 0.0f; }));
+  CHECK(graph.h2_after_one_step == full.h2_after_one_step);
+  CHECK(eager.drafts.tokens == graph.drafts.tokens);
+  CHECK(eager.drafts.confidences == graph.drafts.confidences);
+  CHECK(eager.h2_after_one_step == graph.h2_after_one_step);
+
+  // Refused at open: a node no pass runs without, and a name no draft node has.
+  OpenOptions bad = test_open_options(po);
+  bad.knock_out = {"store_outputs"};
+  CHECK_THROWS_WITH_AS(Runtime::open(head->file, bad), doctest::Contains("`store_outputs` cannot be left out"), Error);
+  bad.knock_out = {"s1.top1"};
+  CHECK_THROWS_WITH_AS(Runtime::open(head->file, bad), doctest::Contains("no draft node is named `s1.top1`"), Error);
+}
 }  // namespace
 }  // namespace tfe::test
