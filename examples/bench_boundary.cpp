@@ -32,7 +32,6 @@
 
 #include "compiler/kernel_registry.h"
 #include "compiler/nvrtc.h"
-#include "plan/error.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_handles.h"
 #include "runtime/device_kernels.h"
