@@ -81,13 +81,19 @@ std::string_view node_base_name(const Node& node) {
 }
 
 void check_knock_out(const Plan& plan, const std::vector<std::string>& names) {
-  std::set<std::string, std::less<>> known;
+  // What a pass cannot run without, by the plan's own marks: its first node brings the call's tables, and
+  // its last_step_only node writes the outputs and the word the host waits for.
+  std::set<std::string, std::less<>> known, needed;
   for (const Bucket& b : plan.buckets)
-    for (const Node& n : b.nodes) known.emplace(node_base_name(n));
+    for (const Node& n : b.nodes) {
+      known.emplace(node_base_name(n));
+      if (&n == &b.nodes.front() || n.last_step_only) needed.emplace(node_base_name(n));
+    }
   for (const std::string& name : names) {
-    if (name == "load_tables" || name == "store_outputs")
-      fail("knock_out: `{}` cannot be left out: every draft pass needs it ({})", name,
-           name == "load_tables" ? "it brings the call's tables" : "it writes the word the host waits for");
+    if (needed.contains(name))
+      fail("knock_out: `{}` cannot be left out: every draft pass needs it (a pass's first node, which brings the "
+           "call's tables, or its final node, which writes the word the host waits for)",
+           name);
     if (!known.contains(name))
       fail("knock_out: no draft node is named `{}` (the draft nodes: {})", name, fmt::join(known, ", "));
   }

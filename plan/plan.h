@@ -215,8 +215,9 @@ std::string_view node_base_name(const Node& node);
 // Checks names of draft-pass nodes without their step prefix ("post_norm" for s1.post_norm, s2.post_norm,
 // ..): the nodes a runtime leaves out of every draft pass when asked (OpenOptions::knock_out), so that what
 // the rest of a pass costs inside the graph can be timed (tfe-bench --knock-out). Throws naming a name no
-// draft node has (with the names there are), or a node no pass can run without: load_tables (it brings
-// the call's tables) and store_outputs (it writes the completion word the host waits for).
+// draft node has (with the names there are), or a node no pass can run without: a pass's first node (it
+// brings the call's tables: load_tables) and its last_step_only node (it writes the completion word the
+// host waits for: store_outputs).
 void check_knock_out(const Plan& plan, const std::vector<std::string>& names);
 
 // The compute capability of a validated arch as one number: "sm_90" -> 90.

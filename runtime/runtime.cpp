@@ -8,7 +8,6 @@
 #include <future>
 #include <map>
 #include <optional>
-#include <set>
 #include <thread>
 
 #include "compiler/artifact.h"
@@ -490,7 +489,9 @@ void Runtime::Impl::prepare_nodes() {
     return p;
   };
   check_knock_out(plan, options.knock_out);
-  const std::set<std::string, std::less<>> knocked_out(options.knock_out.begin(), options.knock_out.end());
+  const auto knocked_out = [&](const Node& n) {
+    return std::ranges::find(options.knock_out, node_base_name(n)) != options.knock_out.end();
+  };
   for (const Bucket& b : plan.buckets) {
     std::vector<PreparedNode> nodes;
     int last_step = 0;
@@ -499,7 +500,7 @@ void Runtime::Impl::prepare_nodes() {
         fail("plan: node {} of bucket {} has step {}; steps must ascend within 1..{}", n.name, b.streams, n.step,
              plan.options.max_steps);
       last_step = n.step;
-      if (knocked_out.contains(node_base_name(n))) continue;
+      if (knocked_out(n)) continue;
       nodes.push_back(prepare(n, b.streams));
     }
     buckets.push_back(std::move(nodes));

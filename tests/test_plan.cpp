@@ -716,7 +716,7 @@ TEST_CASE("make_plan: a narrow FP8 output's gemv splits each column tile's K ove
         const KernelSpec& spec = p.spec(n.spec);
         if (!spec.kernel.starts_with("gemv")) continue;
         const int64_t split = spec.kernel == "gemv_cluster" ? spec.constant("CSPLIT") : 1;
-        out[n.name.substr(n.name.find('.') + 1)].emplace(spec.kernel, split);
+        out[std::string(node_base_name(n))].emplace(spec.kernel, split);
         if (split > 1) {
           // grid.x: the plain gemv's CTAs, CSPLIT a column tile; block and shared memory its own.
           const LaunchShape plain = launch_shape(gemv_equivalent(spec), b.streams);
