@@ -51,6 +51,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "plan/cli/plan_options.h"
 #include "plan/error.h"
 #include "plan/head_file.h"
 #include "plan/header.h"
@@ -70,13 +71,7 @@ struct Options {
   std::string artifact;
   std::string fp8 = "auto";
   std::string dependent_launch = "plan";
-  int dependent_streams = -1;  // the plan option when planning here; -1: its default
-  int dependent_streams_fp8 = -1;  // likewise
-  std::optional<bool> dependent_safe_nodes;  // the plan option when planning here; unset: its default
-  std::optional<bool> rope_in_wqkv;  // the plan option when planning here; unset: its default
-  std::optional<bool> gemv_cluster;  // likewise
-  std::optional<bool> tiled_weights;  // likewise
-  std::optional<bool> attention_split_per_bucket;  // likewise
+  tfe::PlanOptions plan;  // the plan's tuning options when planning here (no --artifact); fp8 from --fp8
   std::vector<std::string> knock_out;  // draft nodes left out (OpenOptions::knock_out): timing only
   std::string streams = "1,2,4,8,16";
   std::string steps = "1..8";
@@ -486,15 +481,8 @@ int run(const Options& o) {
   tfe::OpenOptions open;
   open.artifact_dir = o.artifact;
   if (o.artifact.empty()) {
-    tfe::PlanOptions p;
+    tfe::PlanOptions p = o.plan;
     p.fp8 = tfe::fp8_mode_from_name(o.fp8);
-    if (o.dependent_streams >= 0) p.dependent_streams = o.dependent_streams;
-    if (o.dependent_streams_fp8 >= 0) p.dependent_streams_fp8 = o.dependent_streams_fp8;
-    if (o.dependent_safe_nodes) p.dependent_safe_nodes = *o.dependent_safe_nodes;
-    if (o.rope_in_wqkv) p.rope_in_wqkv = *o.rope_in_wqkv;
-    if (o.gemv_cluster) p.gemv_cluster = *o.gemv_cluster;
-    if (o.tiled_weights) p.tiled_weights = *o.tiled_weights;
-    if (o.attention_split_per_bucket) p.attention_split_per_bucket = *o.attention_split_per_bucket;
     open.plan = p;
   }
   open.capture = tfe::OpenOptions::Capture::lazy;
@@ -852,35 +840,10 @@ int main(int argc, char** argv) {
                  "draft nodes (names without the step prefix, e.g. post_norm,final_norm) left out of every pass, "
                  "to time what the rest costs; the drafts are then wrong")
       ->delimiter(',');
-  app.add_option("--dependent-streams", o.dependent_streams,
-                 "plan option without an artifact (whose plan is fixed: tfe-plan compile --dependent-streams): "
-                 "dependent launch in buckets up to N streams (0..16)")
-      ->check(CLI::Range(0, 16))
-      ->excludes(artifact);
-  app.add_option("--dependent-streams-fp8", o.dependent_streams_fp8,
-                 "plan option without an artifact: --dependent-streams for a plan whose layer linears are all FP8 "
-                 "(0..16)")
-      ->check(CLI::Range(0, 16))
-      ->excludes(artifact);
-  app.add_option("--dependent-safe-nodes", o.dependent_safe_nodes,
-                 "plan option without an artifact: in buckets above that limit, every node but a GEMV after a grid "
-                 "of one CTA an SM or more launches dependent (true), or none (false)")
-      ->excludes(artifact);
-  app.add_option("--rope-in-wqkv", o.rope_in_wqkv,
-                 "plan option without an artifact: the draft's RoPE in the wqkv gemv's epilogue where the head has "
-                 "no qk_norm (true, false)")
-      ->excludes(artifact);
-  app.add_option("--gemv-cluster", o.gemv_cluster,
-                 "plan option without an artifact: a narrow output's gemv with each column tile's K split over a "
-                 "cluster of CTAs (true, false)")
-      ->excludes(artifact);
-  app.add_option("--tiled-weights", o.tiled_weights,
-                 "plan option without an artifact: matrices only gemvs read in the tiled layout (true, false)")
-      ->excludes(artifact);
-  app.add_option("--attention-split-per-bucket", o.attention_split_per_bucket,
-                 "plan option without an artifact: ring_attention's key split per bucket (true), or the largest "
-                 "bucket's in every bucket (false)")
-      ->excludes(artifact);
+  // The plan options as tfe-plan declares them; an artifact's plan is fixed when it is compiled
+  // (tfe-plan compile --dependent-streams ...), so beside --artifact they are refused, not ignored.
+  CLI::App* plan_group = app.add_option_group("plan", "plan options, without --artifact (else the artifact's)");
+  for (CLI::Option* option : tfe::cli::add_plan_tuning_options(plan_group, o.plan)) option->excludes(artifact);
   app.add_option("--streams", o.streams, "slots per draft call: a list (1,2,4) or range (1..4)");
   app.add_option("--steps", o.steps, "draft steps per call: a list or range");
   app.add_option("--iters", o.iters, "timed calls per (streams, steps)");

@@ -33,29 +33,31 @@ void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
   cmd->add_option("--arch", args->options.arch, "target architecture, sm_<digits>")->capture_default_str();
   cmd->add_option("--max-slots", args->options.max_slots, "sequences held at once (1..4096)")->capture_default_str();
   cmd->add_option("--extend-rows", args->options.extend_rows, "rows of one extend chunk (16..8192)")->capture_default_str();
-  cmd->add_option("--dependent-streams", args->options.dependent_streams,
-                  "draft passes of buckets up to this many streams launch their kernels dependent (0..16, 0: none)")
-      ->capture_default_str();
-  cmd->add_option("--dependent-streams-fp8", args->options.dependent_streams_fp8,
-                  "--dependent-streams for a plan whose layer linears all run in FP8 (0..16, 0: none)")
-      ->capture_default_str();
-  cmd->add_option("--dependent-safe-nodes", args->options.dependent_safe_nodes,
-                  "in buckets above that limit, every node but a GEMV after a grid of one CTA an SM or more "
-                  "launches dependent (true), or none (false)")
-      ->capture_default_str();
-  cmd->add_option("--rope-in-wqkv", args->options.rope_in_wqkv,
-                  "the draft's RoPE in the wqkv gemv's epilogue where the head has no qk_norm (true, false)")
-      ->capture_default_str();
-  cmd->add_option("--gemv-cluster", args->options.gemv_cluster,
-                  "a narrow output's gemv with each column tile's K split over a cluster of CTAs (true, false)")
-      ->capture_default_str();
-  cmd->add_option("--tiled-weights", args->options.tiled_weights,
-                  "matrices only gemvs read in the tiled layout, a warp's load 512 consecutive bytes (true, false)")
-      ->capture_default_str();
-  cmd->add_option("--attention-split-per-bucket", args->options.attention_split_per_bucket,
-                  "ring_attention's key split per bucket (true), or the largest bucket's in every bucket, so that "
-                  "a slot drafts the same tokens in every bucket (false)")
-      ->capture_default_str();
+  add_plan_tuning_options(cmd, args->options);
+}
+
+std::vector<CLI::Option*> add_plan_tuning_options(CLI::App* cmd, PlanOptions& options) {
+  const auto add = [&](const char* name, auto& field, const char* description) {
+    return cmd->add_option(name, field, description)->capture_default_str();
+  };
+  return {
+      add("--dependent-streams", options.dependent_streams,
+          "draft passes of buckets up to this many streams launch their kernels dependent (0..16, 0: none)"),
+      add("--dependent-streams-fp8", options.dependent_streams_fp8,
+          "--dependent-streams for a plan whose layer linears all run in FP8 (0..16, 0: none)"),
+      add("--dependent-safe-nodes", options.dependent_safe_nodes,
+          "in buckets above that limit, every node but a GEMV after a grid of one CTA an SM or more launches "
+          "dependent (true), or none (false)"),
+      add("--rope-in-wqkv", options.rope_in_wqkv,
+          "the draft's RoPE in the wqkv gemv's epilogue where the head has no qk_norm (true, false)"),
+      add("--gemv-cluster", options.gemv_cluster,
+          "a narrow output's gemv with each column tile's K split over a cluster of CTAs (true, false)"),
+      add("--tiled-weights", options.tiled_weights,
+          "matrices only gemvs read in the tiled layout, a warp's load 512 consecutive bytes (true, false)"),
+      add("--attention-split-per-bucket", options.attention_split_per_bucket,
+          "ring_attention's key split per bucket (true), or the largest bucket's in every bucket, so that a slot "
+          "drafts the same tokens in every bucket (false)"),
+  };
 }
 
 Plan plan_from_args(const PlanArgs& args) {

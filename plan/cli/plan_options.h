@@ -3,6 +3,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -18,9 +19,16 @@ struct PlanArgs {
   PlanOptions options;
 };
 
-// Adds `HEAD.tfe`, `--preset`, `--preset-fp8`, `--buckets`, `--max-steps`, `--fp8`, `--arch`, `--max-slots` and
-// `--extend-rows` to `cmd`, bound to `*args` (which must outlive parsing).
+// Adds `HEAD.tfe`, `--preset`, `--preset-fp8`, `--buckets`, `--max-steps`, `--fp8`, `--arch`, `--max-slots`,
+// `--extend-rows` and the tuning options below to `cmd`, bound to `*args` (which must outlive parsing).
 void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args);
+
+// Adds the PlanOptions fields that choose how a plan runs rather than what it holds (`--dependent-streams`,
+// `--dependent-streams-fp8`, `--dependent-safe-nodes`, `--rope-in-wqkv`, `--gemv-cluster`, `--tiled-weights`,
+// `--attention-split-per-bucket`) to `cmd`, bound to `options` (which must outlive parsing; its values are
+// the defaults shown). Returns them, so that a tool that also takes a finished plan (tfe-bench's
+// `--artifact`) can make each exclude it. tfe-plan and tfe-bench share this one declaration.
+std::vector<CLI::Option*> add_plan_tuning_options(CLI::App* cmd, PlanOptions& options);
 
 // Reads the head (the file's header and its sha256, or the preset's header) and plans it under the
 // options. Throws tfe::Error naming the option or the file.
