@@ -169,15 +169,21 @@ __device__ __forceinline__ unsigned warp_inclusive_sum(unsigned v) {
   return v;
 }
 
-// Sum over the CTA: warp butterflies, then the warp totals in warp order. `scratch` holds 32 floats;
-// every thread gets the total. Ends with a barrier, so `scratch` may be reused right after.
+// Sum over a CTA of THREADS threads (its launch's block): warp butterflies, then the warp totals in warp
+// order. The warp count is a constant so that the totals' shared-memory loads issue together rather than
+// one per add; the adds keep warp order, so the bits are those of a loop over the warps. `scratch` holds
+// 32 floats; every thread gets the total. Ends with a barrier, so `scratch` may be reused right after.
+template <int THREADS>
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  constexpr int WARPS = (THREADS + 31) / 32;
+  static_assert(WARPS <= 32, "scratch holds 32 warp totals");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   v = warp_sum(v);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   float t = 0.0f;
-  for (int w = 0; w < warps; ++w) t += scratch[w];
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) t += scratch[w];
   __syncthreads();
   return t;
 }

@@ -22,16 +22,19 @@ static_assert(sizeof(PrepareXParams) == 8 * 8, "one 8-byte slot per registry par
 
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS) prepare_x(const PrepareXParams p) {
-  start_after_predecessors();
   constexpr long long H = Cfg::HIDDEN;
+  const bf16* weights = blockIdx.x == 0 ? p.input_norm : p.hidden_norm;
+  RmsRow<H, Cfg::THREADS> row;
+  row.load_weights(weights);  // before the wait: see RmsRow
+  start_after_predecessors();
   __shared__ float scratch[32];
   const long long r = blockIdx.y;
   if (r >= p.rows) return;
   bf16* x = p.x + r * 2 * H;
   if (blockIdx.x == 0)
-    rms_row<H>(p.embed + static_cast<long long>(p.tokens[r]) * H, p.input_norm, x, p.eps.v, scratch);
+    row.run(p.embed + static_cast<long long>(p.tokens[r]) * H, weights, x, p.eps.v, scratch);
   else
-    rms_row<H>(p.g + r * H, p.hidden_norm, x + H, p.eps.v, scratch);
+    row.run(p.g + r * H, weights, x + H, p.eps.v, scratch);
 }
 
 }  // namespace kernels

@@ -31,16 +31,20 @@ struct Top1Params {
 };
 static_assert(sizeof(Top1Params) == 8 * 7, "one 8-byte slot per registry parameter");
 
-// The CTA's argmax (ties: lower index) of `best`, broadcast to every thread. `sv`, `si`: 32 entries each.
+// The argmax (ties: lower index) of `best` over a CTA of THREADS threads, broadcast to every thread.
+// `sv`, `si`: 32 entries each. A constant warp count, as in block_sum.
+template <int THREADS>
 __device__ __forceinline__ ArgMax block_argmax(ArgMax best, float* sv, int* si) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  constexpr int WARPS = THREADS / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   best = warp_argmax(best);
   if (lane == 0) {
     sv[warp] = best.v;
     si[warp] = best.i;
   }
   __syncthreads();
-  for (int w = 0; w < warps; ++w)
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w)
     if (better(sv[w], si[w], best.v, best.i)) best = ArgMax{sv[w], si[w]};
   __syncthreads();
   return best;
@@ -69,7 +73,7 @@ __global__ void __launch_bounds__(256) top1(const Top1Params p) {
       if (better(q.max, q.idx, best.v, best.i)) best = ArgMax{q.max, q.idx};
     }
   }
-  best = block_argmax(best, sv, si);
+  best = block_argmax<THREADS>(best, sv, si);
   float total = 0.0f;
 #pragma unroll 8
   for (long long k = 0; k < PER; ++k) {
@@ -79,7 +83,7 @@ __global__ void __launch_bounds__(256) top1(const Top1Params p) {
       total += q.sum * expf(q.max - best.v);
     }
   }
-  total = block_sum(total, scratch);
+  total = block_sum<THREADS>(total, scratch);
   if (tid == 0) {
     const int target = best.i + p.d2t[best.i];
     const long long at = r * Cfg::MAX_STEPS + (p.step - 1);
