@@ -7,8 +7,8 @@
 # Usage: scripts/ab_change.sh PATCH [BUILD_DIR]   (default build-gpu)
 # Environment: OUT (default out/ab_change): gpu_test/ and ab/ below it, each script's logs; AB_CHANGE_BASE
 #   (default /tmp/ab_change_base) the base tree; AB_CHANGE_TESTS: `full` (scripts/gpu_test.sh, the
-#   default), `quick` (the GPU tests less the four long GEMV cases, and racecheck over one tiny draft: for a
-#   change outside the GEMV when device time is short) or `none`; AB_CHANGE_DRY=1 only makes the base tree
+#   default), `quick` (scripts/gpu_test_quick.sh: for a change outside the GEMV when device time is short)
+#   or `none`; AB_CHANGE_DRY=1 only makes the base tree
 #   (a check that PATCH reverses cleanly; no GPU needed); AB_PRESETS, AB_STREAMS, AB_ROUNDS, AB_ITERS,
 #   AB_STEPS as for scripts/ab.sh. The last lines: the tests' verdict and ab.sh's table.
 set -uo pipefail
@@ -49,24 +49,7 @@ case $tests in
     OUT="$out/gpu_test" scripts/gpu_test.sh "$build" >"$out/gpu_test.txt" 2>&1 || tests_ok=0
     verdict="tests (scripts/gpu_test.sh): $(tail -1 "$out/gpu_test.txt")";;
   quick)
-    t="$out/gpu_test"
-    mkdir -p "$t"
-    if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >"$t/build.log" 2>&1 &&
-       cmake --build "$build" -j "$jobs" --target tfe_gpu_tests >>"$t/build.log" 2>&1; then
-      export TFE_CACHE_DIR="$PWD/$build/kernel-cache"
-      long="gemv: COLS*,*gemv_rope_kv*,*gemv_cluster*,*two-stage shapes*"
-      "$build/runtime/tfe_gpu_tests" --duration=true --test-case-exclude="$long" >"$t/gpu_tests.log" 2>&1
-      rc=$?
-      compute-sanitizer --tool racecheck --error-exitcode 99 "$build/runtime/tfe_gpu_tests" \
-        --test-case="draft: matches*tiny dense bf16" >"$t/racecheck.log" 2>&1
-      race=$?
-      [ "$rc" -eq 0 ] && [ "$race" -eq 0 ] || tests_ok=0
-      verdict="tests (quick): $(grep -E '^\[doctest\] test cases:' "$t/gpu_tests.log" | tail -1) (rc $rc);"
-      verdict+=" racecheck rc $race"
-    else
-      tests_ok=0
-      verdict="tests (quick): the build failed ($t/build.log)"
-    fi;;
+    verdict=$(OUT="$out/gpu_test" GPU_TEST_JOBS=$jobs scripts/gpu_test_quick.sh "$build" | tail -1) || tests_ok=0;;
 esac
 
 if ! wait "$base_pid"; then

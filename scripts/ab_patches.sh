@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Several changes measured in one device call: each PATCH (default: every docs/unmeasured/*.patch) applied to
+# its own copy of this tree, every copy built at once beside this tree's build, each copy's GPU tests, then
+# one scripts/ab.sh of this tree (`base`) against every copy that built and passed, alternated. Where
+# scripts/ab_change.sh measures a change this tree holds, this measures changes it does not hold yet.
+#
+# Usage: scripts/ab_patches.sh [BUILD_DIR] [PATCH ...]   (default build-gpu)
+# A setting is named after its patch file (docs/unmeasured/prefetch_next_embedding.patch ->
+# prefetch_next_embedding). Environment: OUT (default out/ab_patches): per patch NAME/ (patch.log,
+# build.log, the tests' logs) and ab/; AB_PATCHES_DIR (default /tmp/ab_patches) holds the copies, NAME/ each,
+# remade every run; AB_PATCHES_TESTS: `quick` (scripts/gpu_test_quick.sh, the default), `full`
+# (scripts/gpu_test.sh) or `none`; AB_PATCHES_DRY=1 only makes the copies (a check that every patch applies;
+# no GPU needed); AB_PRESETS, AB_STREAMS, AB_ROUNDS, AB_ITERS, AB_STEPS as for scripts/ab.sh. Drafts that
+# differ from base are listed, not failed on (a change may move a confidence's last bits on purpose): read
+# ab.sh's last line. The last lines: a verdict per patch and ab.sh's table. The exit status is 0 only when
+# every patch applied, built and passed its tests, and every run of ab.sh succeeded.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+build="build-gpu"
+if [ $# -gt 0 ] && [[ "$1" != *.patch ]]; then build=$1; shift; fi
+patches=("$@")
+[ ${#patches[@]} -gt 0 ] || patches=(docs/unmeasured/*.patch)
+[ -e "${patches[0]}" ] || { echo "ab_patches.sh: no patches given and none in docs/unmeasured" >&2; exit 2; }
+out=${OUT:-out/ab_patches}
+dir=${AB_PATCHES_DIR:-/tmp/ab_patches}
+tests=${AB_PATCHES_TESTS:-quick}
+[[ "$tests" =~ ^(full|quick|none)$ ]] || { echo "ab_patches.sh: AB_PATCHES_TESTS is full, quick or none" >&2; exit 2; }
+mkdir -p "$out"
+out_abs=$(realpath "$out")
+
+# The copies: this tree less build folders and outputs, the patch applied (checked first, so a patch that
+# does not apply makes no copy and says where).
+names=()
+declare -A file verdict
+status=0
+for p in "${patches[@]}"; do
+  [ -s "$p" ] || { echo "ab_patches.sh: $p is missing or empty" >&2; exit 2; }
+  name=$(basename "$p" .patch)
+  name=${name//[^A-Za-z0-9_]/_}
+  [ -z "${file[$name]:-}" ] || { echo "ab_patches.sh: two patches are named $name" >&2; exit 2; }
+  file[$name]=$(realpath "$p")
+  names+=("$name")
+done
+rm -rf "$dir" && mkdir -p "$dir" || exit 1
+ok=()
+for name in "${names[@]}"; do
+  mkdir -p "$out/$name" "$dir/$name"
+  tar cf - --exclude='./build*' --exclude=./out --exclude=./.git . | tar xf - -C "$dir/$name" || exit 1
+  if (cd "$dir/$name" && patch -p1 --dry-run <"${file[$name]}" && patch -p1 <"${file[$name]}") \
+       >"$out/$name/patch.log" 2>&1; then
+    ok+=("$name")
+  else
+    rm -rf "${dir:?}/$name"
+    verdict[$name]="does not apply to this tree ($out/$name/patch.log)"
+    status=1
+  fi
+done
+echo "== copies in $dir: ${ok[*]:-none}"
+if [ -n "${AB_PATCHES_DRY:-}" ]; then
+  for name in "${names[@]}"; do echo "$name: ${verdict[$name]:-applies}"; done
+  exit $status
+fi
+
+# Every build at once, the jobs shared: this tree's (ab.sh's, later a no-op) and each copy's.
+prefix=()
+[ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
+jobs=$(( $(nproc) / (${#ok[@]} + 1) > 1 ? $(nproc) / (${#ok[@]} + 1) : 1 ))
+build_tree() {  # source dir, build dir, log
+  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >"$3" 2>&1 &&
+    cmake --build "$2" -j "$jobs" --target tfe-bench tfe-plan tfe_gpu_tests >>"$3" 2>&1
+}
+mkdir -p "$out/base"
+build_tree . "$build" "$out/base/build.log" &
+base_pid=$!
+declare -A pid
+for name in "${ok[@]}"; do
+  build_tree "$dir/$name" "$dir/$name/$build" "$out/$name/build.log" &
+  pid[$name]=$!
+done
+wait "$base_pid" || { tail -30 "$out/base/build.log"; echo "ab_patches.sh: this tree did not build"; exit 1; }
+measured=()
+for name in "${ok[@]}"; do
+  if ! wait "${pid[$name]}"; then
+    verdict[$name]="does not build ($out/$name/build.log)"
+    status=1
+    continue
+  fi
+  case $tests in
+    full)
+      if line=$(cd "$dir/$name" && OUT="$out_abs/$name/gpu_test" scripts/gpu_test.sh "$build" | tail -1); then
+        verdict[$name]="tests (scripts/gpu_test.sh): $line"
+        measured+=("$name")
+      else
+        verdict[$name]="tests (scripts/gpu_test.sh): $line"
+        status=1
+      fi;;
+    quick)
+      if line=$(cd "$dir/$name" && OUT="$out_abs/$name/gpu_test" scripts/gpu_test_quick.sh "$build" | tail -1); then
+        verdict[$name]=$line
+        measured+=("$name")
+      else
+        verdict[$name]=$line
+        status=1
+      fi;;
+    none)
+      verdict[$name]="tests: none"
+      measured+=("$name");;
+  esac
+done
+
+settings=(base='')
+for name in "${measured[@]}"; do settings+=("$name@$dir/$name/$build="); done
+ab=0
+if [ ${#measured[@]} -gt 0 ]; then
+  AB_DRAFTS=report OUT="$out/ab" scripts/ab.sh "$build" "${settings[@]}" >"$out/ab.txt" 2>&1
+  ab=$?
+fi
+for name in "${names[@]}"; do echo "$name: ${verdict[$name]}"; done
+if [ ${#measured[@]} -gt 0 ]; then
+  grep -v '^!!' "$out/ab.txt" | tail -40
+else
+  echo "ab_patches.sh: no patch to measure"
+  status=1
+fi
+[ "$ab" -eq 0 ] && [ "$status" -eq 0 ]
