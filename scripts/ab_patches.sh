@@ -8,9 +8,12 @@
 # A setting is named after its patch file (docs/unmeasured/prefetch_next_embedding.patch ->
 # prefetch_next_embedding). Environment: OUT (default out/ab_patches): per patch NAME/ (patch.log,
 # build.log, the tests' logs) and ab/; AB_PATCHES_DIR (default /tmp/ab_patches) holds the copies, NAME/ each,
-# remade every run; AB_PATCHES_TESTS: `quick` (scripts/gpu_test_quick.sh, the default), `full`
-# (scripts/gpu_test.sh) or `none`; AB_PATCHES_DRY=1 only makes the copies (a check that every patch applies;
-# no GPU needed); AB_PRESETS, AB_STREAMS, AB_ROUNDS, AB_ITERS, AB_STEPS as for scripts/ab.sh. Drafts that
+# and each one's verdict; AB_PATCHES_TESTS: `quick` (scripts/gpu_test_quick.sh, the default), `full`
+# (scripts/gpu_test.sh) or `none`; AB_PATCHES_STAGE: `all` (the default), `tests` (remake the copies, build
+# and test them, and stop) or `ab` (measure the copies that an earlier `tests` call on this machine built
+# and passed): two calls where one would run past a call's time limit; AB_PATCHES_DRY=1 only makes the
+# copies (a check that every patch applies; no GPU needed); AB_PRESETS, AB_STREAMS, AB_ROUNDS, AB_ITERS,
+# AB_STEPS as for scripts/ab.sh. Drafts that
 # differ from base are listed, not failed on (a change may move a confidence's last bits on purpose): read
 # ab.sh's last line. The last lines: a verdict per patch and ab.sh's table. The exit status is 0 only when
 # every patch applied, built and passed its tests, and every run of ab.sh succeeded.
@@ -25,14 +28,13 @@ out=${OUT:-out/ab_patches}
 dir=${AB_PATCHES_DIR:-/tmp/ab_patches}
 tests=${AB_PATCHES_TESTS:-quick}
 [[ "$tests" =~ ^(full|quick|none)$ ]] || { echo "ab_patches.sh: AB_PATCHES_TESTS is full, quick or none" >&2; exit 2; }
+stage=${AB_PATCHES_STAGE:-all}
+[[ "$stage" =~ ^(all|tests|ab)$ ]] || { echo "ab_patches.sh: AB_PATCHES_STAGE is all, tests or ab" >&2; exit 2; }
 mkdir -p "$out"
 out_abs=$(realpath "$out")
 
-# The copies: this tree less build folders and outputs, the patch applied (checked first, so a patch that
-# does not apply makes no copy and says where).
 names=()
-declare -A file verdict
-status=0
+declare -A file
 for p in "${patches[@]}"; do
   [ -s "$p" ] || { echo "ab_patches.sh: $p is missing or empty" >&2; exit 2; }
   name=$(basename "$p" .patch)
@@ -41,81 +43,99 @@ for p in "${patches[@]}"; do
   file[$name]=$(realpath "$p")
   names+=("$name")
 done
-rm -rf "$dir" && mkdir -p "$dir" || exit 1
-ok=()
-for name in "${names[@]}"; do
-  mkdir -p "$out/$name" "$dir/$name"
-  tar cf - --exclude='./build*' --exclude=./out --exclude=./.git . | tar xf - -C "$dir/$name" || exit 1
-  if (cd "$dir/$name" && patch -p1 --dry-run <"${file[$name]}" && patch -p1 <"${file[$name]}") \
-       >"$out/$name/patch.log" 2>&1; then
-    ok+=("$name")
-  else
-    rm -rf "${dir:?}/$name"
-    verdict[$name]="does not apply to this tree ($out/$name/patch.log)"
-    status=1
+
+# Per patch NAME, $dir/NAME.verdict says how far it got and $dir/NAME.passed marks one ready to measure:
+# the `ab` stage of a later call reads them.
+say() {  # name, verdict[, passed]
+  echo "$2" >"$dir/$1.verdict"
+  if [ -n "${3:-}" ]; then touch "$dir/$1.passed"; else status=1; fi
+}
+status=0
+if [ "$stage" != ab ]; then
+  # The copies: this tree less build folders and outputs, the patch applied (checked first, so a patch that
+  # does not apply makes no copy and says where).
+  rm -rf "$dir" && mkdir -p "$dir" || exit 1
+  ok=()
+  for name in "${names[@]}"; do
+    mkdir -p "$out/$name" "$dir/$name"
+    tar cf - --exclude='./build*' --exclude=./out --exclude=./.git . | tar xf - -C "$dir/$name" || exit 1
+    if (cd "$dir/$name" && patch -p1 --dry-run <"${file[$name]}" && patch -p1 <"${file[$name]}") \
+         >"$out/$name/patch.log" 2>&1; then
+      ok+=("$name")
+    else
+      rm -rf "${dir:?}/$name"
+      say "$name" "does not apply to this tree ($out/$name/patch.log)"
+    fi
+  done
+  echo "== copies in $dir: ${ok[*]:-none}"
+  if [ -n "${AB_PATCHES_DRY:-}" ]; then
+    for name in "${ok[@]}"; do say "$name" "applies" passed; done
+    for name in "${names[@]}"; do echo "$name: $(cat "$dir/$name.verdict")"; done
+    exit $status
   fi
-done
-echo "== copies in $dir: ${ok[*]:-none}"
-if [ -n "${AB_PATCHES_DRY:-}" ]; then
-  for name in "${names[@]}"; do echo "$name: ${verdict[$name]:-applies}"; done
-  exit $status
+
+  # Every build at once, the jobs shared: this tree's (ab.sh's, later a no-op) and each copy's.
+  prefix=()
+  [ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
+  jobs=$(( $(nproc) / (${#ok[@]} + 1) > 1 ? $(nproc) / (${#ok[@]} + 1) : 1 ))
+  build_tree() {  # source dir, build dir, log
+    cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >"$3" 2>&1 &&
+      cmake --build "$2" -j "$jobs" --target tfe-bench tfe-plan tfe_gpu_tests >>"$3" 2>&1
+  }
+  mkdir -p "$out/base"
+  build_tree . "$build" "$out/base/build.log" &
+  base_pid=$!
+  declare -A pid
+  for name in "${ok[@]}"; do
+    build_tree "$dir/$name" "$dir/$name/$build" "$out/$name/build.log" &
+    pid[$name]=$!
+  done
+  wait "$base_pid" || { tail -30 "$out/base/build.log"; echo "ab_patches.sh: this tree did not build"; exit 1; }
+  for name in "${ok[@]}"; do
+    if ! wait "${pid[$name]}"; then
+      say "$name" "does not build ($out/$name/build.log)"
+      continue
+    fi
+    case $tests in
+      full)
+        if line=$(cd "$dir/$name" && OUT="$out_abs/$name/gpu_test" scripts/gpu_test.sh "$build" | tail -1); then
+          say "$name" "tests (scripts/gpu_test.sh): $line" passed
+        else
+          say "$name" "tests (scripts/gpu_test.sh): $line"
+        fi;;
+      quick)
+        if line=$(cd "$dir/$name" && OUT="$out_abs/$name/gpu_test" scripts/gpu_test_quick.sh "$build" | tail -1); then
+          say "$name" "$line" passed
+        else
+          say "$name" "$line"
+        fi;;
+      none) say "$name" "tests: none" passed;;
+    esac
+  done
+  if [ "$stage" = tests ]; then
+    for name in "${names[@]}"; do echo "$name: $(cat "$dir/$name.verdict")"; done
+    exit $status
+  fi
 fi
 
-# Every build at once, the jobs shared: this tree's (ab.sh's, later a no-op) and each copy's.
-prefix=()
-[ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
-jobs=$(( $(nproc) / (${#ok[@]} + 1) > 1 ? $(nproc) / (${#ok[@]} + 1) : 1 ))
-build_tree() {  # source dir, build dir, log
-  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >"$3" 2>&1 &&
-    cmake --build "$2" -j "$jobs" --target tfe-bench tfe-plan tfe_gpu_tests >>"$3" 2>&1
-}
-mkdir -p "$out/base"
-build_tree . "$build" "$out/base/build.log" &
-base_pid=$!
-declare -A pid
-for name in "${ok[@]}"; do
-  build_tree "$dir/$name" "$dir/$name/$build" "$out/$name/build.log" &
-  pid[$name]=$!
-done
-wait "$base_pid" || { tail -30 "$out/base/build.log"; echo "ab_patches.sh: this tree did not build"; exit 1; }
-measured=()
-for name in "${ok[@]}"; do
-  if ! wait "${pid[$name]}"; then
-    verdict[$name]="does not build ($out/$name/build.log)"
-    status=1
-    continue
-  fi
-  case $tests in
-    full)
-      if line=$(cd "$dir/$name" && OUT="$out_abs/$name/gpu_test" scripts/gpu_test.sh "$build" | tail -1); then
-        verdict[$name]="tests (scripts/gpu_test.sh): $line"
-        measured+=("$name")
-      else
-        verdict[$name]="tests (scripts/gpu_test.sh): $line"
-        status=1
-      fi;;
-    quick)
-      if line=$(cd "$dir/$name" && OUT="$out_abs/$name/gpu_test" scripts/gpu_test_quick.sh "$build" | tail -1); then
-        verdict[$name]=$line
-        measured+=("$name")
-      else
-        verdict[$name]=$line
-        status=1
-      fi;;
-    none)
-      verdict[$name]="tests: none"
-      measured+=("$name");;
-  esac
-done
-
 settings=(base='')
-for name in "${measured[@]}"; do settings+=("$name@$dir/$name/$build="); done
+measured=()
+for name in "${names[@]}"; do
+  if [ -e "$dir/$name.passed" ]; then
+    measured+=("$name")
+    settings+=("$name@$dir/$name/$build=")
+  else
+    status=1
+  fi
+done
 ab=0
 if [ ${#measured[@]} -gt 0 ]; then
   AB_DRAFTS=report OUT="$out/ab" scripts/ab.sh "$build" "${settings[@]}" >"$out/ab.txt" 2>&1
   ab=$?
 fi
-for name in "${names[@]}"; do echo "$name: ${verdict[$name]}"; done
+for name in "${names[@]}"; do
+  echo "$name: $(cat "$dir/$name.verdict" 2>/dev/null || echo "not built: run AB_PATCHES_STAGE=tests first")"
+done
 if [ ${#measured[@]} -gt 0 ]; then
   grep -v '^!!' "$out/ab.txt" | tail -40
 else
