@@ -13,10 +13,10 @@
 # and test them, and stop) or `ab` (measure the copies that an earlier `tests` call on this machine built
 # and passed): two calls where one would run past a call's time limit; AB_PATCHES_DRY=1 only makes the
 # copies (a check that every patch applies; no GPU needed); AB_PRESETS, AB_STREAMS, AB_ROUNDS, AB_ITERS,
-# AB_STEPS as for scripts/ab.sh. Drafts that
-# differ from base are listed, not failed on (a change may move a confidence's last bits on purpose): read
-# ab.sh's last line. The last lines: a verdict per patch and ab.sh's table. The exit status is 0 only when
-# every patch applied, built and passed its tests, and every run of ab.sh succeeded.
+# AB_STEPS as for scripts/ab.sh. Drafts that differ from base are listed, not failed on (a change may move a
+# confidence's last bits on purpose): read ab.sh's last line. The last lines: a verdict per patch and
+# ab.sh's table. The exit status is 0 only when every patch applied, built and passed its tests, and every
+# run of ab.sh succeeded.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 build="build-gpu"
@@ -69,7 +69,7 @@ if [ "$stage" != ab ]; then
   done
   echo "== copies in $dir: ${ok[*]:-none}"
   if [ -n "${AB_PATCHES_DRY:-}" ]; then
-    for name in "${ok[@]}"; do say "$name" "applies" passed; done
+    for name in "${ok[@]}"; do echo "applies" >"$dir/$name.verdict"; done  # not built: nothing to measure
     for name in "${names[@]}"; do echo "$name: $(cat "$dir/$name.verdict")"; done
     exit $status
   fi
@@ -78,16 +78,18 @@ if [ "$stage" != ab ]; then
   prefix=()
   [ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
   jobs=$(( $(nproc) / (${#ok[@]} + 1) > 1 ? $(nproc) / (${#ok[@]} + 1) : 1 ))
-  build_tree() {  # source dir, build dir, log
+  build_tree() {  # source dir, build dir, log, targets...
     cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >"$3" 2>&1 &&
-      cmake --build "$2" -j "$jobs" --target tfe-bench tfe-plan tfe_gpu_tests >>"$3" 2>&1
+      cmake --build "$2" -j "$jobs" --target "${@:4}" >>"$3" 2>&1
   }
+  targets=(tfe-bench tfe-plan)
+  [ "$tests" = none ] || targets+=(tfe_gpu_tests)
   mkdir -p "$out/base"
-  build_tree . "$build" "$out/base/build.log" &
+  build_tree . "$build" "$out/base/build.log" tfe-bench tfe-plan &
   base_pid=$!
   declare -A pid
   for name in "${ok[@]}"; do
-    build_tree "$dir/$name" "$dir/$name/$build" "$out/$name/build.log" &
+    build_tree "$dir/$name" "$dir/$name/$build" "$out/$name/build.log" "${targets[@]}" &
     pid[$name]=$!
   done
   wait "$base_pid" || { tail -30 "$out/base/build.log"; echo "ab_patches.sh: this tree did not build"; exit 1; }
