@@ -27,7 +27,7 @@ mkdir -p "$out"
 # not match this tree changes nothing and says where).
 rm -rf "$base" && mkdir -p "$base" || exit 1
 tar cf - --exclude='./build*' --exclude=./out --exclude=./.git . | tar xf - -C "$base" || exit 1
-if ! (cd "$base" && patch -R -p1 --dry-run <"$patch_file" && patch -R -p1 <"$patch_file") >"$out/patch.log" 2>&1; then
+if ! scripts/apply_patch.sh "$base" "$patch_file" --reverse >"$out/patch.log" 2>&1; then
   echo "ab_change.sh: $1 does not reverse cleanly in this tree:"
   cat "$out/patch.log"
   exit 1

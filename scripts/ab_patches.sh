@@ -9,11 +9,13 @@
 # prefetch_next_embedding). Environment: OUT (default out/ab_patches): per patch NAME/ (patch.log,
 # build.log, the tests' logs) and ab/; AB_PATCHES_DIR (default /tmp/ab_patches) holds the copies, NAME/ each,
 # and each one's verdict; AB_PATCHES_TESTS: `quick` (scripts/gpu_test_quick.sh, the default), `full`
-# (scripts/gpu_test.sh) or `none`; AB_PATCHES_STAGE: `all` (the default), `tests` (remake the copies, build
-# and test them, and stop) or `ab` (measure the copies that an earlier `tests` call on this machine built
-# and passed): two calls where one would run past a call's time limit; AB_PATCHES_DRY=1 only makes the
-# copies (a check that every patch applies; no GPU needed); AB_PRESETS, AB_STREAMS, AB_ROUNDS, AB_ITERS,
-# AB_STEPS as for scripts/ab.sh. Drafts that differ from base are listed, not failed on (a change may move a
+# (scripts/gpu_test.sh) or `none`; AB_PATCHES_STAGE: `all` (the default), `copies` (only make the copies,
+# no GPU needed: a check that every patch applies, or copies to carry to a machine that has neither patch
+# nor git), `tests` (build and test the copies, and stop) or `ab` (measure the copies that an earlier
+# `tests` call on this machine built and passed): two calls where one would run past a call's time limit.
+# `all` and `tests` reuse a copy that a `copies` run made from the same patch (NAME.applied holds the
+# patch's sha256), else make it anew: run `copies` again after the tree changes. AB_PRESETS, AB_STREAMS,
+# AB_ROUNDS, AB_ITERS, AB_STEPS as for scripts/ab.sh. Drafts that differ from base are listed, not failed on (a change may move a
 # confidence's last bits on purpose): read ab.sh's last line. The last lines: a verdict per patch and
 # ab.sh's table. The exit status is 0 only when every patch applied, built and passed its tests, and every
 # run of ab.sh succeeded.
@@ -25,11 +27,12 @@ patches=("$@")
 [ ${#patches[@]} -gt 0 ] || patches=(docs/unmeasured/*.patch)
 [ -e "${patches[0]}" ] || { echo "ab_patches.sh: no patches given and none in docs/unmeasured" >&2; exit 2; }
 out=${OUT:-out/ab_patches}
-dir=${AB_PATCHES_DIR:-/tmp/ab_patches}
+dir=$(realpath -m "${AB_PATCHES_DIR:-/tmp/ab_patches}")
 tests=${AB_PATCHES_TESTS:-quick}
 [[ "$tests" =~ ^(full|quick|none)$ ]] || { echo "ab_patches.sh: AB_PATCHES_TESTS is full, quick or none" >&2; exit 2; }
 stage=${AB_PATCHES_STAGE:-all}
-[[ "$stage" =~ ^(all|tests|ab)$ ]] || { echo "ab_patches.sh: AB_PATCHES_STAGE is all, tests or ab" >&2; exit 2; }
+[[ "$stage" =~ ^(all|copies|tests|ab)$ ]] ||
+  { echo "ab_patches.sh: AB_PATCHES_STAGE is all, copies, tests or ab" >&2; exit 2; }
 mkdir -p "$out"
 out_abs=$(realpath "$out")
 
@@ -51,24 +54,35 @@ say() {  # name, verdict[, passed]
   if [ -n "${3:-}" ]; then touch "$dir/$1.passed"; else status=1; fi
 }
 status=0
+# A copy: this tree less build folders and outputs, the patch applied (checked first, so a patch that does
+# not apply makes no copy and says where); NAME.applied records which patch made it.
+make_copy() {  # name
+  rm -rf "${dir:?}/$1" "$dir/$1".*
+  mkdir -p "$out/$1" "$dir/$1"
+  tar cf - --exclude='./build*' --exclude=./out --exclude=./.git --exclude="./${dir#"$PWD"/}" . |
+    tar xf - -C "$dir/$1" || exit 1
+  if scripts/apply_patch.sh "$dir/$1" "${file[$1]}" >"$out/$1/patch.log" 2>&1; then
+    sha256sum <"${file[$1]}" | cut -d' ' -f1 >"$dir/$1.applied"
+  else
+    rm -rf "${dir:?}/$1"
+    say "$1" "does not apply to this tree ($out/$1/patch.log)"
+  fi
+}
 if [ "$stage" != ab ]; then
-  # The copies: this tree less build folders and outputs, the patch applied (checked first, so a patch that
-  # does not apply makes no copy and says where).
-  rm -rf "$dir" && mkdir -p "$dir" || exit 1
+  mkdir -p "$dir" || exit 1
   ok=()
   for name in "${names[@]}"; do
-    mkdir -p "$out/$name" "$dir/$name"
-    tar cf - --exclude='./build*' --exclude=./out --exclude=./.git . | tar xf - -C "$dir/$name" || exit 1
-    if (cd "$dir/$name" && patch -p1 --dry-run <"${file[$name]}" && patch -p1 <"${file[$name]}") \
-         >"$out/$name/patch.log" 2>&1; then
-      ok+=("$name")
+    if [ "$stage" = copies ] ||
+       [ "$(cat "$dir/$name.applied" 2>/dev/null)" != "$(sha256sum <"${file[$name]}" | cut -d' ' -f1)" ]; then
+      make_copy "$name"
     else
-      rm -rf "${dir:?}/$name"
-      say "$name" "does not apply to this tree ($out/$name/patch.log)"
+      rm -f "$dir/$name.verdict" "$dir/$name.passed"  # a copy carried here: built and tested below
+      mkdir -p "$out/$name"
     fi
+    [ -e "$dir/$name.applied" ] && ok+=("$name")
   done
   echo "== copies in $dir: ${ok[*]:-none}"
-  if [ -n "${AB_PATCHES_DRY:-}" ]; then
+  if [ "$stage" = copies ]; then
     for name in "${ok[@]}"; do echo "applies" >"$dir/$name.verdict"; done  # not built: nothing to measure
     for name in "${names[@]}"; do echo "$name: $(cat "$dir/$name.verdict")"; done
     exit $status

@@ -1,9 +1,10 @@
-"""scripts/ab_patches.sh's copies, without a GPU (AB_PATCHES_DRY=1): each patch is applied to its own copy
-of this tree, named after the patch file; a patch that does not apply makes no copy, is named in the
-verdict and fails the run, and never stops the others; this tree is left as it was. Exit 1 on a
-difference, naming it.
+"""scripts/ab_patches.sh's copies, without a GPU (AB_PATCHES_STAGE=copies): each patch is applied to its own
+copy of this tree, named after the patch file, with the patch's sha256 beside it; a patch that does not
+apply makes no copy, is named in the verdict and fails the run, and never stops the others; this tree is
+left as it was. Exit 1 on a difference, naming it.
 
 Usage: python3 check_ab_patches.py SOURCE_DIR"""
+import hashlib
 import os
 import subprocess
 import sys
@@ -30,7 +31,7 @@ with tempfile.TemporaryDirectory() as tmp:
     bad = os.path.join(tmp, "foreign.patch")  # does not apply: it removes a line this README.md lacks
     open(bad, "w").write(diff(readme + "a line this tree lacks\n", readme, tmp))
     copies = os.path.join(tmp, "copies")
-    env = dict(os.environ, AB_PATCHES_DRY="1", AB_PATCHES_DIR=copies, OUT=os.path.join(tmp, "out"))
+    env = dict(os.environ, AB_PATCHES_STAGE="copies", AB_PATCHES_DIR=copies, OUT=os.path.join(tmp, "out"))
     run = subprocess.run(["bash", script, good, bad], env=env, capture_output=True, text=True)
     said = run.stdout + run.stderr
     if run.returncode == 0:
@@ -40,6 +41,9 @@ with tempfile.TemporaryDirectory() as tmp:
     copy = os.path.join(copies, "adds_a_line", "README.md")
     if not os.path.exists(copy) or open(copy).read() != readme + "one more line\n":
         sys.exit("the copy of adds_a_line is not this tree with the patch applied")
+    applied = open(os.path.join(copies, "adds_a_line.applied")).read().strip()
+    if applied != hashlib.sha256(open(good, "rb").read()).hexdigest():
+        sys.exit(f"adds_a_line.applied holds {applied!r}, not the patch's sha256")
     if os.path.exists(os.path.join(copies, "foreign")):
         sys.exit("a patch that does not apply left a copy")
     if any(name.startswith("build") for name in os.listdir(os.path.join(copies, "adds_a_line"))):
