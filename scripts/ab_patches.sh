@@ -15,10 +15,10 @@
 # `tests` call on this machine built and passed): two calls where one would run past a call's time limit.
 # `all` and `tests` reuse a copy that a `copies` run made from the same patch (NAME.applied holds the
 # patch's sha256), else make it anew: run `copies` again after the tree changes. AB_PRESETS, AB_STREAMS,
-# AB_ROUNDS, AB_ITERS, AB_STEPS as for scripts/ab.sh. Drafts that differ from base are listed, not failed on (a change may move a
-# confidence's last bits on purpose): read ab.sh's last line. The last lines: a verdict per patch and
-# ab.sh's table. The exit status is 0 only when every patch applied, built and passed its tests, and every
-# run of ab.sh succeeded.
+# AB_ROUNDS, AB_ITERS, AB_STEPS as for scripts/ab.sh. Drafts that differ from base are listed, not failed
+# on (a change may move a confidence's last bits on purpose): read ab.sh's last line. The last lines: a
+# verdict per patch and ab.sh's table. The exit status is 0 only when every patch applied, built and
+# passed its tests, and every run of ab.sh succeeded.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 build="build-gpu"

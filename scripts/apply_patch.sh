@@ -10,7 +10,8 @@ set -uo pipefail
 dir=$1
 file=$(realpath "$2") || exit 2
 reverse=${3:-}
-[ -z "$reverse" ] || [ "$reverse" = --reverse ] || { echo "apply_patch.sh: the third argument is --reverse" >&2; exit 2; }
+[ -z "$reverse" ] || [ "$reverse" = --reverse ] ||
+  { echo "apply_patch.sh: the third argument is --reverse" >&2; exit 2; }
 cd "$dir" || exit 2
 if command -v patch >/dev/null; then
   flags=(-p1 -s -f)  # -f: never ask (no terminal), never take a patch as reversed on its own

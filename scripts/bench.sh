@@ -14,7 +14,7 @@
 #   BENCH_PRESETS (default "llama3-8b-eagle3 tfe-two-stage"); BENCH_ITERS (default 50).
 # A failing phase is reported and the rest still runs. Each phase line starts with the seconds elapsed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 build=${1:-build-gpu}
 out=${OUT:-out/bench}
 work=${BENCH_WORK:-/tmp/tfe-bench}

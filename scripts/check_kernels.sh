@@ -121,13 +121,15 @@ EOF
 
 status=0
 # JOBS units at a time (default: one per core), so that a shared machine is not oversubscribed.
+# shellcheck disable=SC2317  # called through xargs' bash -c below
 compile_unit() {
   "$nvcc" -std=c++17 -arch=sm_90 -O3 -I"$root/kernels" -Xptxas -v -c "$1" -o "${1%.cu}.o" >"${1%.cu}.log" 2>&1 ||
     { echo "FAIL nvcc $(basename "$1")"; cat "${1%.cu}.log"; return 1; }
 }
 export -f compile_unit
 export nvcc root
-ls "$work"/tu/*.cu | xargs -P "${JOBS:-$(nproc)}" -I{} bash -c 'compile_unit "$1"' _ {} || exit 1
+# shellcheck disable=SC2016  # $1 is the inner shell's argument
+find "$work/tu" -name '*.cu' -print0 | xargs -0 -P "${JOBS:-$(nproc)}" -I{} bash -c 'compile_unit "$1"' _ {} || exit 1
 
 # Registers and spills, per function (demangled names give the config).
 cat "$work"/tu/*.log | awk '

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-30}
-build=build-fuzz
+build="build-fuzz"
 
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (scripts/setup.sh installs it)" >&2; exit 1; }
 if [ ! -f "$build/build.ninja" ]; then
@@ -22,7 +22,7 @@ for source in tests/fuzz/fuzz_*.cpp; do
   mkdir -p "$corpus" "$findings"
   if [ -x "$build/tests/fuzz/${target}_seeds" ]; then "$build/tests/fuzz/${target}_seeds" "$corpus"; fi
   if [ -d "tests/fuzz/corpus/$target" ]; then cp -n "tests/fuzz/corpus/$target"/* "$corpus"/ 2>/dev/null || true; fi
-  echo "fuzz.sh: $target for ${seconds}s ($(ls "$corpus" | wc -l) inputs in the corpus)"
+  echo "fuzz.sh: $target for ${seconds}s ($(find "$corpus" -type f | wc -l) inputs in the corpus)"
   # A seed head is a few hundred kB; 1 MiB leaves room to grow it.
   "$build/tests/fuzz/$target" "$corpus" -max_total_time="$seconds" -max_len=1048576 -timeout=10 \
     -rss_limit_mb=4096 -artifact_prefix="$findings/" -print_final_stats=1 2>"$build/$target.log" || {

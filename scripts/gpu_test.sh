@@ -7,7 +7,7 @@
 # nlohmann-json and CLI11 may be missing there: run scripts/stage_deps.sh on a machine that has them and
 # carry .deps/ along; this script then configures with -DCMAKE_PREFIX_PATH=.deps.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 build=${1:-build-gpu}
 out=${OUT:-out/gpu_test}
 mkdir -p "$out"

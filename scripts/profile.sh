@@ -11,7 +11,7 @@
 # Environment: OUT (default out/profile) receives profile.log and the ncu CSVs; PROFILE_PRESETS (default
 #   "llama3-8b-eagle3 tfe-two-stage"); PROFILE_STREAMS (default "1,16"); PROFILE_DTYPES (default "bf16 fp8").
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 build=${1:-build-gpu}
 out=${OUT:-out/profile}
 work=${BENCH_WORK:-/tmp/tfe-bench}
