@@ -6,8 +6,9 @@
 #
 # Usage: scripts/ab_patches.sh [BUILD_DIR] [PATCH ...]   (default build-gpu)
 # A setting is named after its patch file (docs/unmeasured/prefetch_next_embedding.patch ->
-# prefetch_next_embedding). Environment: OUT (default out/ab_patches): per patch NAME/ (patch.log,
-# build.log, the tests' logs) and ab/; AB_PATCHES_DIR (default /tmp/ab_patches) holds the copies, NAME/ each,
+# prefetch_next_embedding), or, where NAME.settings lies beside the patch, one setting per line of it
+# (SETTING=tfe-bench options, run as NAME_SETTING). Environment: OUT (default out/ab_patches): per patch
+# NAME/ (patch.log, build.log, the tests' logs) and ab/; AB_PATCHES_DIR (default /tmp/ab_patches) holds the copies, NAME/ each,
 # and each one's verdict; AB_PATCHES_TESTS: `quick` (scripts/gpu_test_quick.sh, the default), `full`
 # (scripts/gpu_test.sh) or `none`; AB_PATCHES_STAGE: `all` (the default), `copies` (only make the copies,
 # no GPU needed: a check that every patch applies, or copies to carry to a machine that has neither patch
@@ -139,7 +140,17 @@ measured=()
 for name in "${names[@]}"; do
   if [ -e "$dir/$name.passed" ]; then
     measured+=("$name")
-    settings+=("$name@$dir/$name/$build=")
+    # A patch that adds an option (off by default) names its settings beside it, NAME.settings: a line
+    # SETTING=tfe-bench options each, run as NAME_SETTING with the copy's build.
+    listed="${file[$name]%.patch}.settings"
+    if [ -f "$listed" ]; then
+      while IFS= read -r line; do
+        [[ -z "$line" || "$line" == \#* ]] && continue
+        settings+=("${name}_${line%%=*}@$dir/$name/$build=${line#*=}")
+      done <"$listed"
+    else
+      settings+=("$name@$dir/$name/$build=")
+    fi
   else
     status=1
   fi
