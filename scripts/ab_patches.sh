@@ -7,19 +7,21 @@
 # Usage: scripts/ab_patches.sh [BUILD_DIR] [PATCH ...]   (default build-gpu)
 # A setting is named after its patch file (docs/unmeasured/prefetch_next_embedding.patch ->
 # prefetch_next_embedding), or, where NAME.settings lies beside the patch, one setting per line of it
-# (SETTING=tfe-bench options, run as NAME_SETTING). Environment: OUT (default out/ab_patches): per patch
-# NAME/ (patch.log, build.log, the tests' logs) and ab/; AB_PATCHES_DIR (default /tmp/ab_patches) holds the copies, NAME/ each,
-# and each one's verdict; AB_PATCHES_TESTS: `quick` (scripts/gpu_test_quick.sh, the default), `full`
-# (scripts/gpu_test.sh) or `none`; AB_PATCHES_STAGE: `all` (the default), `copies` (only make the copies,
-# no GPU needed: a check that every patch applies, or copies to carry to a machine that has neither patch
-# nor git), `tests` (build and test the copies, and stop) or `ab` (measure the copies that an earlier
-# `tests` call on this machine built and passed): two calls where one would run past a call's time limit.
-# `all` and `tests` reuse a copy that a `copies` run made from the same patch (NAME.applied holds the
-# patch's sha256), else make it anew: run `copies` again after the tree changes. AB_PRESETS, AB_STREAMS,
-# AB_ROUNDS, AB_ITERS, AB_STEPS as for scripts/ab.sh. Drafts that differ from base are listed, not failed
-# on (a change may move a confidence's last bits on purpose): read ab.sh's last line. The last lines: a
-# verdict per patch and ab.sh's table. The exit status is 0 only when every patch applied, built and
-# passed its tests, and every run of ab.sh succeeded.
+# (SETTING=tfe-bench options, run as NAME_SETTING).
+# Environment: OUT (default out/ab_patches): per patch NAME/ (patch.log, build.log, the tests' logs) and
+# ab/; AB_PATCHES_DIR (default /tmp/ab_patches) holds the copies, NAME/ each, and each one's verdict;
+# AB_PATCHES_TESTS: `quick` (scripts/gpu_test_quick.sh, the default), `full` (scripts/gpu_test.sh) or
+# `none`; a copy's tests start as soon as it is built, all of them at once on the one GPU.
+# AB_PATCHES_STAGE: `all` (the default), `copies` (only make the copies, no GPU needed: a check that every
+# patch applies, or copies to carry to a machine that has neither patch nor git), `tests` (build and test
+# the copies, and stop) or `ab` (measure the copies that an earlier `tests` call on this machine built and
+# passed): two calls where one would run past a call's time limit. `all` and `tests` reuse a copy that a
+# `copies` run made from the same patch (NAME.applied holds the patch's sha256), else make it anew: run
+# `copies` again after the tree changes. AB_PRESETS, AB_STREAMS, AB_ROUNDS, AB_ITERS, AB_STEPS as for
+# scripts/ab.sh. Drafts that differ from base are listed, not failed on (a change may move a confidence's
+# last bits on purpose): read ab.sh's last line.
+# The last lines: a verdict per patch and ab.sh's table. The exit status is 0 only when every patch
+# applied, built and passed its tests, and every run of ab.sh succeeded.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 build="build-gpu"
@@ -77,7 +79,7 @@ if [ "$stage" != ab ]; then
        [ "$(cat "$dir/$name.applied" 2>/dev/null)" != "$(sha256sum <"${file[$name]}" | cut -d' ' -f1)" ]; then
       make_copy "$name"
     else
-      rm -f "$dir/$name.verdict" "$dir/$name.passed"  # a copy carried here: built and tested below
+      rm -f "$dir/$name.verdict" "$dir/$name.passed" "$dir/$name.tests"  # a carried copy: built, tested below
       mkdir -p "$out/$name"
     fi
     [ -e "$dir/$name.applied" ] && ok+=("$name")
@@ -108,26 +110,38 @@ if [ "$stage" != ab ]; then
     pid[$name]=$!
   done
   wait "$base_pid" || { tail -30 "$out/base/build.log"; echo "ab_patches.sh: this tree did not build"; exit 1; }
+  # A copy's tests start as soon as it is built, beside the other builds and tests: one GPU runs them all
+  # at once (they check values, not times). Each leaves its exit status and verdict in NAME.tests.
+  run_tests() {  # name
+    local line rc
+    case $tests in
+      full)
+        line=$(cd "$dir/$1" && OUT="$out_abs/$1/gpu_test" scripts/gpu_test.sh "$build" | tail -1)
+        rc=$?
+        line="tests (scripts/gpu_test.sh): $line";;
+      quick)
+        line=$(cd "$dir/$1" && OUT="$out_abs/$1/gpu_test" scripts/gpu_test_quick.sh "$build" | tail -1)
+        rc=$?;;
+      none)
+        line="tests: none"
+        rc=0;;
+    esac
+    echo "$rc $line" >"$dir/$1.tests"
+  }
+  declare -A test_pid
   for name in "${ok[@]}"; do
     if ! wait "${pid[$name]}"; then
       say "$name" "does not build ($out/$name/build.log)"
       continue
     fi
-    case $tests in
-      full)
-        if line=$(cd "$dir/$name" && OUT="$out_abs/$name/gpu_test" scripts/gpu_test.sh "$build" | tail -1); then
-          say "$name" "tests (scripts/gpu_test.sh): $line" passed
-        else
-          say "$name" "tests (scripts/gpu_test.sh): $line"
-        fi;;
-      quick)
-        if line=$(cd "$dir/$name" && OUT="$out_abs/$name/gpu_test" scripts/gpu_test_quick.sh "$build" | tail -1); then
-          say "$name" "$line" passed
-        else
-          say "$name" "$line"
-        fi;;
-      none) say "$name" "tests: none" passed;;
-    esac
+    run_tests "$name" &
+    test_pid[$name]=$!
+  done
+  for name in "${ok[@]}"; do
+    [ -n "${test_pid[$name]:-}" ] || continue
+    wait "${test_pid[$name]}"
+    read -r rc line <"$dir/$name.tests"
+    if [ "$rc" -eq 0 ]; then say "$name" "$line" passed; else say "$name" "$line"; fi
   done
   if [ "$stage" = tests ]; then
     for name in "${names[@]}"; do echo "$name: $(cat "$dir/$name.verdict")"; done

@@ -1,0 +1,113 @@
+"""scripts/ab_patches.sh end to end, without a GPU: the script and scripts/apply_patch.sh run in a stand-in
+tree whose CMake project builds nothing, whose scripts/gpu_test_quick.sh passes unless its copy holds a file
+FAIL, and whose scripts/ab.sh records the settings it is given. Four patches: one that passes, one whose
+tests fail, one that does not apply, and one with a NAME.settings file. Checked: each patch's verdict, that
+only the copies that passed are measured, with the settings file's lines as settings, the exit status, and
+that the `tests` then `ab` stages give the same as one run, reusing the copies that a `copies` run made.
+Exit 1 on a difference, naming it.
+
+Usage: python3 check_ab_patches_flow.py SOURCE_DIR"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+source = sys.argv[1]
+
+FAKE_TESTS = """#!/usr/bin/env bash
+cd "$(dirname "$0")/.." || exit 1
+if [ -e FAIL ]; then echo "tests (quick): 1 failed"; exit 1; fi
+echo "tests (quick): all passed"
+"""
+FAKE_AB = """#!/usr/bin/env bash
+# Records its arguments, one a line, as scripts/ab.sh's stand-in.
+mkdir -p "$OUT"
+printf '%s\\n' "$@" >"$OUT/args"
+echo "ab.sh stand-in: $# arguments"
+"""
+
+
+def diff(tmp, name, before, after):
+    a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+    for d in (a, b):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+    if before is not None:
+        open(os.path.join(a, name), "w").write(before)
+    if after is not None:
+        open(os.path.join(b, name), "w").write(after)
+    run = subprocess.run(["diff", "-uN", f"a/{name}", f"b/{name}"], cwd=tmp, capture_output=True, text=True)
+    return run.stdout
+
+
+def check(cond, what):
+    if not cond:
+        sys.exit(what)
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    tree = os.path.join(tmp, "tree")
+    os.makedirs(os.path.join(tree, "scripts"))
+    for s in ("ab_patches.sh", "apply_patch.sh"):
+        shutil.copy(os.path.join(source, "scripts", s), os.path.join(tree, "scripts", s))
+    for s, text in (("gpu_test_quick.sh", FAKE_TESTS), ("ab.sh", FAKE_AB)):
+        open(os.path.join(tree, "scripts", s), "w").write(text)
+        os.chmod(os.path.join(tree, "scripts", s), 0o755)
+    open(os.path.join(tree, "CMakeLists.txt"), "w").write(
+        "cmake_minimum_required(VERSION 3.20)\nproject(stand_in NONE)\n"
+        "foreach(t tfe-bench tfe-plan tfe_gpu_tests)\n  add_custom_target(${t})\nendforeach()\n")
+    open(os.path.join(tree, "notes.txt"), "w").write("one\n")
+
+    patches = os.path.join(tmp, "patches")
+    os.makedirs(patches)
+    open(os.path.join(patches, "passes.patch"), "w").write(diff(tmp, "notes.txt", "one\n", "one\ntwo\n"))
+    open(os.path.join(patches, "fails.patch"), "w").write(diff(tmp, "FAIL", None, "x\n"))
+    open(os.path.join(patches, "foreign.patch"), "w").write(diff(tmp, "notes.txt", "zero\n", "one\n"))
+    open(os.path.join(patches, "option.patch"), "w").write(diff(tmp, "option.txt", None, "on\n"))
+    open(os.path.join(patches, "option.settings"), "w").write("# two settings\nlow=--knob 1\n\nhigh=--knob 2\n")
+    names = ["passes", "fails", "foreign", "option"]
+    files = [os.path.join(patches, n + ".patch") for n in names]
+
+    def run(stage, out, extra_env=None):
+        env = dict(os.environ, AB_PATCHES_STAGE=stage, AB_PATCHES_DIR=os.path.join(tree, ".copies"),
+                   OUT=os.path.join(tmp, out), **(extra_env or {}))
+        r = subprocess.run(["bash", os.path.join(tree, "scripts", "ab_patches.sh"), "build-gpu", *files],
+                           env=env, capture_output=True, text=True)
+        return r.returncode, r.stdout + r.stderr
+
+    def verdicts(said):
+        return {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in said.splitlines()
+                if line.split(":", 1)[0] in names}
+
+    def expect_measured(out, said, how):
+        args = open(os.path.join(tmp, out, "ab", "args")).read().splitlines()
+        check(args[0] == "build-gpu" and args[1] == "base=", f"{how}: ab.sh's first arguments are {args[:2]}")
+        copies = os.path.join(tree, ".copies")
+        want = [f"passes@{copies}/passes/build-gpu=", f"option_low@{copies}/option/build-gpu=--knob 1",
+                f"option_high@{copies}/option/build-gpu=--knob 2"]
+        check(args[2:] == want, f"{how}: ab.sh was given {args[2:]}, not {want}")
+        v = verdicts(said)
+        check(v.get("passes") == "tests (quick): all passed", f"{how}: passes: {v.get('passes')}")
+        check(v.get("fails") == "tests (quick): 1 failed", f"{how}: fails: {v.get('fails')}")
+        check(v.get("foreign", "").startswith("does not apply"), f"{how}: foreign: {v.get('foreign')}")
+        check(v.get("option") == "tests (quick): all passed", f"{how}: option: {v.get('option')}")
+
+    rc, said = run("all", "out-all")
+    check(rc == 1, f"one run: exit {rc} with a failing and a foreign patch:\n{said}")
+    expect_measured("out-all", said, "one run")
+
+    # The staged form, with copies made first (as on a machine without patch or git, carried there).
+    rc, said = run("copies", "out-copies")
+    check(rc == 1 and verdicts(said).get("passes") == "applies", f"copies stage: exit {rc}:\n{said}")
+    marker = os.path.join(tree, ".copies", "passes", "reused")
+    open(marker, "w").write("")  # a copy the tests stage must keep, not remake
+    rc, said = run("tests", "out-staged")
+    check(rc == 1, f"tests stage: exit {rc}:\n{said}")
+    check(os.path.exists(marker), "the tests stage remade a copy that a copies stage made from the same patch")
+    check(not os.path.exists(os.path.join(tmp, "out-staged", "ab")), "the tests stage ran ab.sh")
+    rc, said = run("ab", "out-staged")
+    check(rc == 1, f"ab stage: exit {rc}:\n{said}")
+    expect_measured("out-staged", said, "staged")
+    check(open(os.path.join(tree, "notes.txt")).read() == "one\n", "ab_patches.sh changed the tree it ran in")
+print("ab_patches.sh: verdicts, settings and exit status as expected, in one run and in stages")
