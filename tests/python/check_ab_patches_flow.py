@@ -1,44 +1,19 @@
-"""scripts/ab_patches.sh end to end, without a GPU: the script and scripts/apply_patch.sh run in a stand-in
-tree whose CMake project builds nothing, whose scripts/gpu_test_quick.sh passes unless its copy holds a file
-FAIL, and whose scripts/ab.sh records the settings it is given. Four patches: one that passes, one whose
-tests fail, one that does not apply, and one with a NAME.settings file. Checked: each patch's verdict, that
+"""scripts/ab_patches.sh end to end, without a GPU, in a stand-in tree (stand_in_tree.py: nothing is built,
+the tests pass unless a copy holds a file FAIL, ab.sh records the settings it is given). Four patches: one
+that passes, one whose tests fail, one that does not apply, and one with a NAME.settings file. Checked: each patch's verdict, that
 only the copies that passed are measured, with the settings file's lines as settings, the exit status, and
 that the `tests` then `ab` stages give the same as one run, reusing the copies that a `copies` run made.
 Exit 1 on a difference, naming it.
 
 Usage: python3 check_ab_patches_flow.py SOURCE_DIR"""
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 
+from stand_in_tree import diff, make
+
 source = sys.argv[1]
-
-FAKE_TESTS = """#!/usr/bin/env bash
-cd "$(dirname "$0")/.." || exit 1
-if [ -e FAIL ]; then echo "tests (quick): 1 failed"; exit 1; fi
-echo "tests (quick): all passed"
-"""
-FAKE_AB = """#!/usr/bin/env bash
-# Records its arguments, one a line, as scripts/ab.sh's stand-in.
-mkdir -p "$OUT"
-printf '%s\\n' "$@" >"$OUT/args"
-echo "ab.sh stand-in: $# arguments"
-"""
-
-
-def diff(tmp, name, before, after):
-    a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
-    for d in (a, b):
-        shutil.rmtree(d, ignore_errors=True)
-        os.makedirs(d)
-    if before is not None:
-        open(os.path.join(a, name), "w").write(before)
-    if after is not None:
-        open(os.path.join(b, name), "w").write(after)
-    run = subprocess.run(["diff", "-uN", f"a/{name}", f"b/{name}"], cwd=tmp, capture_output=True, text=True)
-    return run.stdout
 
 
 def check(cond, what):
@@ -48,16 +23,7 @@ def check(cond, what):
 
 with tempfile.TemporaryDirectory() as tmp:
     tree = os.path.join(tmp, "tree")
-    os.makedirs(os.path.join(tree, "scripts"))
-    for s in ("ab_patches.sh", "apply_patch.sh"):
-        shutil.copy(os.path.join(source, "scripts", s), os.path.join(tree, "scripts", s))
-    for s, text in (("gpu_test_quick.sh", FAKE_TESTS), ("ab.sh", FAKE_AB)):
-        open(os.path.join(tree, "scripts", s), "w").write(text)
-        os.chmod(os.path.join(tree, "scripts", s), 0o755)
-    open(os.path.join(tree, "CMakeLists.txt"), "w").write(
-        "cmake_minimum_required(VERSION 3.20)\nproject(stand_in NONE)\n"
-        "foreach(t tfe-bench tfe-plan tfe_gpu_tests)\n  add_custom_target(${t})\nendforeach()\n")
-    open(os.path.join(tree, "notes.txt"), "w").write("one\n")
+    make(source, tree)
 
     patches = os.path.join(tmp, "patches")
     os.makedirs(patches)
