@@ -1,9 +1,9 @@
 """scripts/ab_patches.sh end to end, without a GPU, in a stand-in tree (stand_in_tree.py: nothing is built,
 the tests pass unless a copy holds a file FAIL, ab.sh records the settings it is given). Four patches: one
-that passes, one whose tests fail, one that does not apply, and one with a NAME.settings file. Checked: each patch's verdict, that
-only the copies that passed are measured, with the settings file's lines as settings, the exit status, and
-that the `tests` then `ab` stages give the same as one run, reusing the copies that a `copies` run made.
-Exit 1 on a difference, naming it.
+that passes, one whose tests fail, one that does not apply, and one with a NAME.settings file. Checked:
+each patch's verdict, that only the copies that passed are measured, with the settings file's lines as
+settings, the exit status, and that the `tests` then `ab` stages give the same as one run, reusing the
+copies that a `copies` run made. Exit 1 on a difference, naming it.
 
 Usage: python3 check_ab_patches_flow.py SOURCE_DIR"""
 import os
