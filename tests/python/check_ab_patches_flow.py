@@ -3,22 +3,19 @@ the tests pass unless a copy holds a file FAIL, ab.sh records the settings it is
 that passes, one whose tests fail, one that does not apply, and one with a NAME.settings file. Checked:
 each patch's verdict, that only the copies that passed are measured, with the settings file's lines as
 settings, the exit status, and that the `tests` then `ab` stages give the same as one run, reusing the
-copies that a `copies` run made. Exit 1 on a difference, naming it.
+copies that a `copies` run made (the patch's sha256 beside each, no build folder in it). Exit 1 on a
+difference, naming it.
 
 Usage: python3 check_ab_patches_flow.py SOURCE_DIR"""
+import hashlib
 import os
 import subprocess
 import sys
 import tempfile
 
-from stand_in_tree import diff, make
+from stand_in_tree import check, diff, make
 
 source = sys.argv[1]
-
-
-def check(cond, what):
-    if not cond:
-        sys.exit(what)
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -66,6 +63,14 @@ with tempfile.TemporaryDirectory() as tmp:
     # The staged form, with copies made first (as on a machine without patch or git, carried there).
     rc, said = run("copies", "out-copies")
     check(rc == 1 and verdicts(said).get("passes") == "applies", f"copies stage: exit {rc}:\n{said}")
+    applied = open(os.path.join(tree, ".copies", "passes.applied")).read().strip()
+    check(applied == hashlib.sha256(open(files[0], "rb").read()).hexdigest(),
+          f"passes.applied holds {applied!r}, not the patch's sha256")
+    check(not os.path.exists(os.path.join(tree, ".copies", "foreign")), "a patch that does not apply left a copy")
+    # The one run built this tree in build-gpu; a copy made after it holds no build folder, nor the copies.
+    check(os.path.isdir(os.path.join(tree, "build-gpu")), "the one run did not build this tree in build-gpu")
+    check(not os.path.exists(os.path.join(tree, ".copies", "passes", "build-gpu")), "a copy holds a build folder")
+    check(not os.path.exists(os.path.join(tree, ".copies", "passes", ".copies")), "a copy holds the copies")
     marker = os.path.join(tree, ".copies", "passes", "reused")
     open(marker, "w").write("")  # a copy the tests stage must keep, not remake
     rc, said = run("tests", "out-staged")

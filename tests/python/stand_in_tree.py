@@ -5,6 +5,7 @@ the arguments it is given (one a line, in $OUT/args)."""
 import os
 import shutil
 import subprocess
+import sys
 
 FAKE_TESTS = """#!/usr/bin/env bash
 cd "$(dirname "$0")/.." || exit 1
@@ -44,3 +45,9 @@ def diff(tmp, name, before, after):
         open(os.path.join(b, name), "w").write(after)
     return subprocess.run(["diff", "-uN", f"a/{name}", f"b/{name}"], cwd=tmp, capture_output=True,
                           text=True).stdout
+
+
+def check(cond, what):
+    """Exit 1 naming `what` unless `cond`."""
+    if not cond:
+        sys.exit(what)
