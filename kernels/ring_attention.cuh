@@ -31,6 +31,10 @@
 // llama3 step, so such a grid runs in two waves, each a whole chain of loads, scores and join. Streamed
 // through the ring, a chunk of any length keeps STAGES tiles in flight, and the planner takes fewer, longer
 // chunks until the grid is one wave.
+// Under dependent launch the first STAGES tiles go out before the wait for the predecessor: it writes only
+// the newest key (and the queries), and every other key was written two or more nodes back, which a
+// kernel that has started may read (every kernel releases its successor only after its own wait). The
+// lanes that own the newest key store it over their slots once the wait returns.
 // Numerics: s = (q . k) * scale in fp32; exponentials and sums in fp32; o rounded to bf16 once.
 #pragma once
 #include "common.cuh"
@@ -123,7 +127,6 @@ template <typename Cfg>
 __global__ void TFE_CLUSTER(Cfg::SPLIT)
     __launch_bounds__(128, (AttnShape<Cfg::HEADS, Cfg::KV_HEADS, Cfg::HEAD_DIM, Cfg::WINDOW, Cfg::SPLIT>::MIN_CTAS))
         ring_attention(const RingAttentionParams p) {
-  start_after_predecessors();
   using S = AttnShape<Cfg::HEADS, Cfg::KV_HEADS, Cfg::HEAD_DIM, Cfg::WINDOW, Cfg::SPLIT>;
   constexpr long long HD = Cfg::HEAD_DIM, KVH = Cfg::KV_HEADS, G = S::G, SPLIT = Cfg::SPLIT;
   extern __shared__ float4 smem_raw[];
@@ -137,7 +140,14 @@ __global__ void TFE_CLUSTER(Cfg::SPLIT)
   // A cluster is SPLIT consecutive CTAs along x, so its CTA rank is blockIdx.x % SPLIT; a whole cluster
   // shares r and returns together.
   const long long kvh = blockIdx.x / SPLIT, c = blockIdx.x % SPLIT, r = blockIdx.y;
-  if (r >= p.rows) return;
+  if (r >= p.rows) {
+    start_after_predecessors();  // every CTA waits before it exits: its successor may rely on the wait
+    return;
+  }
+  // Before the wait: the tables come from load_tables, and every key but the newest from earlier steps or
+  // the extend, all written two or more nodes back. A kernel releases its successor only after its own
+  // wait, so those writes are visible here. The newest key (`newest`) is the predecessor's output: its
+  // slots are loaded again after the wait.
   const long long position = p.pos[r] + p.pos_offset;
   const long long window_start = position - Cfg::WINDOW;
   const long long first = window_start > p.first_pos[r] ? window_start : p.first_pos[r];
@@ -147,6 +157,9 @@ __global__ void TFE_CLUSTER(Cfg::SPLIT)
   const long long slot_base = static_cast<long long>(p.slot[r]) * Cfg::RING;
   const float scale = p.scale.v;
   const int li = tid % S::LPK, kq = tid / static_cast<int>(S::LPK);
+  const int newest = static_cast<int>(position - first - begin);  // the newest key's index here, if it is here
+  const bool owns_newest = newest >= 0 && newest < n && kq == newest % static_cast<int>(S::KPP);
+  const int newest_pass = owns_newest ? newest / static_cast<int>(S::KPP) : -1;  // -1: not this thread's
 
   // Ring item `it` (K tile it, then V tile it - TILES) into stage it % STAGES, one cp.async group; past the
   // last item an empty group, so that every wait below leaves the same count of groups pending. Slots of
@@ -171,9 +184,32 @@ __global__ void TFE_CLUSTER(Cfg::SPLIT)
     }
     copy_async_commit();
   };
-  // The first STAGES tiles go out before anything else: the chunk's K/V is most of what the CTA waits for.
+  // The first STAGES tiles go out before anything else, before the wait: the chunk's K/V is most of what the
+  // CTA waits for.
 #pragma unroll
   for (int it = 0; it < S::STAGES; ++it) issue(it);
+  start_after_predecessors();
+  // The newest key's slots of those tiles hold what its ring row held before the predecessor wrote it. The
+  // lanes that own them wait for their copies to land (their other slots land with them), then store the
+  // key the predecessor wrote over them, through L2; the thread reads back only its own slots.
+  if (newest_pass >= 0) {
+    const int pass = newest_pass, tile = pass / static_cast<int>(S::TP), b = pass % static_cast<int>(S::TP);
+    const long long row = ((slot_base + (first + begin + newest) % Cfg::RING) * KVH + kvh) * HD;
+    if (tile < S::STAGES) copy_async_wait<0>();
+#pragma unroll
+    for (int kv = 0; kv < 2; ++kv) {
+      const long long it = tile + kv * S::TILES;
+      if (it < S::STAGES) {
+        uint4* stage = ring + (it % S::STAGES) * S::TILE_SLOTS;
+#pragma unroll
+        for (int j = 0; j < S::CPL; ++j) {
+          const long long ch = li + j * S::LPK;
+          const bf16* at = (kv ? p.ring_v : p.ring_k) + row + ch * S::E;
+          if (ch < S::KC) stage[(b * S::CPL + j) * S::THREADS + tid] = load_kv<S::E>(at);
+        }
+      }
+    }
+  }
 
   const bf16* q = p.q + (r * Cfg::HEADS + kvh * G) * HD;  // the group's G heads are contiguous
   // This thread's columns of the group's queries, in registers: the score loop reads only the ring.
