@@ -73,6 +73,7 @@ struct Options {
   std::string dependent_launch = "plan";
   tfe::PlanOptions plan;  // the plan's tuning options when planning here (no --artifact); fp8 from --fp8
   std::vector<std::string> knock_out;  // draft nodes left out (OpenOptions::knock_out): timing only
+  int l2_resident_mb = 0;              // OpenOptions::l2_resident_weight_bytes, in MiB
   std::string streams = "1,2,4,8,16";
   std::string steps = "1..8";
   int iters = 50;
@@ -491,6 +492,7 @@ int run(const Options& o) {
                           : o.dependent_launch == "off" ? Dependent::off
                                                         : Dependent::plan;
   open.knock_out = o.knock_out;
+  open.l2_resident_weight_bytes = static_cast<size_t>(o.l2_resident_mb) << 20;
   if (!o.knock_out.empty())
     fmt::print("knock-out: {} left out of every draft pass; the drafts are wrong, the times are what the rest "
                "costs\n",
@@ -504,6 +506,12 @@ int run(const Options& o) {
     out["open_capture"] = "lazy";
     out["dependent_launch"] = o.dependent_launch;
     out["knock_out"] = o.knock_out;
+    out["l2_resident_mb"] = o.l2_resident_mb;
+    out["l2_set_aside_bytes"] = rt->stats().l2_set_aside;
+    if (o.l2_resident_mb > 0)
+      fmt::print("L2: {:.1f} MiB set aside for weights kept from one step to the next (asked {} MiB); the floor "
+                 "still counts every weight byte from HBM\n",
+                 static_cast<double>(rt->stats().l2_set_aside) / (1 << 20), o.l2_resident_mb);
     out["dependent_streams"] = rt->plan().options.dependent_streams;
     out["dependent_streams_fp8"] = rt->plan().options.dependent_streams_fp8;
     out["dependent_safe_nodes"] = rt->plan().options.dependent_safe_nodes;
@@ -836,6 +844,10 @@ int main(int argc, char** argv) {
   app.add_option("--dependent-launch", o.dependent_launch,
                  "programmatic dependent launch of the draft kernels: plan (where the plan marks it), off, all")
       ->check(CLI::IsMember({"plan", "off", "all"}));
+  app.add_option("--l2-resident-mb", o.l2_resident_mb,
+                 "MiB of L2 set aside so that part of the draft GEMVs' weights stays in L2 from one step to the "
+                 "next (0: none)")
+      ->check(CLI::Range(0, 1 << 16));
   app.add_option("--knock-out", o.knock_out,
                  "draft nodes (names without the step prefix, e.g. post_norm,final_norm) left out of every pass, "
                  "to time what the rest costs; the drafts are then wrong")

@@ -33,20 +33,30 @@ dim3 grid_for_rows(const LaunchShape& shape, int64_t rows) {
 }
 
 cudaError_t launch_kernel(cudaKernel_t kernel, dim3 grid, const LaunchShape& shape, uint64_t* slots,
-                          cudaStream_t stream, bool dependent) {
+                          cudaStream_t stream, bool dependent, const L2Window& window) {
   void* args[] = {slots};
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(static_cast<unsigned>(shape.block));
   config.dynamicSmemBytes = static_cast<size_t>(shape.smem);
   config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+  std::array<cudaLaunchAttribute, 2> attributes{};
+  unsigned count = 0;
   if (dependent) {
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
   }
+  if (window.bytes > 0) {
+    cudaAccessPolicyWindow& w = attributes[count].val.accessPolicyWindow;
+    attributes[count++].id = cudaLaunchAttributeAccessPolicyWindow;
+    w.base_ptr = const_cast<void*>(window.base);
+    w.num_bytes = window.bytes;
+    w.hitRatio = window.hit_ratio;
+    w.hitProp = cudaAccessPropertyPersisting;
+    w.missProp = cudaAccessPropertyStreaming;
+  }
+  config.attrs = count > 0 ? attributes.data() : nullptr;
+  config.numAttrs = count;
   return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), args);
 }
 
@@ -71,8 +81,13 @@ constexpr size_t kMaxParams = 16;  // the largest registry kernel has 12 slots
 }
 
 KernelLaunch::KernelLaunch(const Node& node, const LoadedKernel& kernel, const ArenaBases& bases,
-                           int64_t max_rows, bool dependent)
-    : node_(node.name), kernel_(kernel.kernel), shape_(node.launch), max_rows_(max_rows), dependent_(dependent) {
+                           int64_t max_rows, bool dependent, L2Window window)
+    : node_(node.name),
+      kernel_(kernel.kernel),
+      shape_(node.launch),
+      max_rows_(max_rows),
+      dependent_(dependent),
+      window_(window) {
   if (node.kind != Node::Kind::kernel) fail("node {}: not a kernel node", node.name);
   const KernelSpec& spec = bases.plan->spec(node.spec);
   const KernelDef& def = kernel_def(spec.kernel);
@@ -141,7 +156,7 @@ void KernelLaunch::launch(int64_t rows, cudaStream_t stream) const {
   std::memcpy(slots.data(), params_.data(), params_.size() * sizeof(uint64_t));
   for (size_t i : rows_slots_) slots[i] = static_cast<uint64_t>(rows);
   const dim3 grid = grid_for_rows(shape_, rows);
-  const cudaError_t e = launch_kernel(kernel_, grid, shape_, slots.data(), stream, dependent_);
+  const cudaError_t e = launch_kernel(kernel_, grid, shape_, slots.data(), stream, dependent_, window_);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     fail("launching node {} ({} x {} x {} blocks of {}, {} B shared, {} rows) failed: {} ({})", node_, grid.x, grid.y,

@@ -37,15 +37,23 @@ struct LoadedKernel {
   int64_t static_smem = 0;
 };
 
+// An L2 access-policy window of a launch: `hit_ratio` of the lines of [base, base + bytes) persist in the
+// L2's set-aside part (cudaLimitPersistingL2CacheSize), the others stream (evicted first). bytes 0: none.
+struct L2Window {
+  const void* base = nullptr;
+  size_t bytes = 0;
+  float hit_ratio = 0.0f;
+};
+
 // A kernel node ready to launch.
 class KernelLaunch {
  public:
   // Packs `node` (kind kernel) against the registry's parameter list for up to `max_rows` rows; checks
   // names, kinds and the launch shape against the kernel's limits.
   // `dependent`: launch with programmatic stream serialization (the kernel may start before its
-  // predecessor completes; it waits in-kernel).
+  // predecessor completes; it waits in-kernel). `window`: an L2 access-policy window for every launch.
   KernelLaunch(const Node& node, const LoadedKernel& kernel, const ArenaBases& bases, int64_t max_rows,
-               bool dependent = false);
+               bool dependent = false, L2Window window = {});
 
   // Enqueues the kernel for `rows` rows (1..max_rows).
   void launch(int64_t rows, cudaStream_t stream) const;
@@ -59,6 +67,7 @@ class KernelLaunch {
   LaunchShape shape_;
   int64_t max_rows_ = 0;
   bool dependent_ = false;
+  L2Window window_;
   std::vector<uint64_t> params_;
   std::vector<size_t> rows_slots_;
 };
@@ -68,9 +77,10 @@ dim3 grid_for_rows(const LaunchShape& shape, int64_t rows);
 
 // Enqueues `kernel` on `grid` with the block and dynamic shared memory of `shape`, its parameter slots
 // packed in `slots` (one 8-byte slot per registry parameter); `dependent`: with programmatic stream
-// serialization (the kernel may start before its predecessor completes; it waits in-kernel).
+// serialization (the kernel may start before its predecessor completes; it waits in-kernel); `window`, where
+// its bytes are not 0: the launch's L2 access-policy window.
 cudaError_t launch_kernel(cudaKernel_t kernel, dim3 grid, const LaunchShape& shape, uint64_t* slots,
-                          cudaStream_t stream, bool dependent);
+                          cudaStream_t stream, bool dependent, const L2Window& window = {});
 
 // Lets `kernel` launch on `device` with `dynamic` bytes of dynamic shared memory: where that and its static
 // shared memory exceed 48 KB a block, the kernel must opt in (cudaFuncAttributeMaxDynamicSharedMemorySize).

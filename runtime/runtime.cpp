@@ -70,6 +70,42 @@ struct KernelImage {
   std::string cubin;
 };
 
+// The device's persisting-L2 set-aside while a runtime that asked for one is open
+// (OpenOptions::l2_resident_weight_bytes). The limit is the process's, so the one found at open comes back
+// at close, and the lines made persisting are made normal again.
+class L2Reservation {
+ public:
+  L2Reservation() = default;
+  L2Reservation(size_t wanted, int device) {
+    int most = 0;
+    TFE_CUDA(cudaDeviceGetAttribute(&most, cudaDevAttrMaxPersistingL2CacheSize, device));
+    if (most <= 0)
+      fail("l2_resident_weight_bytes: device {} sets no L2 aside for persisting accesses "
+           "(cudaDevAttrMaxPersistingL2CacheSize is 0)",
+           device);
+    TFE_CUDA(cudaDeviceGetLimit(&previous_, cudaLimitPersistingL2CacheSize));
+    bytes_ = std::min(wanted, static_cast<size_t>(most));
+    TFE_CUDA(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, bytes_));
+  }
+  L2Reservation(const L2Reservation&) = delete;
+  L2Reservation& operator=(const L2Reservation&) = delete;
+  L2Reservation& operator=(L2Reservation&& o) noexcept {
+    std::swap(bytes_, o.bytes_);
+    std::swap(previous_, o.previous_);
+    return *this;
+  }
+  ~L2Reservation() {
+    if (bytes_ == 0) return;
+    TFE_CUDA_NOEXCEPT(cudaCtxResetPersistingL2Cache());
+    TFE_CUDA_NOEXCEPT(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, previous_));
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  size_t bytes_ = 0;  // set aside; 0: nothing asked, nothing to give back
+  size_t previous_ = 0;
+};
+
 }  // namespace
 
 // A node of the plan, ready to enqueue: a packed kernel launch or a cuBLASLt GEMM.
@@ -88,6 +124,7 @@ struct Runtime::Impl {
   Plan plan;
   OpenOptions options;
   int device = 0;
+  L2Reservation l2;  // released last: after every launch that named it
   cuda::Stream own_stream;
   cudaStream_t stream = nullptr;
   cuda::DeviceMemory memory;  // weights | arena | cuBLASLt workspace, one allocation
@@ -447,7 +484,40 @@ void Runtime::Impl::load_kernels(const std::map<std::string, KernelImage>& image
 void Runtime::Impl::prepare_nodes() {
   const cuda::ArenaBases bases{&plan, weights, arena, host_device};
   if (plan.cublaslt_workspace > 0) gemm = cuda::GemmRunner(workspace, static_cast<size_t>(plan.cublaslt_workspace));
-  auto prepare = [&](const Node& n, int64_t fixed_rows) {
+  // L2-resident weights (OpenOptions::l2_resident_weight_bytes): every draft GEMV launches with its weight
+  // matrix as an access-policy window whose hit ratio is the set-aside over the weight bytes of one step's
+  // GEMVs, so that about that many bytes of each step's weights are still in L2 when the next step reads
+  // them, and the rest stream without evicting the rings and activations.
+  const auto gemv_weights = [&](const Node& n) -> const Arg* {
+    if (n.kind != Node::Kind::kernel) return nullptr;
+    const std::string& k = plan.spec(n.spec).kernel;
+    if (k != "gemv" && k != "gemv_cluster" && k != "gemv_rope_kv") return nullptr;
+    const auto w = std::ranges::find(n.args, std::string("w"), &Arg::param);
+    return w != n.args.end() && w->kind == Arg::Kind::buffer ? &*w : nullptr;
+  };
+  const auto weight_bytes = [&](const Arg& w) { return plan.weights.at(w.buffer).bytes - w.byte_offset; };
+  double hit_ratio = 0.0;
+  size_t most_window = 0;
+  if (l2.bytes() > 0 && !plan.buckets.empty()) {
+    int64_t step_bytes = 0;
+    for (const Node& n : plan.buckets.front().nodes)
+      if (const Arg* w = gemv_weights(n); w && n.step == 1) step_bytes += weight_bytes(*w);
+    if (step_bytes > 0) hit_ratio = std::min(1.0, static_cast<double>(l2.bytes()) / static_cast<double>(step_bytes));
+    int window = 0;
+    TFE_CUDA(cudaDeviceGetAttribute(&window, cudaDevAttrMaxAccessPolicyWindowSize, device));
+    most_window = static_cast<size_t>(std::max(window, 0));
+  }
+  const auto l2_window = [&](const Node& n) {
+    cuda::L2Window window;
+    const Arg* w = gemv_weights(n);
+    if (!w || hit_ratio <= 0.0 || most_window == 0) return window;
+    window.base = bases.address(w->buffer, w->byte_offset, n.name);
+    // Past the device's largest window a matrix's lines keep the normal policy.
+    window.bytes = std::min(static_cast<size_t>(weight_bytes(*w)), most_window);
+    window.hit_ratio = static_cast<float>(hit_ratio);
+    return window;
+  };
+  auto prepare = [&](const Node& n, int64_t fixed_rows, bool draft) {
     PreparedNode p;
     p.name = n.name;
     p.step = n.step;
@@ -460,7 +530,7 @@ void Runtime::Impl::prepare_nodes() {
       using Dependent = OpenOptions::DependentLaunch;
       const Dependent d = options.dependent_launch;
       const bool dependent = d == Dependent::plan ? n.dependent : d == Dependent::all && n.step >= 1;
-      p.kernel.emplace(n, kernels.at(n.spec), bases, max_rows, dependent);
+      p.kernel.emplace(n, kernels.at(n.spec), bases, max_rows, dependent, draft ? l2_window(n) : cuda::L2Window{});
     } else {
       if (plan.cublaslt_workspace <= 0) fail("plan: node {} is a GEMM but the plan reserves no cuBLASLt workspace", n.name);
       const Gemm& g = n.gemm;
@@ -501,13 +571,13 @@ void Runtime::Impl::prepare_nodes() {
              plan.options.max_steps);
       last_step = n.step;
       if (knocked_out(n)) continue;
-      nodes.push_back(prepare(n, b.streams));
+      nodes.push_back(prepare(n, b.streams, true));
     }
     buckets.push_back(std::move(nodes));
   }
   for (const Node& n : plan.extend) {
     if (n.rows == Node::Rows::fixed) fail("plan: extend node {} has a fixed row count", n.name);
-    extend.push_back(prepare(n, 0));
+    extend.push_back(prepare(n, 0, false));
   }
 }
 
@@ -577,6 +647,10 @@ Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) {
          r.h_tables->bytes, p.options.buckets.back(), kTableRowBytes);
 
   r.open_device(o);
+  if (o.l2_resident_weight_bytes > 0) {
+    r.l2 = L2Reservation(o.l2_resident_weight_bytes, o.device);
+    r.stats.l2_set_aside = r.l2.bytes();
+  }
   r.upload_weights(file);
   r.load_kernels(planned.images);
   r.prepare_nodes();

@@ -60,6 +60,14 @@ struct OpenOptions {
   // measurement only. A left-out node's outputs keep what they last held (zeros from open on), so the
   // nodes after it still read ids and rows in range. Checked at open by check_knock_out (plan/plan.h).
   std::vector<std::string> knock_out;
+  // Bytes of L2 set aside so that part of the draft GEMVs' weights stays in L2 from one step to the next
+  // (each GEMV's weight matrix launches as an L2 access-policy window whose hit ratio is the set-aside over
+  // a step's GEMV weight bytes; its other lines stream). 0: none, the default. Clamped to the device's
+  // cudaDevAttrMaxPersistingL2CacheSize; refused where that is 0. The persisting-L2 limit is the process's
+  // (cudaLimitPersistingL2CacheSize): the runtime sets it at open, and at close resets the persisting lines
+  // (cudaCtxResetPersistingL2Cache) and puts back the limit it found. While it is open, the set-aside part
+  // of L2 holds the head's weights between calls too, which the target model's passes then do without.
+  size_t l2_resident_weight_bytes = 0;
 };
 
 struct RuntimeStats {
@@ -72,6 +80,7 @@ struct RuntimeStats {
   uint64_t bytes_uploaded = 0;    // host -> device, weights excluded
   uint64_t bytes_downloaded = 0;  // device -> host
   uint64_t weight_bytes = 0;      // uploaded at open
+  uint64_t l2_set_aside = 0;      // L2 bytes set aside for resident weights (OpenOptions::l2_resident_weight_bytes)
 };
 
 // Device addresses of the draft outputs, for engines that consume them on the device. Row r (the r-th

@@ -9,6 +9,8 @@
 //  - hidden states (slot g after extend, h2 after a pass, ring K/V): normalized L2 error below
 //    kHiddenTolerance.
 #include <algorithm>
+#include <cstring>
+#include <numeric>
 #include <set>
 
 #include "tests/gpu/fixture.h"
@@ -275,6 +277,56 @@ TFE_GPU_TEST_CASE("draft: knock_out leaves top1 out of every pass, graph and eag
   CHECK_THROWS_WITH_AS(Runtime::open(head->file, bad), doctest::Contains("`store_outputs` cannot be left out"), Error);
   bad.knock_out = {"s1.top1"};
   CHECK_THROWS_WITH_AS(Runtime::open(head->file, bad), doctest::Contains("no draft node is named `s1.top1`"), Error);
+}
+
+// OpenOptions::l2_resident_weight_bytes changes only where weight lines sit in L2: the drafts of every
+// bucket, graph and eager, equal those of a runtime without it bit for bit; the set-aside is what was asked
+// (within the device's most), and closing the runtime puts back the process's persisting-L2 limit.
+TFE_GPU_TEST_CASE("draft: L2-resident weights change no draft, graph and eager, and the L2 limit comes back") {
+  for (const Fp8Mode mode : {Fp8Mode::off, Fp8Mode::require}) {
+    CAPTURE(static_cast<int>(mode));
+    auto head = random_head_image("tiny", 29, mode != Fp8Mode::off);
+    const HeadHeader& h = head->file.header();
+    const PlanOptions po = test_plan_options(mode);
+    std::mt19937_64 rng(std::random_device{}());
+    std::vector<Rows> prefix;
+    for (int s = 0; s < po.buckets.back(); ++s) prefix.push_back(random_rows(rng, h, s, 0, 2 + s % 5));
+    size_t limit_before = 0;
+    TFE_CUDA(cudaDeviceGetLimit(&limit_before, cudaLimitPersistingL2CacheSize));
+    const auto run = [&](bool graphs, size_t l2_bytes) {
+      OpenOptions o = test_open_options(po, graphs);
+      o.l2_resident_weight_bytes = l2_bytes;
+      Runtime rt = Runtime::open(head->file, o);
+      if (l2_bytes > 0) {
+        CHECK(rt.stats().l2_set_aside > 0);
+        CHECK(rt.stats().l2_set_aside <= l2_bytes);
+      } else {
+        CHECK(rt.stats().l2_set_aside == 0);
+      }
+      rt.extend(requests(prefix));
+      std::vector<DraftResult> out;
+      for (int b : po.buckets) {
+        std::vector<int> slots(static_cast<size_t>(b));
+        std::iota(slots.begin(), slots.end(), 0);
+        out.push_back(rt.draft(slots, po.max_steps));
+      }
+      return out;
+    };
+    const auto plain = run(true, 0);
+    for (const bool graphs : {true, false}) {
+      CAPTURE(graphs);
+      const auto resident = run(graphs, size_t{4} << 20);
+      REQUIRE(resident.size() == plain.size());
+      for (size_t i = 0; i < plain.size(); ++i) {
+        CHECK(resident[i].tokens == plain[i].tokens);
+        CHECK(std::memcmp(resident[i].confidences.data(), plain[i].confidences.data(),
+                          plain[i].confidences.size() * sizeof(float)) == 0);
+      }
+      size_t limit_after = 0;
+      TFE_CUDA(cudaDeviceGetLimit(&limit_after, cudaLimitPersistingL2CacheSize));
+      CHECK(limit_after == limit_before);
+    }
+  }
 }
 }  // namespace
 }  // namespace tfe::test
