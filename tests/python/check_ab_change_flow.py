@@ -7,11 +7,10 @@ difference, naming it.
 
 Usage: python3 check_ab_change_flow.py SOURCE_DIR"""
 import os
-import subprocess
 import sys
 import tempfile
 
-from stand_in_tree import check, diff, make
+from stand_in_tree import check, diff, make, run_script
 
 source = sys.argv[1]
 
@@ -25,10 +24,8 @@ with tempfile.TemporaryDirectory() as tmp:
     base = os.path.join(tmp, "base")
 
     def run(out, patch=change, **extra):
-        env = dict(os.environ, AB_CHANGE_TESTS="quick", AB_CHANGE_BASE=base, OUT=os.path.join(tmp, out), **extra)
-        r = subprocess.run(["bash", os.path.join(tree, "scripts", "ab_change.sh"), patch, "build-gpu"], env=env,
-                           capture_output=True, text=True)
-        return r.returncode, r.stdout + r.stderr
+        env = dict(AB_CHANGE_TESTS="quick", AB_CHANGE_BASE=base, OUT=os.path.join(tmp, out), **extra)
+        return run_script(tree, "ab_change.sh", [patch, "build-gpu"], env)
 
     rc, said = run("out-dry", AB_CHANGE_DRY="1")
     check(rc == 0, f"a dry run failed (exit {rc}):\n{said}")

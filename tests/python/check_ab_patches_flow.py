@@ -9,11 +9,10 @@ difference, naming it.
 Usage: python3 check_ab_patches_flow.py SOURCE_DIR"""
 import hashlib
 import os
-import subprocess
 import sys
 import tempfile
 
-from stand_in_tree import check, diff, make
+from stand_in_tree import check, diff, make, run_script
 
 source = sys.argv[1]
 
@@ -32,12 +31,9 @@ with tempfile.TemporaryDirectory() as tmp:
     names = ["passes", "fails", "foreign", "option"]
     files = [os.path.join(patches, n + ".patch") for n in names]
 
-    def run(stage, out, extra_env=None):
-        env = dict(os.environ, AB_PATCHES_STAGE=stage, AB_PATCHES_DIR=os.path.join(tree, ".copies"),
-                   OUT=os.path.join(tmp, out), **(extra_env or {}))
-        r = subprocess.run(["bash", os.path.join(tree, "scripts", "ab_patches.sh"), "build-gpu", *files],
-                           env=env, capture_output=True, text=True)
-        return r.returncode, r.stdout + r.stderr
+    def run(stage, out):
+        env = dict(AB_PATCHES_STAGE=stage, AB_PATCHES_DIR=os.path.join(tree, ".copies"), OUT=os.path.join(tmp, out))
+        return run_script(tree, "ab_patches.sh", ["build-gpu", *files], env)
 
     def verdicts(said):
         return {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in said.splitlines()

@@ -47,6 +47,13 @@ def diff(tmp, name, before, after):
                           text=True).stdout
 
 
+def run_script(tree, script, args, env):
+    """Runs the tree's scripts/SCRIPT with `args`, the environment plus `env`: (exit status, stdout + stderr)."""
+    r = subprocess.run(["bash", os.path.join(tree, "scripts", script), *args], env=dict(os.environ, **env),
+                       capture_output=True, text=True)
+    return r.returncode, r.stdout + r.stderr
+
+
 def check(cond, what):
     """Exit 1 naming `what` unless `cond`."""
     if not cond:
