@@ -16,7 +16,10 @@
 //
 // SwiGLU: w holds 2N rows (gate 0..N-1, up N..2N-1); the warp runs a second tile on rows N+j0.., whose
 // accumulators land in the same lanes as the gate's, and writes y = bf16(bf16(silu(bf16(gate))) * bf16(up)).
-// FP8 (e4m3 rows with an f32 scale per weight row): chunks widen exactly to bf16; y = scale_j * acc.
+// FP8 (e4m3 rows with an f32 scale per weight row): chunks widen exactly to bf16; y = scale_j * acc. Where
+// registers allow (Widen::bits), a chunk widens by bit placement alone to w * 2^-120 and x is scaled by
+// 2^64, so the mma's sums are the unscaled ones times 2^-56, bit for bit (both factors are powers of two);
+// the writer multiplies them back before the epilogue (fp8x4_widen).
 // Top1 (the dense vocabulary head): instead of its COLS fp32 logits, a column tile writes per input row one
 // 16-byte Top1Part of them (max, lowest column at it, sum exp(l - max); write_top1_parts), and top1 joins a row's
 // ceil(N / COLS) records. The logits never go to memory, and the pass over them that top1 used to make (a
@@ -183,15 +186,45 @@ __device__ __forceinline__ unsigned fp8x2_widen(unsigned short u) {
   return __byte_perm(__float_as_uint(f.x), __float_as_uint(f.y), 0x7632);
 }
 
+// Four e4m3 (a 32-bit word, low byte first) -> two bf16x2 words (bytes 0, 1 and bytes 2, 3), each value
+// the weight times 2^-120, exactly, by bit placement: three integer instructions a word where
+// fp8x2_widen takes four (a packed cvt, two f16 -> f32, a byte permute). e4m3 is s eeee mmm (bias 7);
+// placed at bf16 bits 15 and 10..4 it reads as s 0000eeee mmm0000 (bias 127): a normal (e > 0) is
+// 2^(e-127) (1 + m/8) = w 2^-120, a subnormal (e = 0) is 2^-126 (m/8) = w 2^-120 as well, and zeros keep
+// their sign. The prmt copies each byte's sign over the byte above it (selector nibbles 8-15), so one
+// shift left by 4 brings the sign to bit 15 and e, m to bits 10..4 of each half; the mask drops the
+// sign's other copies and what the low half shifted into the high one. The mma then takes bf16 inputs as
+// small as 2^-129 (subnormal), and x is scaled by 2^64 (gemv_step) so that the products, w x 2^-56, stay
+// in fp32's normal range wherever w x is at least 2^-70. e4m3's NaN codes (s 1111 111) become the finite
+// +-1.875 x 2^-112 here where fp8x2_widen keeps them NaN; tfe's conversion never writes one (quantize_fp8).
+__device__ __forceinline__ void fp8x4_widen(unsigned u, unsigned& lo, unsigned& hi) {
+  unsigned b01, b23;
+  asm("prmt.b32 %0, %1, 0, 0x9180;" : "=r"(b01) : "r"(u));
+  asm("prmt.b32 %0, %1, 0, 0xB3A2;" : "=r"(b23) : "r"(u));
+  lo = (b01 << 4) & 0x87F087F0u;
+  hi = (b23 << 4) & 0x87F087F0u;
+}
+
+// How FP8 chunks widen: by the f16 path (exact values), or by bit placement (values times 2^-120, x times
+// 2^64; the sums times 2^-56). Bit placement needs one register more (x's scale), and where a shape's
+// registers are at its cap it would spill: there the f16 path stays.
+enum class Widen { f16, bits };
+template <typename S, Widen W>
+constexpr float kAccUnscale = S::FP8 && W == Widen::bits ? 0x1p56f : 1.0f;
+
 // One lane's weight chunk as bf16x2 words, low k first: 4 words (bf16) or 8 words (e4m3 widened).
-template <bool FP8>
+template <bool FP8, Widen W>
 __device__ __forceinline__ void widen(const uint4 c, unsigned (&out)[FP8 ? 8 : 4]) {
   if constexpr (FP8) {
     const unsigned in[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      out[2 * i] = fp8x2_widen(static_cast<unsigned short>(in[i] & 0xffffu));
-      out[2 * i + 1] = fp8x2_widen(static_cast<unsigned short>(in[i] >> 16));
+      if constexpr (W == Widen::bits) {
+        fp8x4_widen(in[i], out[2 * i], out[2 * i + 1]);
+      } else {
+        out[2 * i] = fp8x2_widen(static_cast<unsigned short>(in[i] & 0xffffu));
+        out[2 * i + 1] = fp8x2_widen(static_cast<unsigned short>(in[i] >> 16));
+      }
     }
   } else {
     out[0] = c.x;
@@ -213,7 +246,7 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned a0, unsigned a1
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
 // One step of one warp: the MT x NT tiles over the step's k, in the one order both main loops use.
-template <typename S>
+template <typename S, Widen W>
 __device__ __forceinline__ void gemv_step(float (&acc)[S::MT][S::NT][4], const uint4 (&wc)[S::MT][2],
                                           const uint4 (&xc)[S::NT][S::XCHUNKS]) {
   constexpr int P = S::E / 2;  // bf16x2 words per widened chunk
@@ -227,11 +260,18 @@ __device__ __forceinline__ void gemv_step(float (&acc)[S::MT][S::NT][4], const u
       b[n][4 * c + 2] = xc[n][c].z;
       b[n][4 * c + 3] = xc[n][c].w;
     }
+  if constexpr (S::FP8 && W == Widen::bits) {
+    // x times 2^64 (0x5F80 is bf16 2^64): exact for every finite x below 2^64, a subnormal x made normal.
+#pragma unroll
+    for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+      for (int q = 0; q < P; ++q) asm("mul.rn.bf16x2 %0, %0, %1;" : "+r"(b[n][q]) : "r"(0x5F805F80u));
+  }
 #pragma unroll
   for (int m = 0; m < S::MT; ++m) {
     unsigned a_lo[P], a_hi[P];  // rows g and g+8
-    widen<S::FP8>(wc[m][0], a_lo);
-    widen<S::FP8>(wc[m][1], a_hi);
+    widen<S::FP8, W>(wc[m][0], a_lo);
+    widen<S::FP8, W>(wc[m][1], a_hi);
 #pragma unroll
     for (int q = 0; q < S::MMAS; ++q)
 #pragma unroll
@@ -328,6 +368,12 @@ template <long long K, long long N, long long WEIGHT, long long EPI, long long R
 __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, const bf16* x_ptr, void* out,
                                          long long rows, Epilogue&& epilogue) {
   using S = GemvShape<K, N, WEIGHT, EPI, ROWS, COLS>;
+  // Widen::bits needs a register more than the f16 path (x's scale). Two weight tiles (COLS 32, SwiGLU) at
+  // one input tile are at their cap of 64 registers and spill with it, except on tiled weights with a plain
+  // epilogue (nvcc -Xptxas -v, scripts/check_kernels.sh): those keep the f16 path, the same sums.
+  constexpr bool AT_CAP = S::FP8 && S::NT == 1 && S::MT == 2 &&
+                          (!TILED || EPI == kEpilogueSwiGLU || EPI == kEpilogueTop1);
+  constexpr Widen W = AT_CAP ? Widen::f16 : Widen::bits;
   constexpr long long W_ROW_BYTES = K * S::WBYTES, X_ROW_BYTES = K * 2;
   // The cluster split serves narrow outputs, which run the direct-load loop at one tile a CTA.
   static_assert(CSPLIT == 1 || (S::NARROW && S::TILES == 1), "gemv: a cluster split needs a narrow output");
@@ -427,7 +473,7 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
 #pragma unroll
       for (int u = 0; u < S::UNROLL; ++u) {
         if (s0 + u * KSTRIDE >= S::STEPS) break;
-        gemv_step<S>(acc, wc[u], xc[u]);
+        gemv_step<S, W>(acc, wc[u], xc[u]);
       }
     }
     if (!waited) wait_for_predecessors();
@@ -580,10 +626,10 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
         for (int n = 0; n < S::NT; ++n)
 #pragma unroll
           for (int c = 0; c < S::XCHUNKS; ++c) xr[n][c] = ring[warp][read][S::W_SLOTS + n * S::XCHUNKS + c][lane];
-        gemv_step<S>(acc, wc, xr);
+        gemv_step<S, W>(acc, wc, xr);
       } else {
         if (i + 1 < nsteps) load_x(i + 1, x_next);
-        gemv_step<S>(acc, wc, xc);
+        gemv_step<S, W>(acc, wc, xc);
       }
       read = read == S::STAGES - 1 ? 0 : read + 1;
       write = write == S::STAGES - 1 ? 0 : write + 1;
@@ -629,6 +675,14 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
     }
   }
   if (!writer) return;
+  if constexpr (kAccUnscale<S, W> != 1.0f) {
+#pragma unroll
+    for (int m = 0; m < S::MT; ++m)
+#pragma unroll
+      for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[m][n][i] *= kAccUnscale<S, W>;
+  }
 
   if constexpr (EPI == kEpilogueTop1) {
     if (tile < ceil_div(N, COLS))

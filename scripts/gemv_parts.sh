@@ -13,8 +13,8 @@
 #              loads alone
 #   no_x_no_mma  both: the weights' copies into the ring and their reads back alone, the stream this
 #              grid gets with nothing else in a warp's way
-#   no_widen   FP8 chunks fed to the mmas as they are, not widened to bf16 (the mmas kept): what the
-#              e4m3 -> bf16 widening costs (bf16 shapes are the kept kernel)
+#   no_widen   FP8 chunks fed to the mmas as they are, not widened to bf16, and x not scaled (the mmas
+#              kept): what the e4m3 -> bf16 widening costs (bf16 shapes are the kept kernel)
 # Usage: scripts/gemv_parts.sh [BUILD_DIR] [bench_gemv options]
 #   (default build-gpu; options default to --rows 16 --weights fp8 --cols 32)
 # Builds bench_gemv in BUILD_DIR (configured like scripts/gpu_test.sh) and prints, per variant, its shapes'
@@ -53,16 +53,23 @@ variant("no_x_deep", [(x_ring, "static constexpr bool X_RING = !DYNAMIC && BUDGE
                       (load_x, "xc[n][c] = xrow[n] && !S::DYNAMIC ? load_chunk")])
 
 # The chunks read from the ring are folded into one accumulator so that their loads stay in the code.
-step = "        gemv_step<S>(acc, wc, xr);\n      } else {"
+step = "        gemv_step<S, W>(acc, wc, xr);\n      } else {"
 no_mma = (step, "        acc[0][0][0] += __uint_as_float(wc[0][0].x ^ wc[S::MT - 1][1].y ^ xr[0][0].x ^\n"
                 "                                        xr[S::NT - 1][S::XCHUNKS - 1].z);\n"
                 "      } else {")
 variant("no_mma", [no_mma])
 variant("no_x_no_mma", [(x_copy, x_copy.replace("in ? 16u : 0u", "0u")), no_mma])
 
-widen = ("      out[2 * i] = fp8x2_widen(static_cast<unsigned short>(in[i] & 0xffffu));\n"
-         "      out[2 * i + 1] = fp8x2_widen(static_cast<unsigned short>(in[i] >> 16));\n")
-variant("no_widen", [(widen, "      out[2 * i] = in[i];\n      out[2 * i + 1] = in[i] >> 16;\n")])
+# Both ways to widen left out, and x's scaling by 2^64 that goes with the bit placement (gemv_step).
+widen = ("      if constexpr (W == Widen::bits) {\n"
+         "        fp8x4_widen(in[i], out[2 * i], out[2 * i + 1]);\n"
+         "      } else {\n"
+         "        out[2 * i] = fp8x2_widen(static_cast<unsigned short>(in[i] & 0xffffu));\n"
+         "        out[2 * i + 1] = fp8x2_widen(static_cast<unsigned short>(in[i] >> 16));\n"
+         "      }\n")
+x_scale = "  if constexpr (S::FP8 && W == Widen::bits) {\n    // x times 2^64"
+variant("no_widen", [(widen, "      out[2 * i] = in[i];\n      out[2 * i + 1] = in[i] >> 16;\n"),
+                     (x_scale, "  if constexpr (false) {\n    // x times 2^64")])
 EOF
 }
 

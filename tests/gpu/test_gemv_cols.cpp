@@ -7,9 +7,13 @@
 // Each runs on the same fresh random x, weights and residual, into outputs
 // filled with NaN first; N is not a multiple of 32 (the last COLS 32 CTA has a partial second tile) and
 // the row counts cover a full and a partial 8-row input tile.
+#include <cmath>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "compiler/kernel_registry.h"
+#include "plan/numeric.h"
 #include "plan/weight_layout.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_handles.h"
@@ -128,6 +132,61 @@ TFE_GPU_TEST_CASE("gemv: COLS 16 and COLS 32, row-major and tiled weights write 
           }
           CHECK(unwritten == 0);
         }
+  }
+}
+
+// Every finite e4m3 code through the FP8 gemv, exactly: weight row j holds one code (j % 256, NaN codes
+// replaced by +0) at column k = (7 j) % K and zeros elsewhere, x holds signed powers of two from 2^-24 to
+// 2^24, and the row scales are random. Each y is then one product, w x exact in fp32, times the scale:
+// the CPU's `(w * x) * scale` rounds once as the kernel's must, so y is compared bit for bit. Subnormal
+// codes (e = 0), both zeros, 448 and the least subnormal 2^-9 are all in; rows 1 and 11 (one input tile,
+// a partial second); COLS 16 and 32, row-major and tiled.
+TFE_GPU_TEST_CASE("gemv: every e4m3 code times a power of two, bit for bit against the CPU, FP8 f32 output") {
+  auto stream = cuda::create_stream();
+  std::mt19937_64 rng(std::random_device{}());
+  constexpr int64_t K = 1024, N = 1024;  // tileable: N a multiple of 16, 1024-byte rows
+  Inputs in;
+  in.w.assign(static_cast<size_t>(N * K), 0);
+  std::vector<uint8_t> code(N);
+  for (int64_t j = 0; j < N; ++j) {
+    code[j] = static_cast<uint8_t>(j % 256);
+    if ((code[j] & 0x7f) == 0x7f) code[j] = 0;  // e4m3 NaN
+    in.w[static_cast<size_t>(j * K + (7 * j) % K)] = code[j];
+  }
+  std::uniform_real_distribution<float> s(0.001f, 10.0f);
+  for (int64_t j = 0; j < N; ++j) in.scale.push_back(s(rng));
+  std::uniform_int_distribution<int> exponent(-24, 24), sign(0, 1);
+  for (const int64_t rows : {int64_t{1}, int64_t{11}}) {
+    CAPTURE(rows);
+    in.x.resize(static_cast<size_t>(rows * K));
+    for (auto& v : in.x) v = float_to_bf16(std::ldexp(sign(rng) ? -1.0f : 1.0f, exponent(rng)));
+    in.residual.assign(static_cast<size_t>(rows * N), 0);
+    std::vector<float> want(static_cast<size_t>(rows * N));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < N; ++j) {
+        const float w = fp8_e4m3_to_float(code[j]);
+        const float x = bf16_to_float(in.x[static_cast<size_t>(r * K + (7 * j) % K)]);
+        const float sum = 0.0f + w * x;  // the other K - 1 products are +-0; the mma starts from +0
+        want[static_cast<size_t>(r * N + j)] = sum * in.scale[static_cast<size_t>(j)];
+      }
+    for (int i = 0; i < 4; ++i) {
+      CAPTURE(i);
+      const KernelSpec spec =
+          make_spec("gemv", {{"ROWS", 16}, {"K", K}, {"N", N}, {"WEIGHT", kc::kWeightFP8},
+                             {"EPILOGUE", kc::kEpilogueF32}, {"COLS", i % 2 == 0 ? 16 : 32}, {"TILED", i / 2}});
+      const std::vector<uint8_t> y = run_gemv(spec, in, rows, stream.get());
+      REQUIRE(y.size() == want.size() * 4);
+      size_t differ = 0;
+      for (size_t e = 0; e < want.size(); ++e) {
+        uint32_t got, expect;
+        std::memcpy(&got, &y[4 * e], 4);
+        std::memcpy(&expect, &want[e], 4);
+        if (got != expect && differ++ < 8)
+          MESSAGE(fmt::format("row {} column {} (code 0x{:02x}): got 0x{:08x}, want 0x{:08x}", e / N, e % N,
+                              code[e % N], got, expect));
+      }
+      CHECK(differ == 0);
+    }
   }
 }
 
