@@ -18,6 +18,7 @@
 #include <openssl/evp.h>
 
 #include "plan/error.h"
+#include "plan/numeric.h"
 
 namespace tfe {
 
@@ -321,6 +322,13 @@ const TensorSpec* find_spec(const std::vector<TensorSpec>& specs, std::string_vi
 
 }  // namespace
 
+void check_e4m3_finite(std::span<const std::byte> bytes, std::string_view tensor, std::string_view where) {
+  const int64_t at = find_e4m3_nan(bytes);
+  if (at >= 0)
+    fail("{}: tensor `{}`: element {} is 0x{:02x}, an e4m3 NaN code; FP8 weights must be finite", where, tensor, at,
+         std::to_integer<unsigned>(bytes[static_cast<size_t>(at)]));
+}
+
 HeadWriter::HeadWriter(HeadHeader h) : header_(std::move(h)) { validate(header_); }
 
 void HeadWriter::add(const std::string& name, DType dtype, std::vector<int64_t> shape,
@@ -345,6 +353,7 @@ void HeadWriter::add(const std::string& name, DType dtype, std::vector<int64_t> 
     fail("head writer: tensor `{}` has {} bytes; shape [{}] of {} needs {}", name, bytes.size(),
          fmt::join(shape, ", "), dtype_name(dtype), expected);
   if (name == "d2t") check_d2t(bytes, header_.vocab, "head writer");
+  if (dtype == DType::F8_E4M3) check_e4m3_finite(bytes, name, "head writer");
   entries_.push_back({name, dtype, std::move(shape), std::move(bytes)});
 }
 
@@ -580,10 +589,12 @@ void HeadFile::check(Options opt) {
 
   if (opt.verify_sha256) {
     for (const auto& t : file_.tensors()) {
-      const std::string actual = sha256_hex({t.data, static_cast<size_t>(t.bytes)});
+      const std::span<const std::byte> bytes{t.data, static_cast<size_t>(t.bytes)};
+      const std::string actual = sha256_hex(bytes);
       if (actual != sha_.find(t.name)->second)
         fail("{}: tensor `{}`: sha256 {} does not match the recorded {}", label, t.name, actual,
              sha_.find(t.name)->second);
+      if (t.dtype == DType::F8_E4M3) check_e4m3_finite(bytes, t.name, label);
     }
   }
 }

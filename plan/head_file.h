@@ -72,7 +72,9 @@ class SafetensorsFile {
 class HeadFile {
  public:
   struct Options {
-    bool verify_sha256 = false;  // `--verify`: hash every tensor and compare with the metadata
+    // `--verify`: hash every tensor and compare with the metadata, and check that no F8_E4M3 tensor holds
+    // a NaN code (check_e4m3_finite)
+    bool verify_sha256 = false;
   };
   static HeadFile open(const std::string& path, Options opt);
   static HeadFile open(const std::string& path) { return open(path, Options{}); }
@@ -144,6 +146,11 @@ void write_safetensors(const std::string& path, const std::map<std::string, std:
                        const std::vector<SafetensorsEntry>& entries);
 std::vector<std::byte> serialize_safetensors(const std::map<std::string, std::string>& metadata,
                                              const std::vector<SafetensorsEntry>& entries);
+
+// Throws, naming `where`, the tensor, the element and its byte, when an F8_E4M3 tensor's bytes hold a NaN
+// code (find_e4m3_nan in plan/numeric.h says why FP8 weights must be finite). HeadWriter::add always
+// checks; a reader with verify_sha256, and the runtime's upload.
+void check_e4m3_finite(std::span<const std::byte> bytes, std::string_view tensor, std::string_view where);
 
 // Hex sha256 of bytes (OpenSSL).
 std::string sha256_hex(std::span<const std::byte> bytes);

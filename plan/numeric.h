@@ -3,8 +3,11 @@
 // the random-head generator, FP8 quantization and the tests.
 #pragma once
 #include <bit>
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace tfe {
 
@@ -61,6 +64,26 @@ inline uint8_t float_to_fp8_e4m3(float f) {
   }
   const int man = static_cast<int>(std::lround((r / std::ldexp(1.0f, ex) - 1.0f) * 8.0f));
   return sign | static_cast<uint8_t>(((ex + 7) << 3) | man);
+}
+
+// The index of the first e4m3 NaN code (0x7f or 0xff) in `bytes`, or -1 when every byte is a finite value.
+// FP8 weights must be finite: quantize_fp8 never writes a NaN code, and the FP8 GEMV widens e4m3 by bit
+// placement, which reads a NaN code as a finite weight (kernels/gemv.cuh, fp8x4_widen). The readers that
+// touch every byte (HeadFile's --verify, the runtime's upload) refuse a tensor that holds one.
+inline int64_t find_e4m3_nan(std::span<const std::byte> bytes) {
+  // Blocks of 4 KiB reduced without a branch (the loop vectorizes), then the one block that holds a NaN
+  // code searched byte by byte: a head's FP8 weights are scanned at memory speed.
+  constexpr size_t kBlock = 4096;
+  const auto is_nan = [](std::byte b) { return (std::to_integer<unsigned>(b) & 0x7fu) == 0x7fu; };
+  for (size_t begin = 0; begin < bytes.size(); begin += kBlock) {
+    const size_t end = std::min(bytes.size(), begin + kBlock);
+    unsigned any = 0;
+    for (size_t i = begin; i < end; ++i) any |= is_nan(bytes[i]) ? 1u : 0u;
+    if (any != 0)
+      for (size_t i = begin; i < end; ++i)
+        if (is_nan(bytes[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
 }
 
 }  // namespace tfe

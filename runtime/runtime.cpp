@@ -406,6 +406,8 @@ void Runtime::Impl::upload_weights(const HeadFile& file) {
              file.file().path(), dtype_name(t.dtype));
       if (at + t.bytes > b.bytes)
         fail("weights: the parts of `{}` ({}) hold more than its {} bytes", b.name, fmt::join(b.from, ", "), b.bytes);
+      // Every byte is read here anyway; the FP8 GEMV would read a NaN code as a finite weight.
+      if (t.dtype == DType::F8_E4M3) check_e4m3_finite({t.data, static_cast<size_t>(t.bytes)}, name, "weights");
       if (b.layout == Layout::rows)
         TFE_CUDA(cudaMemcpy(dst + at, t.data, static_cast<size_t>(t.bytes), cudaMemcpyHostToDevice));
       parts.push_back(&t);

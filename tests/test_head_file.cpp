@@ -16,6 +16,7 @@
 #include "plan/error.h"
 #include "plan/head_file.h"
 #include "plan/header.h"
+#include "plan/numeric.h"
 #include "plan/presets.h"
 #include "test_util.h"
 
@@ -426,6 +427,47 @@ TEST_CASE("head file: d2t, sha256 records and --verify") {
   refuses_head(rebuild(good, [](auto& md, auto&) { md.erase("tfe.header"); }), "key `tfe.header` missing");
   const Bytes foreign_key = rebuild(good, [](auto& md, auto&) { md["format"] = "pt"; });
   CHECK_NOTHROW(HeadFile::from_bytes(foreign_key));
+}
+
+TEST_CASE("head file: an e4m3 NaN code in an FP8 tensor is refused by --verify and by the writer") {
+  // find_e4m3_nan on every byte value, at and around its 4 KiB blocks' edges.
+  for (size_t at : {size_t{0}, size_t{4095}, size_t{4096}, size_t{9000}}) {
+    for (unsigned code = 0; code < 256; ++code) {
+      std::vector<std::byte> bytes(9001, std::byte{0x7e});  // 448, finite
+      bytes[at] = std::byte(code);
+      CAPTURE(at);
+      CAPTURE(code);
+      CHECK(find_e4m3_nan(bytes) == ((code & 0x7f) == 0x7f ? int64_t(at) : -1));
+    }
+  }
+
+  const auto h = fp8_tiny();
+  const Bytes good = random_head_bytes(h, 13);
+  const auto head = HeadFile::from_bytes(good, {.verify_sha256 = true});
+  const auto f8 = std::find_if(head.file().tensors().begin(), head.file().tensors().end(),
+                               [](const TensorView& t) { return t.dtype == DType::F8_E4M3; });
+  REQUIRE(f8 != head.file().tensors().end());
+  const std::string name = f8->name;
+  Bytes bad = good;
+  bad[size_t(f8->data - good.data()) + 7] = std::byte{0xff};
+  // The hash recorded anew, so that what refuses it is the NaN check, not the hash.
+  const Bytes resealed = rebuild(bad, [&](auto& md, auto& entries) {
+    json sha = json::parse(md.at("tfe.sha256"));
+    for (const auto& e : entries)
+      if (e.name == name) sha[name] = sha256_hex(e.bytes);
+    md["tfe.sha256"] = sha.dump();
+  });
+  CHECK_NOTHROW(HeadFile::from_bytes(resealed));  // without --verify, the bytes are not read at open
+  refuses_head(resealed, fmt::format("tensor `{}`: element 7 is 0xff, an e4m3 NaN code; FP8 weights must be finite",
+                                     name),
+               {.verify_sha256 = true});
+
+  HeadWriter w(h);
+  std::vector<std::byte> bytes(f8->data, f8->data + f8->bytes);
+  bytes[3] = std::byte{0x7f};
+  CHECK_THROWS_WITH_AS(w.add(name, f8->dtype, f8->shape, std::span<const std::byte>(bytes)),
+                       doctest::Contains(fmt::format("head writer: tensor `{}`: element 3 is 0x7f", name).c_str()),
+                       Error);
 }
 
 TEST_CASE("head file: errors from a file name it") {

@@ -166,6 +166,19 @@ TFE_GPU_TEST_CASE("refusals: an artifact whose completion word is not one int32 
       "host buffer `host_done` holds 8 bytes; the pass's completion word is one int32");
 }
 
+TFE_GPU_TEST_CASE("refusals: an FP8 weight holding an e4m3 NaN code is refused at open, by tensor and element") {
+  // The FP8 GEMV would read the code as a finite weight; the upload reads every byte and refuses it.
+  auto head = random_head_image("tiny", 72, true);
+  const auto& tensors = head->file.file().tensors();
+  const auto f8 = std::find_if(tensors.begin(), tensors.end(),
+                               [](const TensorView& t) { return t.dtype == DType::F8_E4M3; });
+  REQUIRE(f8 != tensors.end());
+  head->bytes[static_cast<size_t>(f8->data - head->bytes.data()) + 5] = std::byte{0xff};  // `file` views these
+  const OpenOptions o = test_open_options(test_plan_options(Fp8Mode::require));
+  const std::string want = "weights: tensor `" + f8->name + "`: element 5 is 0xff, an e4m3 NaN code";
+  CHECK_THROWS_WITH_AS(Runtime::open(head->file, o), doctest::Contains(want.c_str()), Error);
+}
+
 TFE_GPU_TEST_CASE("refusals: an out-of-range device and the legacy stream are refused at open") {
   auto head = random_head_image("tiny", 71, false);
   OpenOptions o = test_open_options(test_plan_options());
