@@ -138,12 +138,14 @@ __device__ __forceinline__ unsigned bf16_bits(float v) {
 // Two floats rounded to bf16 and packed low-first, as a bf16x2 word stores them.
 __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
 
-// Two e4m3 bytes (the low 16 bits of `u`) -> two bf16 packed low-first. Exact: every e4m3 value is a
-// bf16 value; the hardware path goes through f16, which is exact too.
+// Two e4m3 bytes (the low 16 bits of `u`) -> two bf16 packed low-first, exact: one packed cvt to f16x2, two
+// f16 -> f32, and one byte permute that keeps the high halves (every e4m3 value is a bf16 value, so
+// dropping the low halves loses nothing). NaN codes stay NaN. rescore's widening, and the FP8 GEMV's
+// where it does not place the bits (gemv.cuh, fp8x4_widen).
 __device__ __forceinline__ unsigned fp8x2_to_bf16x2(unsigned short u) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u), __NV_E4M3);
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-  return (__float_as_uint(f.x) >> 16) | (__float_as_uint(f.y) & 0xffff0000u);
+  return __byte_perm(__float_as_uint(f.x), __float_as_uint(f.y), 0x7632);
 }
 
 // Butterfly reductions: every lane ends with the same value, combined in the same order every run.

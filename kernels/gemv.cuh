@@ -178,25 +178,18 @@ __device__ __forceinline__ long long weight_at_offset(long long at) {
   return at;
 }
 
-// Two e4m3 -> bf16x2, exact: one packed cvt to f16x2, two f16 -> f32, and one byte permute that keeps the
-// high halves (every e4m3 value is a bf16 value, so dropping the low halves loses nothing).
-__device__ __forceinline__ unsigned fp8x2_widen(unsigned short u) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u), __NV_E4M3);
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-  return __byte_perm(__float_as_uint(f.x), __float_as_uint(f.y), 0x7632);
-}
-
 // Four e4m3 (a 32-bit word, low byte first) -> two bf16x2 words (bytes 0, 1 and bytes 2, 3), each value
 // the weight times 2^-120, exactly, by bit placement: three integer instructions a word where
-// fp8x2_widen takes four (a packed cvt, two f16 -> f32, a byte permute). e4m3 is s eeee mmm (bias 7);
+// fp8x2_to_bf16x2 takes four (a packed cvt, two f16 -> f32, a byte permute). e4m3 is s eeee mmm (bias 7);
 // placed at bf16 bits 15 and 10..4 it reads as s 0000eeee mmm0000 (bias 127): a normal (e > 0) is
 // 2^(e-127) (1 + m/8) = w 2^-120, a subnormal (e = 0) is 2^-126 (m/8) = w 2^-120 as well, and zeros keep
 // their sign. The prmt copies each byte's sign over the byte above it (selector nibbles 8-15), so one
 // shift left by 4 brings the sign to bit 15 and e, m to bits 10..4 of each half; the mask drops the
 // sign's other copies and what the low half shifted into the high one. The mma then takes bf16 inputs as
 // small as 2^-129 (subnormal), and x is scaled by 2^64 (gemv_step) so that the products, w x 2^-56, stay
-// in fp32's normal range wherever w x is at least 2^-70. e4m3's NaN codes (s 1111 111) become the finite
-// +-1.875 x 2^-112 here where fp8x2_widen keeps them NaN; tfe's conversion never writes one (quantize_fp8).
+// in fp32's normal range wherever w x is at least 2^-70. e4m3's NaN codes (s 1111 111) would become the
+// finite +-1.875 x 2^-112 here (fp8x2_to_bf16x2 keeps them NaN): quantize_fp8 never writes one, and the
+// head writer, `--verify` and the runtime's upload refuse a tensor holding one (check_e4m3_finite).
 __device__ __forceinline__ void fp8x4_widen(unsigned u, unsigned& lo, unsigned& hi) {
   unsigned b01, b23;
   asm("prmt.b32 %0, %1, 0, 0x9180;" : "=r"(b01) : "r"(u));
@@ -222,8 +215,8 @@ __device__ __forceinline__ void widen(const uint4 c, unsigned (&out)[FP8 ? 8 : 4
       if constexpr (W == Widen::bits) {
         fp8x4_widen(in[i], out[2 * i], out[2 * i + 1]);
       } else {
-        out[2 * i] = fp8x2_widen(static_cast<unsigned short>(in[i] & 0xffffu));
-        out[2 * i + 1] = fp8x2_widen(static_cast<unsigned short>(in[i] >> 16));
+        out[2 * i] = fp8x2_to_bf16x2(static_cast<unsigned short>(in[i] & 0xffffu));
+        out[2 * i + 1] = fp8x2_to_bf16x2(static_cast<unsigned short>(in[i] >> 16));
       }
     }
   } else {

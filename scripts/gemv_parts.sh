@@ -24,6 +24,8 @@
 # kernels/gemv.cuh that the edits no longer fit is found by the tests, not on the device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/build_lib.sh
+. scripts/build_lib.sh
 
 # Each variant is kernels/gemv.cuh with text replaced; a pattern that is not found exactly once means the
 # kernel changed under this script, which then stops rather than time the kept kernel under a wrong name.
@@ -64,8 +66,8 @@ variant("no_x_no_mma", [(x_copy, x_copy.replace("in ? 16u : 0u", "0u")), no_mma]
 widen = ("      if constexpr (W == Widen::bits) {\n"
          "        fp8x4_widen(in[i], out[2 * i], out[2 * i + 1]);\n"
          "      } else {\n"
-         "        out[2 * i] = fp8x2_widen(static_cast<unsigned short>(in[i] & 0xffffu));\n"
-         "        out[2 * i + 1] = fp8x2_widen(static_cast<unsigned short>(in[i] >> 16));\n"
+         "        out[2 * i] = fp8x2_to_bf16x2(static_cast<unsigned short>(in[i] & 0xffffu));\n"
+         "        out[2 * i + 1] = fp8x2_to_bf16x2(static_cast<unsigned short>(in[i] >> 16));\n"
          "      }\n")
 x_scale = "  if constexpr (S::FP8 && W == Widen::bits) {\n    // x times 2^64"
 variant("no_widen", [(widen, "      out[2 * i] = in[i];\n      out[2 * i + 1] = in[i] >> 16;\n"),
@@ -88,9 +90,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 generate "$work"
 
-prefix=()
-[ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >/dev/null
+configure_build . "$build" >/dev/null
 cmake --build "$build" --target bench_gemv >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
 
 for v in kept no_x no_x_deep no_mma no_x_no_mma no_widen; do
