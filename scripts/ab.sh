@@ -20,6 +20,8 @@
 #   (scripts/knockout.sh); a failed or missing run still fails it.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=scripts/build_lib.sh
+. scripts/build_lib.sh
 build="build-gpu"
 if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then build=$1; shift; fi
 [ $# -ge 1 ] || { echo "usage: scripts/ab.sh [BUILD_DIR] NAME='OPTIONS' ..." >&2; exit 2; }
@@ -42,9 +44,7 @@ for arg in "$@"; do
   builds[$name]=$dir
 done
 
-prefix=()
-[ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
-if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >"$out/build.log" 2>&1 ||
+if ! configure_build . "$build" >"$out/build.log" 2>&1 ||
    ! cmake --build "$build" -j "$(nproc)" --target tfe-bench tfe-plan >>"$out/build.log" 2>&1; then
   tail -30 "$out/build.log"
   exit 1

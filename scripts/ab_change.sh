@@ -13,6 +13,8 @@
 #   AB_STEPS as for scripts/ab.sh. The last lines: the tests' verdict and ab.sh's table.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=scripts/build_lib.sh
+. scripts/build_lib.sh
 [ $# -ge 1 ] || { echo "usage: scripts/ab_change.sh PATCH [BUILD_DIR]" >&2; exit 2; }
 patch_file=$(realpath "$1")
 build=${2:-build-gpu}
@@ -26,7 +28,7 @@ mkdir -p "$out"
 # The base: this tree less build folders and outputs, PATCH reversed (checked first, so a patch that does
 # not match this tree changes nothing and says where).
 rm -rf "$base" && mkdir -p "$base" || exit 1
-tar cf - --exclude='./build*' --exclude=./out --exclude=./.git . | tar xf - -C "$base" || exit 1
+copy_tree "$base" || exit 1
 if ! scripts/apply_patch.sh "$base" "$patch_file" --reverse >"$out/patch.log" 2>&1; then
   echo "ab_change.sh: $1 does not reverse cleanly in this tree:"
   cat "$out/patch.log"
@@ -35,11 +37,9 @@ fi
 echo "== base: $base (this tree with the change to $(grep -c '^+++ ' "$patch_file") files taken out)"
 [ -n "${AB_CHANGE_DRY:-}" ] && exit 0
 
-prefix=()
-[ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
 jobs=$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))
-(cd "$base" && cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" &&
-   cmake --build "$build" -j "$jobs" --target tfe-bench tfe-plan) >"$out/base_build.log" 2>&1 &
+(configure_build "$base" "$base/$build" &&
+   cmake --build "$base/$build" -j "$jobs" --target tfe-bench tfe-plan) >"$out/base_build.log" 2>&1 &
 base_pid=$!
 
 verdict="tests: none"

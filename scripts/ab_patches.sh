@@ -24,6 +24,8 @@
 # applied, built and passed its tests, and every run of ab.sh succeeded.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=scripts/build_lib.sh
+. scripts/build_lib.sh
 build="build-gpu"
 if [ $# -gt 0 ] && [[ "$1" != *.patch ]]; then build=$1; shift; fi
 patches=("$@")
@@ -62,8 +64,7 @@ status=0
 make_copy() {  # name
   rm -rf "${dir:?}/$1" "$dir/$1".*
   mkdir -p "$out/$1" "$dir/$1"
-  tar cf - --exclude='./build*' --exclude=./out --exclude=./.git --exclude="./${dir#"$PWD"/}" . |
-    tar xf - -C "$dir/$1" || exit 1
+  copy_tree "$dir/$1" "./${dir#"$PWD"/}" || exit 1
   if scripts/apply_patch.sh "$dir/$1" "${file[$1]}" >"$out/$1/patch.log" 2>&1; then
     sha256sum <"${file[$1]}" | cut -d' ' -f1 >"$dir/$1.applied"
   else
@@ -92,11 +93,9 @@ if [ "$stage" != ab ]; then
   fi
 
   # Every build at once, the jobs shared: this tree's (ab.sh's, later a no-op) and each copy's.
-  prefix=()
-  [ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
   jobs=$(( $(nproc) / (${#ok[@]} + 1) > 1 ? $(nproc) / (${#ok[@]} + 1) : 1 ))
   build_tree() {  # source dir, build dir, log, targets...
-    cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >"$3" 2>&1 &&
+    configure_build "$1" "$2" >"$3" 2>&1 &&
       cmake --build "$2" -j "$jobs" --target "${@:4}" >>"$3" 2>&1
   }
   targets=(tfe-bench tfe-plan)

@@ -15,6 +15,8 @@
 # A failing phase is reported and the rest still runs. Each phase line starts with the seconds elapsed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=scripts/build_lib.sh
+. scripts/build_lib.sh
 build=${1:-build-gpu}
 out=${OUT:-out/bench}
 work=${BENCH_WORK:-/tmp/tfe-bench}
@@ -42,9 +44,7 @@ main() {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.memory --format=csv,noheader || failed "nvidia-smi"
 
   phase "configure and build ($build)"
-  prefix=()
-  [ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
-  if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >"$out/build.log" 2>&1 ||
+  if ! configure_build . "$build" >"$out/build.log" 2>&1 ||
      ! cmake --build "$build" -j "$(nproc)" --target tfe-bench tfe-plan >>"$out/build.log" 2>&1; then
     tail -30 "$out/build.log"
     failed "build"

@@ -8,6 +8,8 @@
 # carry .deps/ along; this script then configures with -DCMAKE_PREFIX_PATH=.deps.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=scripts/build_lib.sh
+. scripts/build_lib.sh
 build=${1:-build-gpu}
 out=${OUT:-out/gpu_test}
 mkdir -p "$out"
@@ -27,10 +29,8 @@ finish() {
   exit $?
 }
 
-prefix=()
-[ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
 echo "== configure and build ($build)"
-if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >"$out/build.log" 2>&1 ||
+if ! configure_build . "$build" >"$out/build.log" 2>&1 ||
    ! cmake --build "$build" -j "$(nproc)" --target tfe_gpu_tests draft_loop tfe-plan >>"$out/build.log" 2>&1; then
   tail -30 "$out/build.log"
   record build 0 1

@@ -7,13 +7,13 @@
 # Usage: scripts/gpu_test_quick.sh [BUILD_DIR]   (default build-gpu)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=scripts/build_lib.sh
+. scripts/build_lib.sh
 build=${1:-build-gpu}
 out=${OUT:-out/gpu_test_quick}
 mkdir -p "$out"
-prefix=()
-[ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
 jobs=${GPU_TEST_JOBS:-$(nproc)}
-if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >"$out/build.log" 2>&1 ||
+if ! configure_build . "$build" >"$out/build.log" 2>&1 ||
    ! cmake --build "$build" -j "$jobs" --target tfe_gpu_tests >>"$out/build.log" 2>&1; then
   tail -30 "$out/build.log"
   echo "tests (quick): the build failed ($out/build.log)"

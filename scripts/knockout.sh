@@ -14,6 +14,8 @@
 #   KNOCKOUT_TABLE_ONLY=1 runs nothing and prints the tables of the results already in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=scripts/build_lib.sh
+. scripts/build_lib.sh
 build=${1:-build-gpu}
 out=${OUT:-out/knockout}
 presets=${KNOCKOUT_PRESETS:-"llama3-8b-eagle3 tfe-two-stage"}
@@ -26,9 +28,7 @@ run_presets=$presets
 for preset in $run_presets; do
   # The first run of ab.sh below builds tfe-plan; the node list needs it before that.
   if [ ! -x "$build/tfe-plan" ]; then
-    prefix=()
-    [ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
-    if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >"$out/build.log" 2>&1 ||
+    if ! configure_build . "$build" >"$out/build.log" 2>&1 ||
        ! cmake --build "$build" -j "$(nproc)" --target tfe-plan >>"$out/build.log" 2>&1; then
       tail -30 "$out/build.log"
       exit 1

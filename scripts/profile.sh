@@ -12,6 +12,8 @@
 #   "llama3-8b-eagle3 tfe-two-stage"); PROFILE_STREAMS (default "1,16"); PROFILE_DTYPES (default "bf16 fp8").
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck source=scripts/build_lib.sh
+. scripts/build_lib.sh
 build=${1:-build-gpu}
 out=${OUT:-out/profile}
 work=${BENCH_WORK:-/tmp/tfe-bench}
@@ -21,10 +23,8 @@ dtypes=${PROFILE_DTYPES:-"bf16 fp8"}
 mkdir -p "$out" "$work"
 
 main() {
-  prefix=()
-  [ -d .deps ] && prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps")
   echo "== configure and build ($build)"
-  if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >"$out/build.log" 2>&1 ||
+  if ! configure_build . "$build" >"$out/build.log" 2>&1 ||
      ! cmake --build "$build" -j "$(nproc)" --target tfe-bench tfe-plan >>"$out/build.log" 2>&1; then
     tail -30 "$out/build.log"
     return 1
