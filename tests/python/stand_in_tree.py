@@ -1,6 +1,6 @@
-"""A stand-in tree for the device scripts' CPU tests: scripts/ab_patches.sh, scripts/ab_change.sh and
-scripts/apply_patch.sh copied from the source, beside a CMake project that builds nothing, a
-scripts/gpu_test_quick.sh that passes unless the tree holds a file FAIL, and a scripts/ab.sh that records
+"""A stand-in tree for the device scripts' CPU tests: scripts/ab_patches.sh, scripts/ab_change.sh,
+scripts/apply_patch.sh and scripts/build_lib.sh copied from the source, beside a CMake project that builds
+nothing, a scripts/gpu_test_quick.sh that passes unless the tree holds a file FAIL, and a scripts/ab.sh that records
 the arguments it is given (one a line, in $OUT/args)."""
 import os
 import shutil
@@ -22,7 +22,7 @@ echo "ab.sh stand-in: $# arguments"
 def make(source, tree):
     """The stand-in tree at `tree`, its one file notes.txt holding "one"."""
     os.makedirs(os.path.join(tree, "scripts"))
-    for s in ("ab_patches.sh", "ab_change.sh", "apply_patch.sh"):
+    for s in ("ab_patches.sh", "ab_change.sh", "apply_patch.sh", "build_lib.sh"):
         shutil.copy(os.path.join(source, "scripts", s), os.path.join(tree, "scripts", s))
     for s, text in (("gpu_test_quick.sh", FAKE_TESTS), ("ab.sh", FAKE_AB)):
         open(os.path.join(tree, "scripts", s), "w").write(text)
