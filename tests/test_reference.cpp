@@ -56,11 +56,11 @@ void check_near_bf16(std::span<const bf16_bits> got, const std::vector<double>& 
   CHECK(off * 20 <= static_cast<int64_t>(got.size()));  // at most 5% one step off
 }
 
-// The forward error bound of an fp32 sum of n products in any order, gamma_n * sum |products| with
-// gamma_n = n u / (1 - n u), u = 2^-24 (Higham, Accuracy and Stability of Numerical Algorithms, 3.1).
-double fp32_dot_error(int64_t n, double sum_abs) {
+// gamma_n = n u / (1 - n u), u = 2^-24: an fp32 sum of n products in any order is off by at most
+// gamma_n * sum |products| (Higham, Accuracy and Stability of Numerical Algorithms, 3.1).
+double fp32_gamma(int64_t n) {
   const double nu = static_cast<double>(n) * std::ldexp(1.0, -24);
-  return nu / (1.0 - nu) * sum_abs;
+  return nu / (1.0 - nu);
 }
 
 HeadFile open_bytes(const std::vector<std::byte>& bytes) { return HeadFile::from_bytes(bytes); }
@@ -166,8 +166,8 @@ TEST_CASE("reference ops: linear, residual and logits forms match float64, and F
       want.push_back(acc);
       want_res.push_back(bf16_to_float(res[static_cast<size_t>(r * out + j)]) + acc);
       want8.push_back(s * acc8);
-      error.push_back(fp32_dot_error(in, abs_sum));
-      error8.push_back(s * fp32_dot_error(in, abs_sum8));
+      error.push_back(fp32_gamma(in) * abs_sum);
+      error8.push_back(s * fp32_gamma(in) * abs_sum8);
       CHECK(yf[static_cast<size_t>(r * out + j)] == doctest::Approx(acc).epsilon(1e-4));
     }
   check_near_bf16(y, want, error);
@@ -293,12 +293,12 @@ TEST_CASE("reference ops: grouped-query attention matches float64") {
         abs_sum += std::abs(p);
       }
       s[static_cast<size_t>(t)] = d / std::sqrt(double(hd));
-      score_error = std::max(score_error, fp32_dot_error(hd, abs_sum) / std::sqrt(double(hd)));
+      score_error = std::max(score_error, fp32_gamma(hd) * abs_sum / std::sqrt(double(hd)));
     }
     const double mx = *std::max_element(s.begin(), s.end());
     double sum = 0;
     for (auto& e : s) sum += (e = std::exp(e - mx));
-    const double relative = 2 * score_error + fp32_dot_error(keys, 1.0) + 8 * std::ldexp(1.0, -24);
+    const double relative = 2 * score_error + fp32_gamma(keys) + 8 * std::ldexp(1.0, -24);
     for (int64_t i = 0; i < hd; ++i) {
       double acc = 0, abs_acc = 0;
       for (int64_t t = 0; t < keys; ++t) {
