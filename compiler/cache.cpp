@@ -20,8 +20,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "plan/error.h"
-#include "plan/head_file.h"
+#include "core/error.h"
+#include <tfe/head_file.h>
 
 namespace tfe {
 

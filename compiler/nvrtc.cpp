@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "plan/error.h"
+#include "core/error.h"
 
 #ifndef TFE_CUDA_INCLUDE_DIR
 #error "TFE_CUDA_INCLUDE_DIR must be defined by the build (CMakeLists.txt)"

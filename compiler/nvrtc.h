@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "compiler/embedded_kernels.h"
-#include "compiler/kernel_registry.h"
+#include "kernels/embedded_sources.h"
+#include "kernels/registry.h"
 
 namespace tfe {
 

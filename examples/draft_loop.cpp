@@ -18,10 +18,10 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "plan/error.h"
-#include "plan/numeric.h"
-#include "runtime/cuda_check.h"
-#include "runtime/runtime.h"
+#include "core/error.h"
+#include "core/numeric.h"
+#include "device/cuda_check.h"
+#include <tfe/runtime.h>
 
 namespace {
 
@@ -104,16 +104,17 @@ int run(const Options& o) {
   const auto t_open = Clock::now();
   tfe::Runtime rt = tfe::Runtime::open(o.head, open);
   const double open_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_open).count();
-  const tfe::Plan& plan = rt.plan();
-  if (o.slots < 1 || o.slots > plan.options.buckets.back() || o.slots > plan.options.max_slots)
+  const tfe::PlanOptions& plan = rt.plan_options();
+  const tfe::HeadHeader& header = rt.header();
+  if (o.slots < 1 || o.slots > plan.buckets.back() || o.slots > plan.max_slots)
     tfe::fail("--slots {} is outside 1..{} (the largest streams bucket and max_slots of the plan)", o.slots,
-              std::min(plan.options.buckets.back(), plan.options.max_slots));
-  if (o.steps < 1 || o.steps > plan.options.max_steps)
-    tfe::fail("--steps {} is outside 1..{} (the plan's max_steps)", o.steps, plan.options.max_steps);
+              std::min(plan.buckets.back(), plan.max_slots));
+  if (o.steps < 1 || o.steps > plan.max_steps)
+    tfe::fail("--steps {} is outside 1..{} (the plan's max_steps)", o.steps, plan.max_steps);
   if (o.prompt < 1 || o.max_len <= o.prompt + o.steps + 1)
     tfe::fail("--prompt {} / --max-len {}: need prompt >= 1 and max-len > prompt + steps + 1", o.prompt, o.max_len);
 
-  Target target(plan.header, o.seed, o.agree);
+  Target target(header, o.seed, o.agree);
   std::vector<int> slots(static_cast<size_t>(o.slots));
   for (int s = 0; s < o.slots; ++s) {
     slots[static_cast<size_t>(s)] = s;
@@ -122,8 +123,8 @@ int run(const Options& o) {
   rt.synchronize();
   std::printf("%s\n", nlohmann::json{{"event", "open"},
                                      {"head", o.head},
-                                     {"preset", plan.header.name},
-                                     {"fp8", plan.fp8},
+                                     {"preset", header.name},
+                                     {"fp8", rt.fp8_in_use()},
                                      {"graphs", rt.graphs_enabled()},
                                      {"slots", o.slots},
                                      {"steps", o.steps},

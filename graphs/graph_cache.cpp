@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "plan/error.h"
+#include "core/error.h"
 
 namespace tfe {
 

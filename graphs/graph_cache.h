@@ -17,7 +17,7 @@
 #include <map>
 
 #include "graphs/graph_key.h"
-#include "runtime/device_handles.h"
+#include "device/handles.h"
 
 namespace tfe {
 

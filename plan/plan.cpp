@@ -7,8 +7,8 @@
 
 #include <fmt/ranges.h>
 
-#include "plan/error.h"
-#include "plan/weight_layout.h"
+#include "core/error.h"
+#include "kernels/weight_layout.h"
 
 namespace tfe {
 

@@ -3,9 +3,9 @@
 #include <limits>
 #include <utility>
 
-#include "plan/error.h"
-#include "plan/header_yaml.h"
-#include "plan/yaml_read.h"
+#include "core/error.h"
+#include "head/header_yaml.h"
+#include "core/yaml_read.h"
 
 namespace tfe {
 

@@ -17,10 +17,10 @@
 #include <numeric>
 #include <set>
 
-#include "plan/error.h"
+#include "core/error.h"
 #include "plan/plan.h"
-#include "plan/weight_layout.h"
-#include "runtime/reference_ops.h"
+#include "kernels/weight_layout.h"
+#include "head/numerics.h"
 
 namespace tfe {
 
@@ -592,7 +592,7 @@ class Planner {
     const auto& hh = h();
     const int64_t B = streams, H = hh.hidden;
     const float eps = hh.rms_eps;
-    const float scale = ref::attention_scale(hh.head_dim);
+    const float scale = attention_scale(hh.head_dim);
     const auto fixed = Node::Rows::fixed;
     const Matrix &wqkv = matrices_.at("wqkv"), &wo = matrices_.at("wo"), &wgu = matrices_.at("w_gate_up"),
                  &wd = matrices_.at("w_down");

@@ -1,4 +1,4 @@
-#include "runtime/runtime.h"
+#include <tfe/runtime.h>
 
 #include <algorithm>
 #include <atomic>
@@ -10,256 +10,14 @@
 #include <optional>
 #include <thread>
 
-#include "compiler/artifact.h"
-#include "compiler/cache.h"
-#include "compiler/nvrtc.h"
-#include "graphs/graph_cache.h"
-#include "plan/error.h"
-#include "plan/head_file.h"
-#include "plan/weight_layout.h"
-#include "runtime/cuda_check.h"
-#include "runtime/device_gemm.h"
-#include "runtime/device_handles.h"
-#include "runtime/device_kernels.h"
-#include "runtime/reference_ops.h"
+#include "core/error.h"
+#include "head/numerics.h"
+#include "kernels/weight_layout.h"
+#include "core/extend_check.h"
+#include "runtime/impl.h"
 
 namespace tfe {
 
-namespace {
-
-constexpr int64_t kAlign = 256;
-
-int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
-
-// Makes `device` current for the scope and restores the caller's device after it: an engine thread may
-// drive several GPUs.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    TFE_CUDA(cudaGetDevice(&previous_));
-    if (previous_ != device) TFE_CUDA(cudaSetDevice(device));
-  }
-  ~DeviceScope() {
-    int now = previous_;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) TFE_CUDA_NOEXCEPT(cudaSetDevice(previous_));
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
-std::string device_arch(int device) {
-  int major = 0, minor = 0;
-  TFE_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  TFE_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return fmt::format("sm_{}{}", major, minor);
-}
-
-// How the asked plan options differ from an artifact's, but for the arch, which the runtime always takes
-// from the device; empty where they agree.
-std::string differences_except_arch(PlanOptions asked, const PlanOptions& artifact) {
-  asked.arch = artifact.arch;
-  return plan_options_differences(artifact, asked);
-}
-
-// A cubin and the symbol to look up in it.
-struct KernelImage {
-  std::string lowered_name;
-  std::string cubin;
-};
-
-// The device's persisting-L2 set-aside while a runtime that asked for one is open
-// (OpenOptions::l2_resident_weight_bytes). The limit is the process's, so the one found at open comes back
-// at close, and the lines made persisting are made normal again.
-class L2Reservation {
- public:
-  L2Reservation() = default;
-  L2Reservation(size_t wanted, int device) {
-    int most = 0;
-    TFE_CUDA(cudaDeviceGetAttribute(&most, cudaDevAttrMaxPersistingL2CacheSize, device));
-    if (most <= 0)
-      fail("l2_resident_weight_bytes: device {} sets no L2 aside for persisting accesses "
-           "(cudaDevAttrMaxPersistingL2CacheSize is 0)",
-           device);
-    TFE_CUDA(cudaDeviceGetLimit(&previous_, cudaLimitPersistingL2CacheSize));
-    bytes_ = std::min(wanted, static_cast<size_t>(most));
-    TFE_CUDA(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, bytes_));
-  }
-  L2Reservation(const L2Reservation&) = delete;
-  L2Reservation& operator=(const L2Reservation&) = delete;
-  L2Reservation& operator=(L2Reservation&& o) noexcept {
-    std::swap(bytes_, o.bytes_);
-    std::swap(previous_, o.previous_);
-    return *this;
-  }
-  ~L2Reservation() {
-    if (bytes_ == 0) return;
-    TFE_CUDA_NOEXCEPT(cudaCtxResetPersistingL2Cache());
-    TFE_CUDA_NOEXCEPT(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, previous_));
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  size_t bytes_ = 0;  // set aside; 0: nothing asked, nothing to give back
-  size_t previous_ = 0;
-};
-
-}  // namespace
-
-// A node of the plan, ready to enqueue: a packed kernel launch or a cuBLASLt GEMM.
-struct PreparedNode {
-  std::string name;
-  int step = 0;
-  bool last_step_only = false;
-  Node::Rows rows = Node::Rows::fixed;
-  std::optional<cuda::KernelLaunch> kernel;
-  int gemm = -1;
-};
-
-struct Runtime::Impl {
-  // Declaration order is release order reversed: graphs go before the kernels and memory they name,
-  // the memory before the stream it was used on is gone.
-  Plan plan;
-  OpenOptions options;
-  int device = 0;
-  L2Reservation l2;  // released last: after every launch that named it
-  cuda::Stream own_stream;
-  cudaStream_t stream = nullptr;
-  cuda::DeviceMemory memory;  // weights | arena | cuBLASLt workspace, one allocation
-  std::byte* weights = nullptr;
-  std::byte* arena = nullptr;
-  std::byte* workspace = nullptr;
-  // Host staging of the tables region, double-buffered so that packing the next extend chunk overlaps
-  // the previous chunk's copy; `staged[i]` marks the end of buffer i's last copy.
-  cuda::PinnedMemory staging[2];
-  cuda::Event staged[2];
-  int next_staging = 0;
-  // The host arena (Plan::host): mapped pinned memory. The host writes a draft's tables here and reads its
-  // outputs here; the pass's kernels reach it through `host_device`. draft() waits for its pass before
-  // returning, so the next call may rewrite the tables.
-  cuda::PinnedMemory host_memory;
-  std::byte* host = nullptr;
-  std::byte* host_device = nullptr;
-  std::vector<cuda::Library> libraries;
-  std::map<std::string, cuda::LoadedKernel> kernels;  // by spec uri
-  cuda::GemmRunner gemm;
-  std::vector<std::vector<PreparedNode>> buckets;  // parallel to plan.buckets
-  std::vector<PreparedNode> extend;
-  std::optional<GraphCache> graphs;
-  SlotTable slots;
-  RuntimeStats stats;
-  std::string broken;  // the first failure after which device state is unknown
-  DeviceDraftOutputs last_outputs;
-  // Tables the runtime fills, found once.
-  const Buffer *h_tables = nullptr, *h_token = nullptr, *h_conf = nullptr, *h_done = nullptr;
-  const Buffer *t_row_slot = nullptr, *t_row_pos = nullptr, *t_row_tok = nullptr;
-  const Buffer *t_last_row = nullptr, *t_last_slot = nullptr, *t_taps = nullptr;
-  const Buffer *b_out_token = nullptr, *b_out_conf = nullptr, *b_ring_k = nullptr, *b_ring_v = nullptr;
-
-  explicit Impl(Plan p, SlotLimits limits) : plan(std::move(p)), slots(limits) {}
-  ~Impl() {
-    // Nothing may be released while the stream still uses it.
-    if (stream) TFE_CUDA_NOEXCEPT(cudaStreamSynchronize(stream));
-  }
-
-  Bindings bindings() const {
-    return Bindings{arena, arena + plan.tables_offset, weights, workspace, host_device};
-  }
-  int scratch_slot() const { return plan.options.max_slots; }
-
-  void check_usable() const {
-    if (!broken.empty())
-      fail("runtime: unusable after an earlier device failure ({}); destroy it and open a new one", broken);
-  }
-  // Runs device work; any failure marks the runtime unusable, since device state is then unknown.
-  template <typename F>
-  auto device_work(F&& f) -> decltype(f()) {
-    try {
-      return f();
-    } catch (const std::exception& e) {
-      broken = e.what();
-      throw;
-    }
-  }
-
-  // The one function that enqueues plan nodes, used both eagerly and under graph capture: a graph holds
-  // exactly the launches an eager pass makes. `step_limit`: nodes with a larger step are left out (the
-  // pass of fewer steps is a prefix), and so are last_step_only nodes of a smaller one (the final node of
-  // a shorter pass). `rows`: fixed and chunk_rows nodes; `slot_rows`: chunk_slots nodes.
-  void launch_nodes(std::span<const PreparedNode> nodes, int step_limit, int64_t rows, int64_t slot_rows,
-                    cudaStream_t s) {
-    for (const PreparedNode& n : nodes) {
-      if (n.step > step_limit) break;
-      if (n.last_step_only && n.step < step_limit) continue;
-      const int64_t r = n.rows == Node::Rows::chunk_slots ? slot_rows : rows;
-      if (n.kernel)
-        n.kernel->launch(r, s);
-      else
-        gemm.run(n.gemm, r, s);
-    }
-  }
-
-  std::byte* staging_buffer() {
-    const int i = next_staging;
-    next_staging ^= 1;
-    // The buffer's previous copy must have left it before it is overwritten.
-    TFE_CUDA(cudaEventSynchronize(staged[i].get()));
-    cur_staging = i;
-    return staging[i].data();
-  }
-  // Copies [first, first + bytes) of the tables region from the current staging buffer.
-  void upload_tables(int64_t first, int64_t bytes) {
-    const int64_t rel = first - plan.tables_offset;
-    TFE_CUDA(cudaMemcpyAsync(arena + first, staging[cur_staging].data() + rel, static_cast<size_t>(bytes),
-                             cudaMemcpyHostToDevice, stream));
-    TFE_CUDA(cudaEventRecord(staged[cur_staging].get(), stream));
-    stats.bytes_uploaded += static_cast<uint64_t>(bytes);
-  }
-  template <typename T>
-  T* host_buffer(const Buffer* b) {
-    return reinterpret_cast<T*>(host + b->offset);
-  }
-
-  // Waits until the draft pass's last node (store_outputs) has set host_done, which it does after the
-  // outputs have reached host memory. The word lands sooner than the stream's completion of the graph
-  // launch, which cudaStreamSynchronize would wait for; work enqueued later stays ordered after the pass
-  // by the stream. Meanwhile the stream is asked every kQueryEvery, so that a failed pass throws its CUDA
-  // error instead of leaving the host spinning.
-  void wait_for_outputs() {
-    constexpr auto kQueryEvery = std::chrono::microseconds(20);
-    std::atomic_ref<int32_t> done(*host_buffer<int32_t>(h_done));
-    auto next_query = std::chrono::steady_clock::now() + kQueryEvery;
-    while (done.load(std::memory_order_acquire) != 1) {
-      const auto now = std::chrono::steady_clock::now();
-      if (now < next_query) continue;
-      next_query = now + kQueryEvery;
-      const cudaError_t e = cudaStreamQuery(stream);
-      if (e == cudaErrorNotReady) continue;
-      TFE_CUDA(e);
-      if (done.load(std::memory_order_acquire) != 1)
-        fail("draft: the pass completed without setting host_done (its last node must be store_outputs)");
-    }
-  }
-  template <typename T>
-  T* staged_table(std::byte* base, const Buffer* b) {
-    return reinterpret_cast<T*>(base + (b->offset - plan.tables_offset));
-  }
-  int cur_staging = 0;
-
-  void open_device(const OpenOptions& o);
-  void upload_weights(const HeadFile& file);
-  void upload_tiled(const Buffer& b, const std::vector<const TensorView*>& parts, std::byte* dst);
-  void load_kernels(const std::map<std::string, KernelImage>& images);
-  void prepare_nodes();
-  void capture_all();
-  GraphCache::Record draft_record(size_t bucket, int steps) {
-    return [this, bucket, steps](cudaStream_t s) {
-      launch_nodes(buckets[bucket], steps, plan.buckets[bucket].streams, 0, s);
-    };
-  }
-};
 
 namespace {
 
@@ -286,68 +44,6 @@ const Buffer* table(const Plan& p, std::string_view name, BufferRole role = Buff
   if (b.role != role)
     fail("plan: buffer `{}` has role {}, the runtime expects {}", name, buffer_role_name(b.role), buffer_role_name(role));
   return &b;
-}
-
-// The plan and its kernels: from the artifact when it fits this head and device, else planned and
-// compiled through the kernel cache.
-struct Planned {
-  Plan plan;
-  std::map<std::string, KernelImage> images;
-};
-
-Planned plan_and_compile(const HeadHeader& header, const std::string& sha, PlanOptions options) {
-  Planned out;
-  out.plan = make_plan(header, options, sha);
-  const KernelCache cache = KernelCache::from_environment();
-  CompileOptions copt;
-  copt.arch = options.arch;
-  // Specializations compile independently; the cache serializes writers of one key.
-  std::vector<std::future<CachedKernel>> jobs;
-  for (const KernelSpec& spec : out.plan.specs)
-    jobs.push_back(std::async(std::launch::async, [&cache, &copt, spec] {
-      return cache.get(make_compile_unit(spec), copt);
-    }));
-  std::optional<Error> first;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    try {
-      CachedKernel k = jobs[i].get();
-      out.images[out.plan.specs[i].uri()] = KernelImage{k.kernel.lowered_name, std::move(k.kernel.cubin)};
-    } catch (const Error& e) {
-      if (!first) first = e;
-    }
-  }
-  if (first) throw *first;
-  return out;
-}
-
-Planned plan_for(const HeadFile& file, const OpenOptions& o, const std::string& arch) {
-  const std::string sha = file.header_sha256();
-  PlanOptions wanted = o.plan.value_or(PlanOptions{});
-  wanted.arch = arch;
-  if (o.artifact_dir.empty()) return plan_and_compile(file.header(), sha, wanted);
-
-  Artifact art = load_artifact(o.artifact_dir);
-  std::string mismatch;
-  if (art.plan.head_sha256 != sha)
-    mismatch = fmt::format("it was compiled for the head with header sha256 {}, but {} has {}", art.plan.head_sha256,
-                           file.file().path(), sha);
-  else if (art.arch != arch || art.plan.options.arch != arch)
-    mismatch = fmt::format("it was compiled for {}, but device {} is {}", art.arch, o.device, arch);
-  else if (const std::string d = o.plan ? differences_except_arch(*o.plan, art.plan.options) : ""; !d.empty())
-    mismatch = fmt::format("its plan options differ from those asked (the artifact's against the asked): {}", d);
-  if (!mismatch.empty()) {
-    if (!o.recompile_mismatched_artifact)
-      fail("artifact {}: {}; compile one for this head and device (tfe-plan compile), or open with "
-           "recompile_mismatched_artifact",
-           o.artifact_dir, mismatch);
-    if (!o.plan) wanted = art.plan.options, wanted.arch = arch;
-    return plan_and_compile(file.header(), sha, wanted);
-  }
-  validate(art.plan);
-  Planned out;
-  out.plan = std::move(art.plan);
-  for (ArtifactKernel& k : art.kernels) out.images[k.uri] = KernelImage{k.lowered_name, std::move(k.cubin)};
-  return out;
 }
 
 }  // namespace
@@ -388,7 +84,7 @@ void Runtime::Impl::upload_weights(const HeadFile& file) {
     std::byte* dst = weights + b.offset;
     if (b.from.size() == 1 && b.from[0] == "computed:rope_inv_freq") {
       // The CPU reference's own function: both sides rotate by identical frequencies.
-      const std::vector<float> f = ref::rope_inv_freq(plan.header);
+      const std::vector<float> f = rope_inv_freq(plan.header);
       if (static_cast<int64_t>(f.size() * sizeof(float)) != b.bytes || b.dtype != DType::F32)
         fail("weights: `{}` is {} bytes of {}, the RoPE table has {} fp32 values", b.name, b.bytes,
              dtype_name(b.dtype), f.size());
@@ -529,8 +225,8 @@ void Runtime::Impl::prepare_nodes() {
                              : n.rows == Node::Rows::chunk_rows ? plan.options.extend_rows
                                                                 : plan.options.max_slots;
     if (n.kind == Node::Kind::kernel) {
-      using Dependent = OpenOptions::DependentLaunch;
-      const Dependent d = options.dependent_launch;
+      using Dependent = TestHooks::DependentLaunch;
+      const Dependent d = hooks.dependent_launch;
       const bool dependent = d == Dependent::plan ? n.dependent : d == Dependent::all && n.step >= 1;
       p.kernel.emplace(n, kernels.at(n.spec), bases, max_rows, dependent, draft ? l2_window(n) : cuda::L2Window{});
     } else {
@@ -560,9 +256,9 @@ void Runtime::Impl::prepare_nodes() {
     }
     return p;
   };
-  check_knock_out(plan, options.knock_out);
+  check_knock_out(plan, hooks.knock_out);
   const auto knocked_out = [&](const Node& n) {
-    return std::ranges::find(options.knock_out, node_base_name(n)) != options.knock_out.end();
+    return std::ranges::find(hooks.knock_out, node_base_name(n)) != hooks.knock_out.end();
   };
   for (const Bucket& b : plan.buckets) {
     std::vector<PreparedNode> nodes;
@@ -604,16 +300,24 @@ Runtime Runtime::open(const std::string& head_path, const OpenOptions& o) {
   return open(HeadFile::open(head_path, fo), o);
 }
 
-Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) {
+Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) { return open_runtime(file, o, TestHooks{}); }
+
+Runtime open_runtime(const HeadFile& file, const OpenOptions& o, const TestHooks& hooks) {
   check_device(o.device);
   DeviceScope scope(o.device);
-  const std::string arch = device_arch(o.device);
-  Planned planned = plan_for(file, o, arch);
+  ResolveRequest rq;
+  rq.artifact_dir = o.artifact_dir;
+  rq.options = o.plan;
+  rq.recompile_mismatched_artifact = o.recompile_mismatched_artifact;
+  rq.arch = device_arch(o.device);
+  rq.device = o.device;
+  Resolved planned = resolve(file, rq);
 
   const SlotLimits limits = slot_limits(planned.plan);
-  auto impl = std::make_unique<Impl>(std::move(planned.plan), limits);
-  Impl& r = *impl;
+  auto impl = std::make_unique<RuntimeAccess::Impl>(std::move(planned.plan), limits);
+  RuntimeAccess::Impl& r = *impl;
   r.options = o;
+  r.hooks = hooks;
   r.device = o.device;
   const Plan& p = r.plan;
   r.h_tables = table(p, "host_tables", BufferRole::host);
@@ -662,10 +366,10 @@ Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) {
   if (graphs_on) {
     const size_t capacity =
         o.graph_capacity ? o.graph_capacity : p.buckets.size() * static_cast<size_t>(p.options.max_steps);
-    r.graphs.emplace(r.stream, capacity, o.check_bindings);
+    r.graphs.emplace(r.stream, capacity, hooks.check_bindings);
     if (o.capture == OpenOptions::Capture::at_open) r.capture_all();
   }
-  return Runtime(std::move(impl));
+  return RuntimeAccess::make(std::move(impl));
 }
 
 Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -838,44 +542,14 @@ RuntimeStats Runtime::stats() const {
   return s;
 }
 
-const Plan& Runtime::plan() const { return impl_->plan; }
+const PlanOptions& Runtime::plan_options() const { return impl_->plan.options; }
+const HeadHeader& Runtime::header() const { return impl_->plan.header; }
+bool Runtime::fp8_in_use() const { return impl_->plan.fp8; }
 const SlotTable& Runtime::slots() const { return impl_->slots; }
 int Runtime::ring_rows() const { return impl_->plan.ring_rows; }
 cudaStream_t Runtime::stream() const { return impl_->stream; }
 int Runtime::device() const { return impl_->device; }
 bool Runtime::graphs_enabled() const { return impl_->graphs.has_value(); }
-
-std::vector<std::byte> Runtime::read_buffer(std::string_view name) const {
-  Impl& r = *impl_;
-  DeviceScope scope(r.device);
-  if (const Buffer* h = r.plan.host.find(name)) {
-    r.device_work([&] { TFE_CUDA(cudaStreamSynchronize(r.stream)); });
-    const std::byte* at = r.host + h->offset;
-    return std::vector<std::byte>(at, at + h->bytes);
-  }
-  const Buffer& b = r.plan.arena.at(name);
-  std::vector<std::byte> host(static_cast<size_t>(b.bytes));
-  r.device_work([&] {
-    TFE_CUDA(cudaStreamSynchronize(r.stream));
-    TFE_CUDA(cudaMemcpy(host.data(), r.arena + b.offset, host.size(), cudaMemcpyDeviceToHost));
-  });
-  r.stats.bytes_downloaded += host.size();
-  return host;
-}
-
-void Runtime::fill_buffer(std::string_view name, uint8_t byte) {
-  Impl& r = *impl_;
-  r.check_usable();
-  DeviceScope scope(r.device);
-  if (const Buffer* h = r.plan.host.find(name)) {
-    // Host memory: written now, once the work already queued (which may write it) is done.
-    r.device_work([&] { TFE_CUDA(cudaStreamSynchronize(r.stream)); });
-    std::memset(r.host + h->offset, byte, static_cast<size_t>(h->bytes));
-    return;
-  }
-  const Buffer& b = r.plan.arena.at(name);
-  r.device_work([&] { TFE_CUDA(cudaMemsetAsync(r.arena + b.offset, byte, static_cast<size_t>(b.bytes), r.stream)); });
-}
 
 void Runtime::synchronize() const {
   Impl& r = *impl_;

@@ -45,7 +45,7 @@ gemv_shapes = [  # (K, N, epilogue): the linears of both presets, and tails
     (100, 37, 0), (72, 50, 3), (200, 33, 2), (40, 17, 1),  # K and N tails
     (64, 300, 4), (100, 5000, 4),        # top1 partials: tiny's narrow lm_head; K and column tails, not narrow
 ]
-# TILED 1 (plan/weight_layout.h) where the matrix has a tiled form: whole 16-row tiles, 64-byte K steps.
+# TILED 1 (kernels/weight_layout.h) where the matrix has a tiled form: whole 16-row tiles, 64-byte K steps.
 def tileable(k, n, weight):
     return n % 16 == 0 and (k * (1 if weight else 2)) % 64 == 0
 for rows in [1, 2, 4, 8, 16]:

@@ -38,7 +38,7 @@ if ! configure_build . "$build" >"$out/build.log" 2>&1 ||
 fi
 record build 1 0
 export TFE_CACHE_DIR="$PWD/$build/kernel-cache"
-tests="$build/runtime/tfe_gpu_tests"
+tests="$build/tests/tfe_gpu_tests"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/device.txt" 2>&1 || true
 
 # doctest's summary line: "[doctest] test cases: N | P passed | F failed | S skipped"

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "plan/error.h"
+#include "core/error.h"
 #include "plan/plan.h"
 
 namespace tfe::test {

@@ -17,8 +17,8 @@
 #include "compiler/artifact.h"
 #include "compiler/cache.h"
 #include "compiler/nvrtc.h"
-#include "plan/error.h"
-#include "plan/presets.h"
+#include "core/error.h"
+#include "head/presets.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

@@ -12,11 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "plan/convert.h"
-#include "plan/error.h"
-#include "plan/fp8.h"
-#include "plan/head_file.h"
-#include "plan/numeric.h"
+#include "head/convert.h"
+#include "core/error.h"
+#include "head/fp8.h"
+#include <tfe/head_file.h>
+#include "core/numeric.h"
 #include "eagle3_checkpoint.h"
 
 using namespace tfe;

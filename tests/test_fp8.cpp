@@ -5,11 +5,11 @@
 #include <cstring>
 #include <random>
 
-#include "plan/error.h"
-#include "plan/fp8.h"
-#include "plan/head_file.h"
-#include "plan/numeric.h"
-#include "plan/presets.h"
+#include "core/error.h"
+#include "head/fp8.h"
+#include <tfe/head_file.h>
+#include "core/numeric.h"
+#include "head/presets.h"
 
 using namespace tfe;
 

@@ -13,11 +13,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "plan/error.h"
-#include "plan/head_file.h"
-#include "plan/header.h"
-#include "plan/numeric.h"
-#include "plan/presets.h"
+#include "core/error.h"
+#include <tfe/head_file.h>
+#include <tfe/header.h>
+#include "core/numeric.h"
+#include "head/presets.h"
 #include "test_util.h"
 
 using namespace tfe;

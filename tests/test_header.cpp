@@ -1,8 +1,8 @@
 #include <doctest/doctest.h>
 
-#include "plan/error.h"
-#include "plan/header.h"
-#include "plan/presets.h"
+#include "core/error.h"
+#include <tfe/header.h>
+#include "head/presets.h"
 
 using namespace tfe;
 

@@ -15,10 +15,10 @@
 #include "compiler/artifact.h"
 #include "compiler/cache.h"
 #include "compiler/nvrtc.h"
-#include "plan/error.h"
-#include "plan/head_file.h"
+#include "core/error.h"
+#include <tfe/head_file.h>
 #include "plan/plan.h"
-#include "plan/presets.h"
+#include "head/presets.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -321,39 +321,6 @@ TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_att
   ShapeProbe wrong_grid;
   wrong_grid.gemv(short_k, 0, 1);
   caught("launch_shape_probe_gemv_grid", wrong_grid, fmt::format("{}: grid {}", short_k.uri(), 501));
-}
-
-// scripts/gemv_parts.sh times variants of kernels/gemv.cuh made by text edits on the device; here, where a
-// change to gemv.cuh would leave an edit without its pattern or a variant that no longer compiles, each is
-// made and compiled at the shapes its edits touch: FP8 at 16 rows and COLS 32 (the dynamic ring), bf16 at
-// one row (the static ring).
-TEST_CASE("scripts/gemv_parts.sh: its variants of gemv.cuh still apply and compile") {
-  TempDir tmp;
-  const auto [rc, log] =
-      run_command(fmt::format("bash {}/scripts/gemv_parts.sh --generate {}", TFE_SOURCE_DIR, tmp.path.string()));
-  REQUIRE_MESSAGE(rc == 0, log);
-  const std::string kept = read_text(fs::path(TFE_SOURCE_DIR) / "kernels" / "gemv.cuh");
-  REQUIRE_FALSE(kept.empty());
-  const std::vector<KernelSpec> specs = {
-      make_spec("gemv", {{"ROWS", 16}, {"K", 4096}, {"N", 4096}, {"WEIGHT", kc::kWeightFP8},
-                         {"EPILOGUE", kc::kEpilogueResidual}, {"COLS", 32}, {"TILED", 1}}),
-      make_spec("gemv", {{"ROWS", 1}, {"K", 4096}, {"N", 4096}, {"WEIGHT", kc::kWeightBF16},
-                         {"EPILOGUE", kc::kEpilogueResidual}, {"COLS", 16}, {"TILED", 1}}),
-  };
-  for (const char* variant : {"no_x", "no_x_deep", "no_mma", "no_x_no_mma", "no_widen"}) {
-    CAPTURE(variant);
-    const std::string text = read_text(tmp.path / fmt::format("{}.cuh", variant));
-    REQUIRE_FALSE(text.empty());
-    CHECK(text != kept);
-    CompileOptions options;
-    for (EmbeddedSource& source : options.headers)
-      if (source.name == "gemv.cuh") source.text = text;
-    for (const KernelSpec& spec : specs) {
-      CAPTURE(spec.uri());
-      const CompiledKernel k = compile_spec(spec, options);
-      CHECK(cubin_defines_symbol(k.cubin, k.lowered_name));
-    }
-  }
 }
 
 TEST_CASE("tfe-plan compile: a head file to an artifact and a second run of all hits") {

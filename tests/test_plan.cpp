@@ -10,13 +10,13 @@
 #include <set>
 #include <tuple>
 
-#include "compiler/kernel_registry.h"
-#include "plan/error.h"
-#include "plan/head_file.h"
-#include "plan/header_yaml.h"
+#include "kernels/registry.h"
+#include "core/error.h"
+#include <tfe/head_file.h>
+#include "head/header_yaml.h"
 #include "plan/plan.h"
 #include "plan/plan_yaml.h"
-#include "plan/presets.h"
+#include "head/presets.h"
 #include "plan_edits.h"
 #include "test_util.h"
 

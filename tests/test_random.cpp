@@ -7,13 +7,13 @@
 #include <random>
 #include <set>
 
-#include "plan/error.h"
-#include "plan/fp8.h"
-#include "plan/head_file.h"
-#include "plan/header_yaml.h"
-#include "plan/numeric.h"
-#include "plan/presets.h"
-#include "plan/random_head.h"
+#include "core/error.h"
+#include "head/fp8.h"
+#include <tfe/head_file.h>
+#include "head/header_yaml.h"
+#include "core/numeric.h"
+#include "head/presets.h"
+#include "head/random_head.h"
 
 using namespace tfe;
 namespace fs = std::filesystem;

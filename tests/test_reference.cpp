@@ -9,10 +9,10 @@
 #include <random>
 #include <set>
 
-#include "plan/error.h"
-#include "plan/head_file.h"
-#include "plan/presets.h"
-#include "runtime/reference.h"
+#include "core/error.h"
+#include <tfe/head_file.h>
+#include "head/presets.h"
+#include "reference/reference.h"
 #include "test_util.h"
 
 using namespace tfe;
@@ -215,14 +215,14 @@ TEST_CASE("reference ops: RoPE frequencies and angles") {
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
   auto h = preset_header("tiny");
-  const auto inv = ref::rope_inv_freq(h);
+  const auto inv = rope_inv_freq(h);
   REQUIRE(inv.size() == 8);
   for (size_t i = 0; i < inv.size(); ++i)
     CHECK(inv[i] == doctest::Approx(std::pow(10000.0, -2.0 * i / 16.0)).epsilon(1e-6));
 
   // llama3 scaling (HF `_compute_llama3_parameters`) in float64, on the Llama-3.1 parameters.
   h = preset_header("llama3-8b-eagle3");
-  const auto scaled = ref::rope_inv_freq(h);
+  const auto scaled = rope_inv_freq(h);
   REQUIRE(scaled.size() == 64);
   int low = 0, mid = 0, high = 0;
   for (size_t i = 0; i < scaled.size(); ++i) {
@@ -275,7 +275,7 @@ TEST_CASE("reference ops: grouped-query attention matches float64") {
   const auto v = random_bf16(static_cast<size_t>(keys * nkv * hd), rng);
   std::vector<bf16_bits> o(q.size());
   ref::attention(q, k, v, nh, nkv, hd, o);
-  CHECK(ref::attention_scale(128) == 1.0f / std::sqrt(128.0f));
+  CHECK(attention_scale(128) == 1.0f / std::sqrt(128.0f));
   // fp32's error in o: the scores' (each a sum of hd products) moves each softmax weight by up to twice
   // the largest score error, relative; the weighted sum of V adds its own; exp, the divide and the
   // roundings a few u more. All relative to sum_t p_t |v_t|.

@@ -1,5 +1,5 @@
 // Interop with Python: the `safetensors` package reads a head tfe wrote, and tfe reads a file the package
-// wrote; and the PyTorch port of a head (examples/torch_head.py) drafts what the CPU reference drafts.
+// wrote; and the PyTorch port of a head (bench/torch_head.py) drafts what the CPU reference drafts.
 // Without python3 or the package (or torch) the tests skip (test::skip: ctest reports them "Skipped") and
 // check nothing.
 #include <doctest/doctest.h>
@@ -11,9 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "plan/head_file.h"
-#include "plan/numeric.h"
-#include "plan/presets.h"
+#include <tfe/head_file.h>
+#include "core/numeric.h"
+#include "head/presets.h"
 #include "test_util.h"
 
 using namespace tfe;
@@ -107,7 +107,7 @@ TEST_CASE("SafetensorsFile reads a file the safetensors (Python) package wrote")
   CHECK(e->bytes == 0);
 }
 
-// examples/torch_head.py, the PyTorch port of a head that tfe-bench is compared with, run on the CPU against
+// bench/torch_head.py, the PyTorch port of a head that tfe-bench is compared with, run on the CPU against
 // the CPU reference (tests/python/check_torch_head.py says what it checks). Skips without torch.
 TEST_CASE("torch_head.py drafts what the CPU reference drafts, and judges planted disagreements by kind") {
   test::TempDir tmp;

@@ -3,8 +3,8 @@
 #include <random>
 #include <vector>
 
-#include "plan/error.h"
-#include "runtime/slots.h"
+#include "core/error.h"
+#include <tfe/slots.h>
 
 using namespace tfe;
 

@@ -18,10 +18,10 @@
 #include <utility>
 #include <vector>
 
-#include "plan/error.h"
-#include "plan/head_file.h"
-#include "plan/header.h"
-#include "plan/numeric.h"
+#include "core/error.h"
+#include <tfe/head_file.h>
+#include <tfe/header.h>
+#include "core/numeric.h"
 
 namespace tfe::test {
 

@@ -6,10 +6,10 @@
 #include <random>
 #include <set>
 
-#include "plan/error.h"
+#include "core/error.h"
 #include "plan/plan.h"
-#include "plan/presets.h"
-#include "plan/weight_layout.h"
+#include "head/presets.h"
+#include "kernels/weight_layout.h"
 #include "plan_edits.h"
 
 namespace tfe::test {

@@ -11,9 +11,9 @@
 #include <span>
 #include <vector>
 
-#include "plan/convert.h"
-#include "plan/error.h"
-#include "plan/head_file.h"
+#include "head/convert.h"
+#include "core/error.h"
+#include <tfe/head_file.h>
 #include "test_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <span>
 
-#include "plan/convert.h"
-#include "plan/error.h"
+#include "head/convert.h"
+#include "core/error.h"
 #include "plan/plan.h"
 #include "test_util.h"
 

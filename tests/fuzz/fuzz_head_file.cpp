@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <span>
 
-#include "plan/error.h"
-#include "plan/head_file.h"
+#include "core/error.h"
+#include <tfe/head_file.h>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "plan/error.h"
+#include "core/error.h"
 #include "plan/plan_yaml.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

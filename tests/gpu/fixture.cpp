@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "plan/presets.h"
-#include "plan/random_head.h"
+#include "head/presets.h"
+#include "head/random_head.h"
 #include "tests/gpu/gpu_test.h"
 
 namespace tfe::test {
@@ -35,7 +35,6 @@ OpenOptions test_open_options(const PlanOptions& plan, bool graphs) {
   OpenOptions o;
   o.plan = plan;
   o.graphs = graphs;
-  o.check_bindings = true;
   return o;
 }
 

@@ -8,12 +8,13 @@
 #include <string>
 #include <vector>
 
-#include "plan/error.h"
-#include "plan/head_file.h"
-#include "plan/numeric.h"
+#include "core/error.h"
+#include <tfe/head_file.h>
+#include "core/numeric.h"
 #include "plan/plan.h"
-#include "runtime/reference.h"
-#include "runtime/runtime.h"
+#include "reference/reference.h"
+#include <tfe/runtime.h>
+#include "runtime/testing.h"
 
 namespace tfe::test {
 

@@ -8,9 +8,9 @@
 
 #include "compiler/cache.h"
 #include "compiler/nvrtc.h"
-#include "plan/numeric.h"
-#include "runtime/cuda_check.h"
-#include "runtime/device_kernels.h"
+#include "core/numeric.h"
+#include "device/cuda_check.h"
+#include "device/kernels.h"
 
 namespace tfe::test {
 

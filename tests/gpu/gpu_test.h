@@ -9,8 +9,8 @@
 
 #include <doctest/doctest.h>
 
-#include "compiler/kernel_registry.h"
-#include "runtime/device_handles.h"
+#include "kernels/registry.h"
+#include "device/handles.h"
 
 namespace tfe::test {
 

@@ -64,10 +64,10 @@ Agreement compare_drafts(const HeadHeader& h, const DraftResult& gpu, const Draf
 }
 
 void check_state(Runtime& rt, const Reference& ref, std::span<const int> slots) {
-  const HeadHeader& h = rt.plan().header;
-  const auto slot_g = as_vector<bf16_bits>(rt.read_buffer("slot_g"));
-  const auto ring_k = as_vector<bf16_bits>(rt.read_buffer("ring_k"));
-  const auto ring_v = as_vector<bf16_bits>(rt.read_buffer("ring_v"));
+  const HeadHeader& h = tfe::testing::plan(rt).header;
+  const auto slot_g = as_vector<bf16_bits>(tfe::testing::read_buffer(rt, "slot_g"));
+  const auto ring_k = as_vector<bf16_bits>(tfe::testing::read_buffer(rt, "ring_k"));
+  const auto ring_v = as_vector<bf16_bits>(tfe::testing::read_buffer(rt, "ring_v"));
   const size_t H = static_cast<size_t>(h.hidden);
   const size_t ring = static_cast<size_t>(rt.ring_rows() * h.kv_heads * h.head_dim);
   for (int s : slots) {
@@ -101,7 +101,7 @@ void draft_vs_reference(const std::string& preset, Fp8Mode fp8) {
   const PlanOptions po = test_plan_options(fp8);
   Runtime rt = Runtime::open(head->file, test_open_options(po));
   Reference ref(head->file, reference_options(po));
-  CHECK(rt.plan().fp8 == (fp8 == Fp8Mode::require));
+  CHECK(tfe::testing::plan(rt).fp8 == (fp8 == Fp8Mode::require));
 
   std::mt19937_64 rng(99);
   std::vector<Rows> prefix;
@@ -124,7 +124,7 @@ void draft_vs_reference(const std::string& preset, Fp8Mode fp8) {
     const Agreement a = compare_drafts(h, gpu, want, tr);
     compared += a.compared;
     CHECK(a.mismatched == 0);
-    const auto h2 = as_vector<bf16_bits>(rt.read_buffer("h2"));
+    const auto h2 = as_vector<bf16_bits>(tfe::testing::read_buffer(rt, "h2"));
     for (int i = 0; i < n; ++i) {
       if (!a.whole[static_cast<size_t>(i)]) continue;
       const std::span<const bf16_bits> got(h2.data() + static_cast<size_t>(i * h.hidden), static_cast<size_t>(h.hidden));
@@ -224,13 +224,13 @@ TFE_GPU_TEST_CASE("draft: a slot attached mid-sequence attends only its own rows
   DraftTrace tr;
   const DraftResult want = ref.draft(slots, 2, &tr);
   CHECK(compare_drafts(h, gpu, want, tr).mismatched == 0);
-  const auto h2 = as_vector<bf16_bits>(rt.read_buffer("h2"));
+  const auto h2 = as_vector<bf16_bits>(tfe::testing::read_buffer(rt, "h2"));
   CHECK(normalized_error(std::span<const bf16_bits>(h2.data(), static_cast<size_t>(h.hidden)), want.h2(0, 2)) <
         kHiddenTolerance);
 }
 
 
-// OpenOptions::knock_out (tfe-bench --knock-out) leaves a node out of every draft pass, replayed or
+// testing::Hooks::knock_out (tfe-bench --knock-out) leaves a node out of every draft pass, replayed or
 // launched eagerly. With top1 out no step writes a token or a confidence, so the outputs keep the zeros
 // the arena starts with, while the nodes before it still run: step 1's h2 is the full pass's, bit for bit.
 TFE_GPU_TEST_CASE("draft: knock_out leaves top1 out of every pass, graph and eager alike") {
@@ -249,13 +249,13 @@ TFE_GPU_TEST_CASE("draft: knock_out leaves top1 out of every pass, graph and eag
     DraftResult drafts;
   };
   const auto run = [&](bool graphs, std::vector<std::string> knock_out) {
-    OpenOptions o = test_open_options(po, graphs);
-    o.knock_out = std::move(knock_out);
-    Runtime rt = Runtime::open(head->file, o);
+    testing::Hooks hooks;
+    hooks.knock_out = std::move(knock_out);
+    Runtime rt = testing::open(head->file, test_open_options(po, graphs), hooks);
     rt.extend(requests(prefix));
     Run r;
     rt.draft(slots, 1);
-    r.h2_after_one_step = rt.read_buffer("h2");
+    r.h2_after_one_step = tfe::testing::read_buffer(rt, "h2");
     r.drafts = rt.draft(slots, po.max_steps);
     return r;
   };
@@ -272,11 +272,13 @@ TFE_GPU_TEST_CASE("draft: knock_out leaves top1 out of every pass, graph and eag
   CHECK(eager.h2_after_one_step == graph.h2_after_one_step);
 
   // Refused at open: a node no pass runs without, and a name no draft node has.
-  OpenOptions bad = test_open_options(po);
+  testing::Hooks bad;
   bad.knock_out = {"store_outputs"};
-  CHECK_THROWS_WITH_AS(Runtime::open(head->file, bad), doctest::Contains("`store_outputs` cannot be left out"), Error);
+  CHECK_THROWS_WITH_AS(testing::open(head->file, test_open_options(po), bad),
+                       doctest::Contains("`store_outputs` cannot be left out"), Error);
   bad.knock_out = {"s1.top1"};
-  CHECK_THROWS_WITH_AS(Runtime::open(head->file, bad), doctest::Contains("no draft node is named `s1.top1`"), Error);
+  CHECK_THROWS_WITH_AS(testing::open(head->file, test_open_options(po), bad),
+                       doctest::Contains("no draft node is named `s1.top1`"), Error);
 }
 
 // OpenOptions::l2_resident_weight_bytes changes only where weight lines sit in L2: the drafts of every

@@ -12,12 +12,12 @@
 
 #include <fmt/format.h>
 
-#include "compiler/kernel_registry.h"
-#include "plan/numeric.h"
-#include "plan/weight_layout.h"
-#include "runtime/cuda_check.h"
-#include "runtime/device_handles.h"
-#include "runtime/device_kernels.h"
+#include "kernels/registry.h"
+#include "core/numeric.h"
+#include "kernels/weight_layout.h"
+#include "device/cuda_check.h"
+#include "device/handles.h"
+#include "device/kernels.h"
 #include "tests/gpu/gpu_test.h"
 
 namespace tfe::test {

@@ -3,8 +3,8 @@
 #include <cstring>
 
 #include "graphs/graph_cache.h"
-#include "plan/presets.h"
-#include "runtime/cuda_check.h"
+#include "head/presets.h"
+#include "device/cuda_check.h"
 #include "tests/gpu/fixture.h"
 #include "tests/gpu/gpu_test.h"
 
@@ -19,18 +19,18 @@ namespace {
 // other than 0 replaces the preset's, so that attention splits the keys over a cluster (32 keys a CTA
 // at least: the tiny presets' 16 keys take one CTA).
 void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
-                    OpenOptions::DependentLaunch dependent = OpenOptions::DependentLaunch::plan, int64_t window = 0) {
+                    testing::Hooks::DependentLaunch dependent = testing::Hooks::DependentLaunch::plan, int64_t window = 0) {
   HeadHeader header = preset_header(preset);
   if (window) header.window = window;
   auto head = random_head_image(header, 11, fp8 != Fp8Mode::off);
   const HeadHeader& h = head->file.header();
   const PlanOptions po = test_plan_options(fp8);
-  OpenOptions go = test_open_options(po, true);
-  go.dependent_launch = dependent;
-  Runtime graph = Runtime::open(head->file, go);
-  OpenOptions eo = test_open_options(po, false);
-  eo.dependent_launch = OpenOptions::DependentLaunch::off;
-  Runtime eager = Runtime::open(head->file, eo);
+  testing::Hooks gh;
+  gh.dependent_launch = dependent;
+  Runtime graph = testing::open(head->file, test_open_options(po, true), gh);
+  testing::Hooks eh;
+  eh.dependent_launch = testing::Hooks::DependentLaunch::off;
+  Runtime eager = testing::open(head->file, test_open_options(po, false), eh);
   REQUIRE(graph.graphs_enabled());
   REQUIRE_FALSE(eager.graphs_enabled());
 
@@ -51,7 +51,7 @@ void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
       CAPTURE(steps);
       for (Runtime* r : {&graph, &eager})
         for (const char* b : {"out_token", "out_conf", "host_token", "host_conf", "host_done", "h2", "n", "x", "h1"})
-          r->fill_buffer(b, 0xFF);
+          tfe::testing::fill_buffer(*r, b, 0xFF);
       const DraftResult a = graph.draft(slots, steps);
       const DraftResult b = eager.draft(slots, steps);
       CHECK(std::memcmp(a.tokens.data(), b.tokens.data(), a.tokens.size() * sizeof(int32_t)) == 0);
@@ -64,17 +64,17 @@ void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
       }
       for (const auto& name : compared) {
         CAPTURE(name);
-        CHECK(graph.read_buffer(name) == eager.read_buffer(name));
+        CHECK(tfe::testing::read_buffer(graph, name) == tfe::testing::read_buffer(eager, name));
       }
       // The host arena's outputs are the device outputs' copy, entry for entry (unwritten ones NaN in both).
-      CHECK(graph.read_buffer("host_token") == graph.read_buffer("out_token"));
-      CHECK(graph.read_buffer("host_conf") == graph.read_buffer("out_conf"));
+      CHECK(tfe::testing::read_buffer(graph, "host_token") == tfe::testing::read_buffer(graph, "out_token"));
+      CHECK(tfe::testing::read_buffer(graph, "host_conf") == tfe::testing::read_buffer(graph, "out_conf"));
       // The completion word the host polled: set by the pass (filled with -1 before, cleared by draft()).
       const int32_t one = 1;
       const std::vector<std::byte> done(reinterpret_cast<const std::byte*>(&one),
                                         reinterpret_cast<const std::byte*>(&one) + sizeof one);
-      CHECK(graph.read_buffer("host_done") == done);
-      CHECK(eager.read_buffer("host_done") == done);
+      CHECK(tfe::testing::read_buffer(graph, "host_done") == done);
+      CHECK(tfe::testing::read_buffer(eager, "host_done") == done);
     }
   }
   const RuntimeStats gs = graph.stats(), es = eager.stats();
@@ -96,14 +96,14 @@ TFE_GPU_TEST_CASE("graphs: replay equals eager bit for bit, tiny two_stage FP8")
   graph_vs_eager("tiny-two-stage", Fp8Mode::require);
 }
 TFE_GPU_TEST_CASE("graphs: replay with dependent launch on every node equals plain eager, tiny dense bf16") {
-  graph_vs_eager("tiny", Fp8Mode::off, OpenOptions::DependentLaunch::all);
+  graph_vs_eager("tiny", Fp8Mode::off, testing::Hooks::DependentLaunch::all);
 }
 TFE_GPU_TEST_CASE("graphs: replay with dependent launch on every node equals plain eager, tiny two_stage FP8") {
-  graph_vs_eager("tiny-two-stage", Fp8Mode::require, OpenOptions::DependentLaunch::all);
+  graph_vs_eager("tiny-two-stage", Fp8Mode::require, testing::Hooks::DependentLaunch::all);
 }
 // A window of 96 keys: attention's chunks over a cluster of 3 CTAs and their join, in every bucket.
 TFE_GPU_TEST_CASE("graphs: replay equals eager bit for bit, tiny dense bf16, attention over a cluster of 3") {
-  graph_vs_eager("tiny", Fp8Mode::off, OpenOptions::DependentLaunch::plan, 95);
+  graph_vs_eager("tiny", Fp8Mode::off, testing::Hooks::DependentLaunch::plan, 95);
 }
 
 TFE_GPU_TEST_CASE("graphs: lazy capture captures each key once, at its first replay") {

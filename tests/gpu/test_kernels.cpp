@@ -17,8 +17,8 @@
 #include <numeric>
 #include <thread>
 
-#include "plan/presets.h"
-#include "runtime/reference_ops.h"
+#include "head/presets.h"
+#include "reference/ops.h"
 #include "tests/gpu/fixture.h"
 #include "tests/gpu/gpu_test.h"
 
@@ -82,21 +82,21 @@ struct Step {
 };
 
 void check_step(Runtime& rt, const HeadFile& file, int rows) {
-  const Plan& plan = rt.plan();
+  const Plan& plan = tfe::testing::plan(rt);
   const HeadHeader& h = plan.header;
   const Step st{file, plan};
   const int64_t H = h.hidden, hd = h.head_dim, qw = h.heads * hd, kvw = h.kv_heads * hd, F = h.ffn, R = rt.ring_rows();
-  auto buf = [&](const char* n) { return as_vector<bf16_bits>(rt.read_buffer(n)); };
-  const auto slot = as_vector<int32_t>(rt.read_buffer("slot"));
-  const auto pos = as_vector<int32_t>(rt.read_buffer("pos"));
-  const auto first_pos = as_vector<int32_t>(rt.read_buffer("first_pos"));
-  const auto tok = as_vector<int32_t>(rt.read_buffer("tok"));
+  auto buf = [&](const char* n) { return as_vector<bf16_bits>(tfe::testing::read_buffer(rt, n)); };
+  const auto slot = as_vector<int32_t>(tfe::testing::read_buffer(rt, "slot"));
+  const auto pos = as_vector<int32_t>(tfe::testing::read_buffer(rt, "pos"));
+  const auto first_pos = as_vector<int32_t>(tfe::testing::read_buffer(rt, "first_pos"));
+  const auto tok = as_vector<int32_t>(tfe::testing::read_buffer(rt, "tok"));
   const bool rope_in_wqkv = plan.arena.find("qkv") == nullptr;
   const auto g = buf("g"), x = buf("x"), q = buf("q"), o = buf("o"), h1 = buf("h1");
   const auto qkv = rope_in_wqkv ? std::vector<bf16_bits>{} : buf("qkv");
   const auto post = buf("post"), m = buf("m"), h2 = buf("h2"), n = buf("n");
   const auto ring_k = buf("ring_k"), ring_v = buf("ring_v"), slot_g = buf("slot_g");
-  const auto inv_freq = ref::rope_inv_freq(h);
+  const auto inv_freq = rope_inv_freq(h);
   const auto embed = file.tensor("embed").as<bf16_bits>();
 
   for (int64_t r = 0; r < rows; ++r) {
@@ -172,8 +172,8 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
     ref::rmsnorm(first_rows(h2, H), st.norm("final_norm"), h.rms_eps, want);
     check_bf16("final_norm", std::span<const bf16_bits>(n).first(want.size()), want);
   }
-  const auto out_token = as_vector<int32_t>(rt.read_buffer("out_token"));
-  const auto out_conf = as_vector<float>(rt.read_buffer("out_conf"));
+  const auto out_token = as_vector<int32_t>(tfe::testing::read_buffer(rt, "out_token"));
+  const auto out_conf = as_vector<float>(tfe::testing::read_buffer(rt, "out_conf"));
   const auto d2t = file.tensor("d2t").as<int32_t>();
   const int64_t Vd = h.draft_vocab, ms = plan.options.max_steps;
   const auto nr = first_rows(n, H);
@@ -185,13 +185,13 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
     const KernelSpec& lm = node_spec(plan, rows, "s1.lm_head");
     REQUIRE(lm.constant("EPILOGUE") == kc::kEpilogueTop1);
     REQUIRE(node_spec(plan, rows, "s1.top1").constant("COLS") == lm.constant("COLS"));
-    const auto parts = as_vector<Top1Record>(rt.read_buffer("top1_part"));
+    const auto parts = as_vector<Top1Record>(tfe::testing::read_buffer(rt, "top1_part"));
     check_top1(want, rows, Vd, lm.constant("COLS"), parts, d2t, out_token, out_conf, ms);
   } else {
     const auto u = buf("u");
-    const auto scores = as_vector<float>(rt.read_buffer("scores"));
-    const auto cand = as_vector<int32_t>(rt.read_buffer("cand"));
-    const auto exact = as_vector<float>(rt.read_buffer("exact"));
+    const auto scores = as_vector<float>(tfe::testing::read_buffer(rt, "scores"));
+    const auto cand = as_vector<int32_t>(tfe::testing::read_buffer(rt, "cand"));
+    const auto exact = as_vector<float>(tfe::testing::read_buffer(rt, "exact"));
     const auto ur = st.lin("lr_a", nr, rows);
     check_bf16("lr_a", std::span<const bf16_bits>(u).first(ur.size()), ur);
     std::vector<float> sw(static_cast<size_t>(rows * Vd));
@@ -290,9 +290,9 @@ void rope_paths_agree(const std::string& preset, bool fp8, std::vector<int> buck
     po.rope_in_wqkv = in_wqkv;
     rts.push_back(std::make_unique<Runtime>(Runtime::open(head->file, test_open_options(po))));
   }
-  const Plan& fused = rts[0]->plan();
+  const Plan& fused = tfe::testing::plan(*rts[0]);
   REQUIRE(fused.arena.find("qkv") == nullptr);        // gemv_rope_kv
-  REQUIRE(rts[1]->plan().arena.find("qkv") != nullptr);  // wqkv gemv + qk_rope_kv
+  REQUIRE(tfe::testing::plan(*rts[1]).arena.find("qkv") != nullptr);  // wqkv gemv + qk_rope_kv
   std::mt19937_64 rng(23);
   std::vector<Rows> rows;
   for (int s = 0; s < buckets.back(); ++s) rows.push_back(random_rows(rng, h, s, 0, 1 + (s * 5) % 13));
@@ -303,13 +303,13 @@ void rope_paths_agree(const std::string& preset, bool fp8, std::vector<int> buck
     std::iota(slots.begin(), slots.end(), 0);
     std::vector<std::vector<std::byte>> q, ring_k, ring_v, tokens, conf;
     for (auto& rt : rts) {
-      for (const char* name : {"q", "out_token", "out_conf"}) rt->fill_buffer(name, 0xFF);
+      for (const char* name : {"q", "out_token", "out_conf"}) tfe::testing::fill_buffer(*rt, name, 0xFF);
       (void)rt->draft(slots, 3);
-      q.push_back(rt->read_buffer("q"));
-      ring_k.push_back(rt->read_buffer("ring_k"));
-      ring_v.push_back(rt->read_buffer("ring_v"));
-      tokens.push_back(rt->read_buffer("out_token"));
-      conf.push_back(rt->read_buffer("out_conf"));
+      q.push_back(tfe::testing::read_buffer(*rt, "q"));
+      ring_k.push_back(tfe::testing::read_buffer(*rt, "ring_k"));
+      ring_v.push_back(tfe::testing::read_buffer(*rt, "ring_v"));
+      tokens.push_back(tfe::testing::read_buffer(*rt, "out_token"));
+      conf.push_back(tfe::testing::read_buffer(*rt, "out_conf"));
     }
     CHECK(q[0] == q[1]);
     CHECK(ring_k[0] == ring_k[1]);
@@ -355,8 +355,8 @@ TFE_GPU_TEST_CASE(
       if (n.name.ends_with("lr_a")) return plan.spec(n.spec).kernel;
     return std::string("none");
   };
-  REQUIRE(lr_a_kernel(rts[0]->plan()) == "gemv_cluster");
-  REQUIRE(lr_a_kernel(rts[2]->plan()) == "gemv");
+  REQUIRE(lr_a_kernel(tfe::testing::plan(*rts[0])) == "gemv_cluster");
+  REQUIRE(lr_a_kernel(tfe::testing::plan(*rts[2])) == "gemv");
   std::mt19937_64 rng(29);
   std::vector<Rows> rows;
   for (int s = 0; s < 16; ++s) rows.push_back(random_rows(rng, h, s, 0, 1 + (s * 5) % 13));
@@ -367,11 +367,11 @@ TFE_GPU_TEST_CASE(
     std::iota(slots.begin(), slots.end(), 0);
     std::vector<std::vector<std::byte>> u, tokens, conf;
     for (auto& rt : rts) {
-      for (const char* name : {"u", "scores", "out_token", "out_conf"}) rt->fill_buffer(name, 0xFF);
+      for (const char* name : {"u", "scores", "out_token", "out_conf"}) tfe::testing::fill_buffer(*rt, name, 0xFF);
       (void)rt->draft(slots, 2);
-      u.push_back(rt->read_buffer("u"));
-      tokens.push_back(rt->read_buffer("out_token"));
-      conf.push_back(rt->read_buffer("out_conf"));
+      u.push_back(tfe::testing::read_buffer(*rt, "u"));
+      tokens.push_back(tfe::testing::read_buffer(*rt, "out_token"));
+      conf.push_back(tfe::testing::read_buffer(*rt, "out_conf"));
     }
     CHECK(u[0] == u[1]);
     CHECK(tokens[0] == tokens[1]);

@@ -113,7 +113,7 @@ TFE_GPU_TEST_CASE("refusals: an artifact compiled for another head is refused, o
   CHECK_THROWS_WITH_AS(Runtime::open(mine->file, o), doctest::Contains("compiled for the head"), Error);
   // The artifact's own head opens from it.
   Runtime from_artifact = Runtime::open(other->file, o);
-  CHECK(from_artifact.plan().head_sha256 == other->file.header_sha256());
+  CHECK(tfe::testing::plan(from_artifact).head_sha256 == other->file.header_sha256());
   // Asked plan options other than the artifact's: refused, naming each option with both values.
   OpenOptions differing = o;
   differing.plan->dependent_safe_nodes = false;
@@ -122,7 +122,7 @@ TFE_GPU_TEST_CASE("refusals: an artifact compiled for another head is refused, o
                        doctest::Contains("max_steps 8 against 4; dependent_safe_nodes true against false"), Error);
   o.recompile_mismatched_artifact = true;
   Runtime recompiled = Runtime::open(mine->file, o);
-  CHECK(recompiled.plan().head_sha256 == mine->file.header_sha256());
+  CHECK(tfe::testing::plan(recompiled).head_sha256 == mine->file.header_sha256());
   std::filesystem::remove_all(dir);
 }
 

@@ -13,12 +13,12 @@
 #include <cstring>
 #include <thread>
 
-#include "compiler/kernel_registry.h"
-#include "plan/fp8.h"
-#include "runtime/cuda_check.h"
-#include "runtime/device_handles.h"
-#include "runtime/device_kernels.h"
-#include "runtime/reference_ops.h"
+#include "kernels/registry.h"
+#include "head/fp8.h"
+#include "device/cuda_check.h"
+#include "device/handles.h"
+#include "device/kernels.h"
+#include "reference/ops.h"
 #include "tests/gpu/gpu_test.h"
 
 namespace tfe::test {

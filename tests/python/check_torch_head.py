@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""examples/torch_head.py, the PyTorch port of a head, checked on the CPU against tfe's CPU reference.
+"""bench/torch_head.py, the PyTorch port of a head, checked on the CPU against tfe's CPU reference.
 
   check_torch_head.py TFE_PLAN WORK_DIR
 

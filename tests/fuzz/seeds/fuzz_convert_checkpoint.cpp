@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "plan/head_file.h"
-#include "plan/numeric.h"
+#include <tfe/head_file.h>
+#include "core/numeric.h"
 #include "eagle3_checkpoint.h"
 #include "seed_corpus.h"
 

@@ -2,7 +2,7 @@
 // head whose file is mostly header, where the rules are) and truncations of one of them.
 #include <string>
 
-#include "plan/presets.h"
+#include "head/presets.h"
 #include "test_util.h"
 #include "seed_corpus.h"
 

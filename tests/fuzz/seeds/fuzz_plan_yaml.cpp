@@ -6,7 +6,7 @@
 
 #include "plan/plan.h"
 #include "plan/plan_yaml.h"
-#include "plan/presets.h"
+#include "head/presets.h"
 #include "seed_corpus.h"
 
 int main(int argc, char** argv) {

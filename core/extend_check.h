@@ -1,0 +1,17 @@
+// The host-side check of a whole extend call, shared by the CPU reference and the GPU runtime so that both
+// refuse the same calls with the same messages.
+#pragma once
+#include <cstdint>
+#include <span>
+
+#include <tfe/draft.h>
+#include <tfe/slots.h>
+
+namespace tfe {
+
+// Checks a whole extend call before anything changes: one request per slot, then each request against the
+// slot table (SlotTable::check_extend) and its taps against `row_width` = T * Ht values a row. Shared by
+// the CPU reference and the GPU runtime so that both refuse the same calls with the same messages.
+void check_extend_requests(const SlotTable& slots, std::span<const ExtendRequest> requests, int64_t row_width);
+
+}  // namespace tfe

@@ -1,0 +1,89 @@
+// Host-side number formats: bf16 and FP8 e4m3 conversions, bit-exact with the CUDA intrinsics
+// (__float2bfloat16_rn, __nv_cvt_float_to_fp8 with __NV_SATFINITE / E4M3). Shared by the CPU reference,
+// the random-head generator, FP8 quantization and the tests.
+#pragma once
+#include <bit>
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include <tfe/dtype.h>
+
+namespace tfe {
+
+inline float bf16_to_float(bf16_bits b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+
+// Round to nearest even; NaN stays NaN (quiet).
+inline bf16_bits float_to_bf16(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16_bits>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<bf16_bits>(u >> 16);
+}
+
+inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+// e4m3 (fn): 1 sign, 4 exponent (bias 7), 3 mantissa; no inf; 0x7f / 0xff are NaN; max 448.
+inline float fp8_e4m3_to_float(uint8_t v) {
+  const uint32_t sign = v >> 7, exp = (v >> 3) & 0xf, man = v & 0x7;
+  float mag;
+  if (exp == 0xf && man == 0x7) {
+    mag = std::nanf("");
+  } else if (exp == 0) {
+    mag = std::ldexp(static_cast<float>(man), -9);  // subnormal: man/8 * 2^-6
+  } else {
+    mag = std::ldexp(1.0f + static_cast<float>(man) / 8.0f, static_cast<int>(exp) - 7);
+  }
+  return sign ? -mag : mag;
+}
+
+// Round to nearest even, saturating to +-448 (NaN -> 0x7f).
+inline uint8_t float_to_fp8_e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7e;  // saturate (448 = 0x7e)
+  // Smallest subnormal step is 2^-9; values are multiples of 2^(e-3) within each binade.
+  int e;
+  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  int exp_unbiased = e - 1;  // a in [2^exp_unbiased, 2^(exp_unbiased+1))
+  if (exp_unbiased < -6) exp_unbiased = -6;  // subnormal range shares the step of binade -6
+  const float step = std::ldexp(1.0f, exp_unbiased - 3);
+  float q = std::nearbyint(a / step);  // default rounding mode: nearest even
+  float r = q * step;
+  if (r >= 448.0f) return sign | 0x7e;
+  // Encode r.
+  if (r == 0.0f) return sign;
+  int re;
+  std::frexp(r, &re);
+  int ex = re - 1;
+  if (ex < -6) {  // subnormal
+    return sign | static_cast<uint8_t>(std::lround(r / std::ldexp(1.0f, -9)));
+  }
+  const int man = static_cast<int>(std::lround((r / std::ldexp(1.0f, ex) - 1.0f) * 8.0f));
+  return sign | static_cast<uint8_t>(((ex + 7) << 3) | man);
+}
+
+// The index of the first e4m3 NaN code (0x7f or 0xff) in `bytes`, or -1 when every byte is a finite value.
+// FP8 weights must be finite: quantize_fp8 never writes a NaN code, and the FP8 GEMV widens e4m3 by bit
+// placement, which reads a NaN code as a finite weight (kernels/gemv.cuh, fp8x4_widen). The readers that
+// touch every byte (HeadFile's --verify, the runtime's upload) refuse a tensor that holds one.
+inline int64_t find_e4m3_nan(std::span<const std::byte> bytes) {
+  // Blocks of 4 KiB reduced without a branch (the loop vectorizes), then the one block that holds a NaN
+  // code searched byte by byte: a head's FP8 weights are scanned at memory speed.
+  constexpr size_t kBlock = 4096;
+  const auto is_nan = [](std::byte b) { return (std::to_integer<unsigned>(b) & 0x7fu) == 0x7fu; };
+  for (size_t begin = 0; begin < bytes.size(); begin += kBlock) {
+    const size_t end = std::min(bytes.size(), begin + kBlock);
+    unsigned any = 0;
+    for (size_t i = begin; i < end; ++i) any |= is_nan(bytes[i]) ? 1u : 0u;
+    if (any != 0)
+      for (size_t i = begin; i < end; ++i)
+        if (is_nan(bytes[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+}  // namespace tfe

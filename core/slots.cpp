@@ -1,0 +1,114 @@
+// SlotTable (<tfe/slots.h>) and the extend call's check: the host-side state model that the CPU
+// reference and the GPU runtime share.
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/extend_check.h"
+#include <tfe/slots.h>
+
+namespace tfe {
+
+void check_extend_requests(const SlotTable& slots, std::span<const ExtendRequest> requests, int64_t row_width) {
+  for (size_t i = 0; i < requests.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (requests[j].slot == requests[i].slot)
+        fail("extend: slot {} appears in requests[{}] and requests[{}] (one request per slot and call)",
+             requests[i].slot, j, i);
+  for (const auto& r : requests) {
+    slots.check_extend(r.slot, r.first_pos, r.n_rows, r.tokens);
+    if (static_cast<int64_t>(r.taps.size()) != r.n_rows * row_width)
+      fail("extend of slot {}: {} tap values for {} rows of {} values (= {})", r.slot, r.taps.size(), r.n_rows,
+           row_width, r.n_rows * row_width);
+  }
+}
+
+
+SlotTable::SlotTable(const SlotLimits& limits) : limits_(limits) {
+  if (limits.max_slots < 1) fail("slot table: max_slots = {} must be >= 1", limits.max_slots);
+  if (limits.max_steps < 1) fail("slot table: max_steps = {} must be >= 1", limits.max_steps);
+  if (limits.window < 1) fail("slot table: window = {} must be >= 1", limits.window);
+  if (limits.ring_rows < ring_rows(limits.window, limits.max_steps))
+    fail("slot table: ring_rows = {} is below window + 1 + max_steps = {}", limits.ring_rows,
+         ring_rows(limits.window, limits.max_steps));
+  if (limits.vocab < 1) fail("slot table: vocab = {} must be >= 1", limits.vocab);
+  if (limits.max_streams < 1) fail("slot table: max_streams = {} must be >= 1", limits.max_streams);
+  slots_.resize(static_cast<size_t>(limits.max_slots));
+}
+
+void SlotTable::check_slot(int slot) const {
+  if (slot < 0 || slot >= limits_.max_slots)
+    fail("slot {} is outside 0..{} (max_slots = {})", slot, limits_.max_slots - 1, limits_.max_slots);
+}
+
+const SlotTable::State& SlotTable::filled(int slot) const {
+  check_slot(slot);
+  const auto& s = slots_[static_cast<size_t>(slot)];
+  if (!s) fail("slot {} is empty (no extend since it was created or reset)", slot);
+  return *s;
+}
+
+void SlotTable::check_extend(int slot, int64_t first_pos, int64_t n_rows, std::span<const int32_t> tokens) const {
+  check_slot(slot);
+  if (n_rows < 1) fail("extend of slot {}: a span of {} rows (at least 1 is needed)", slot, n_rows);
+  if (n_rows > limits_.ring_rows)
+    fail("extend of slot {}: span of {} rows exceeds the ring of {} rows (extend in chunks)", slot, n_rows,
+         limits_.ring_rows);
+  if (static_cast<int64_t>(tokens.size()) != n_rows)
+    fail("extend of slot {}: {} tokens for {} rows (one token per row)", slot, tokens.size(), n_rows);
+  if (first_pos < 0) fail("extend of slot {}: first position {} is negative", slot, first_pos);
+  const int64_t last = first_pos + n_rows - 1;
+  if (last > max_position(limits_.max_steps))
+    fail("extend of slot {}: last position {} exceeds {} (int32 positions with {} draft steps after it)", slot,
+         last, max_position(limits_.max_steps), limits_.max_steps);
+  const auto& s = slots_[static_cast<size_t>(slot)];
+  if (s && first_pos != int64_t{s->last_pos} + 1)
+    fail("extend of slot {}: first position {} does not continue the slot (expected {}; {}reset the slot to "
+         "start over)",
+         slot, first_pos, int64_t{s->last_pos} + 1, first_pos <= s->last_pos ? "a step back; " : "a gap; ");
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= limits_.vocab)
+      fail("extend of slot {}: tokens[{}] = {} is outside [0, {})", slot, i, tokens[i], limits_.vocab);
+}
+
+void SlotTable::commit_extend(int slot, int64_t first_pos, int64_t n_rows, std::span<const int32_t> tokens) {
+  check_extend(slot, first_pos, n_rows, tokens);
+  auto& s = slots_[static_cast<size_t>(slot)];
+  if (!s) s = State{static_cast<int32_t>(first_pos), 0, 0};
+  s->last_pos = static_cast<int32_t>(first_pos + n_rows - 1);
+  s->last_token = tokens.back();
+}
+
+void SlotTable::reset(int slot) {
+  check_slot(slot);
+  slots_[static_cast<size_t>(slot)].reset();
+}
+
+void SlotTable::check_draft(std::span<const int> slots, int steps) const {
+  if (slots.empty()) fail("draft: no slots given (at least 1 is needed)");
+  if (static_cast<int64_t>(slots.size()) > limits_.max_streams)
+    fail("draft: {} slots exceed the largest streams bucket of {}", slots.size(), limits_.max_streams);
+  if (steps < 1 || steps > limits_.max_steps)
+    fail("draft: steps = {} is outside 1..{} (max_steps)", steps, limits_.max_steps);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    check_slot(slots[i]);
+    for (size_t j = 0; j < i; ++j)
+      if (slots[j] == slots[i]) fail("draft: slot {} appears twice (slots[{}] and slots[{}])", slots[i], j, i);
+    if (!slots_[static_cast<size_t>(slots[i])])
+      fail("draft: slot {} is empty (extend it before drafting)", slots[i]);
+  }
+}
+
+bool SlotTable::empty(int slot) const {
+  check_slot(slot);
+  return !slots_[static_cast<size_t>(slot)].has_value();
+}
+
+int32_t SlotTable::first_pos(int slot) const { return filled(slot).first_pos; }
+int32_t SlotTable::last_pos(int slot) const { return filled(slot).last_pos; }
+int32_t SlotTable::last_token(int slot) const { return filled(slot).last_token; }
+
+int32_t SlotTable::key_begin(int slot, int32_t pos) const {
+  return std::max(filled(slot).first_pos, pos - limits_.window);
+}
+
+}  // namespace tfe

@@ -1,0 +1,140 @@
+#include "core/yaml_read.h"
+
+#include <charconv>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace tfe::yaml {
+
+namespace {
+
+int line_of(const YAML::Node& n) {
+  const auto m = n.Mark();
+  return m.is_null() ? 0 : m.line + 1;
+}
+
+std::string kind_of(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Null: return "null";
+    case YAML::NodeType::Scalar: return fmt::format("scalar `{}`", n.Scalar());
+    case YAML::NodeType::Sequence: return "a sequence";
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Undefined: return "undefined";
+  }
+  return "?";
+}
+
+void spend(Context* ctx, const Field& at, int64_t nodes) {
+  ctx->budget -= nodes;
+  if (ctx->budget < 0) at.fail("the document visits more nodes than any plan holds (aliases expanding?)");
+}
+
+}  // namespace
+
+void Field::fail(std::string_view message) const {
+  const int line = line_of(node);
+  if (line > 0) tfe::fail("{}: {}: {} (line {})", ctx->doc, path.empty() ? "<root>" : path, message, line);
+  tfe::fail("{}: {}: {}", ctx->doc, path.empty() ? "<root>" : path, message);
+}
+
+int64_t Field::i64() const {
+  if (!node.IsScalar()) fail(fmt::format("expected an integer, found {}", kind_of(node)));
+  const std::string& s = node.Scalar();
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec == std::errc::result_out_of_range) fail(fmt::format("integer `{}` is outside the int64 range", s));
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty())
+    fail(fmt::format("expected an integer, found `{}`", s));
+  return v;
+}
+
+int64_t Field::i64(int64_t lo, int64_t hi) const {
+  const int64_t v = i64();
+  if (v < lo || v > hi) fail(fmt::format("{} is outside {}..{}", v, lo, hi));
+  return v;
+}
+
+int Field::i32(int lo, int hi) const { return static_cast<int>(i64(lo, hi)); }
+
+float Field::f32() const {
+  if (!node.IsScalar()) fail(fmt::format("expected a number, found {}", kind_of(node)));
+  const std::string& s = node.Scalar();
+  float v = 0.0f;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty())
+    fail(fmt::format("expected a finite float, found `{}`", s));
+  if (!std::isfinite(v)) fail(fmt::format("expected a finite float, found `{}`", s));
+  return v;
+}
+
+bool Field::boolean() const {
+  if (node.IsScalar() && node.Scalar() == "true") return true;
+  if (node.IsScalar() && node.Scalar() == "false") return false;
+  fail(fmt::format("expected `true` or `false`, found {}", kind_of(node)));
+}
+
+std::string Field::str() const {
+  if (!node.IsScalar()) fail(fmt::format("expected a string, found {}", kind_of(node)));
+  return node.Scalar();
+}
+
+Map Field::map() const { return Map(*this); }
+
+std::vector<Field> Field::seq(size_t max_items) const {
+  if (!node.IsSequence()) fail(fmt::format("expected a sequence, found {}", kind_of(node)));
+  if (node.size() > max_items) fail(fmt::format("has {} items; at most {} are allowed", node.size(), max_items));
+  spend(ctx, *this, static_cast<int64_t>(node.size()) + 1);
+  std::vector<Field> out;
+  out.reserve(node.size());
+  for (size_t i = 0; i < node.size(); ++i) out.push_back(Field{ctx, node[i], fmt::format("{}[{}]", path, i)});
+  return out;
+}
+
+Map::Map(const Field& f) : self_(f) {
+  if (!f.node.IsMap()) f.fail(fmt::format("expected a mapping, found {}", kind_of(f.node)));
+  spend(f.ctx, f, static_cast<int64_t>(f.node.size()) + 1);
+  for (const auto& kv : f.node) {
+    const Field key{f.ctx, kv.first, f.path};
+    if (!kv.first.IsScalar()) key.fail(fmt::format("a key is {}, not a name", kind_of(kv.first)));
+    const std::string& k = kv.first.Scalar();
+    for (const auto& e : entries_)
+      if (e.key == k) key.fail(fmt::format("key `{}` appears twice", k));
+    entries_.push_back(Entry{k, kv.second, false});
+  }
+}
+
+bool Map::has(std::string_view key) const {
+  for (const auto& e : entries_)
+    if (e.key == key) return true;
+  return false;
+}
+
+Field Map::at(std::string_view key) {
+  for (auto& e : entries_) {
+    if (e.key != key) continue;
+    e.read = true;
+    return Field{self_.ctx, e.value, self_.path.empty() ? std::string(key) : fmt::format("{}.{}", self_.path, key)};
+  }
+  self_.fail(fmt::format("missing key `{}`", key));
+}
+
+void Map::done() const {
+  for (const auto& e : entries_)
+    if (!e.read) {
+      const Field f{self_.ctx, e.value, self_.path};
+      f.fail(fmt::format("unknown key `{}`", e.key));
+    }
+}
+
+Field parse(Context& ctx, std::string_view text) {
+  try {
+    return Field{&ctx, YAML::Load(std::string(text)), ""};
+  } catch (const YAML::Exception& e) {
+    tfe::fail("{}: not valid YAML: {} (line {}, column {})", ctx.doc, e.msg, e.mark.line + 1, e.mark.column + 1);
+  }
+}
+
+std::string float_text(float f) { return fmt::format("{}", f); }
+
+}  // namespace tfe::yaml

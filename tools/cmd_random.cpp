@@ -1,0 +1,70 @@
+// tfe-plan random: a head of random weights for a preset or a YAML header, for tests and benchmarks.
+#include <fmt/format.h>
+
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "tools/commands.h"
+#include "core/error.h"
+#include "head/header_yaml.h"
+#include "head/presets.h"
+#include "head/random_head.h"
+
+namespace tfe::cli {
+
+namespace {
+
+struct RandomArgs {
+  std::string preset;
+  std::string config;
+  uint64_t seed = 0;
+  bool fp8 = false;
+  std::string out;
+};
+
+HeadHeader read_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("random: cannot read --config {}", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return header_from_yaml_text(text.str());
+  } catch (const Error& e) {
+    fail("random: --config {}: {}", path, e.what());
+  }
+}
+
+void run(const RandomArgs& a) {
+  const HeadHeader h = a.config.empty() ? preset_header(a.preset) : read_config(a.config);
+  const auto writer = random_head(h, a.seed, a.fp8);
+  writer.write(a.out);
+  const auto& w = writer.header();
+  fmt::print("wrote {}: {} ({} head, hidden {}, vocab {} / draft {}), seed {}, {} FP8 forms\n", a.out, w.name,
+             head_type_name(w.head_type), w.hidden, w.vocab, w.draft_vocab, a.seed, w.fp8.size());
+}
+
+}  // namespace
+
+void add_random(CLI::App& app) {
+  auto args = std::make_shared<RandomArgs>();
+  auto* cmd = app.add_subcommand("random", "write a head of random weights (deterministic by seed)");
+  auto* preset = cmd->add_option(
+      "--preset", args->preset, "built-in header: " + [] {
+        std::string s;
+        for (const auto& n : preset_names()) s += (s.empty() ? "" : ", ") + n;
+        return s;
+      }());
+  auto* config = cmd->add_option("--config", args->config, "header as YAML (the header section of a dumped plan)")
+                     ->check(CLI::ExistingFile);
+  preset->excludes(config);
+  cmd->add_option("--seed", args->seed, "generator seed")->capture_default_str();
+  cmd->add_flag("--fp8", args->fp8, "add the FP8 e4m3 form of every linear in use");
+  cmd->add_option("-o,--output", args->out, "the .tfe file to write")->required();
+  cmd->callback([args, preset, config] {
+    if (preset->count() + config->count() != 1) fail("random: give exactly one of --preset and --config");
+    run(*args);
+  });
+}
+
+}  // namespace tfe::cli
