@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The tfe draft head in plain PyTorch, as a user would write it from /work/shared/head-spec.md.
+"""The tfe draft head in plain PyTorch, as a user would write it from docs/head.md.
 
   torch_head.py --head HEAD.tfe [--drafts DRAFTS.safetensors] [--streams 1,2,4,8,16] [--steps 1,8]
                 [--iters 50] [--device cuda|cpu] [--no-graph] [--json OUT.json]

@@ -42,7 +42,7 @@ struct CompileOptions {
   bool line_info = true;  // -lineinfo: source lines in profilers, no effect on code
 };
 
-// The exact NVRTC options for `options`. No fast math: the numerics follow head-spec.md.
+// The exact NVRTC options for `options`. No fast math: the numerics follow docs/head.md.
 std::vector<std::string> nvrtc_options(const CompileOptions& options);
 
 struct NvrtcVersion {

@@ -1,4 +1,4 @@
-// FP8 e4m3 forms of a head's linears (head-spec.md, "FP8"), and the one place where a head's tensors
+// FP8 e4m3 forms of a head's linears (docs/head.md, "FP8"), and the one place where a head's tensors
 // are assembled into a HeadWriter: `random` and `convert` both hand their bf16 tensors here, and the FP8
 // form of every linear the header lists is derived from those bf16 bytes, never from a wider source, so
 // that a converted and a random head quantize by the same rule.

@@ -301,7 +301,7 @@ void write_safetensors(const std::string& path, const std::map<std::string, std:
 
 namespace {
 
-// d2t maps a draft id to a target id as `id + d2t[id]` (head-spec.md); both writer and reader hold every
+// d2t maps a draft id to a target id as `id + d2t[id]` (docs/head.md); both writer and reader hold every
 // target inside the vocabulary, since the runtime indexes embed and target_head with it unchecked.
 void check_d2t(std::span<const std::byte> bytes, int64_t vocab, const std::string& where) {
   const size_t n = bytes.size() / sizeof(int32_t);

@@ -1,4 +1,4 @@
-// The head's operations on the CPU, exactly as head-spec.md "Numerics" states them: bf16 storage between
+// The head's operations on the CPU, exactly as docs/head.md "Numerics" states them: bf16 storage between
 // operations, fp32 for every sum, norm statistic, softmax and logit. The GPU kernels are tested against
 // these functions and may differ only in the order of their sums.
 //
@@ -40,7 +40,7 @@ void rmsnorm(std::span<const bf16_bits> x, std::span<const bf16_bits> w, float e
 
 // A linear's weights [out, in] in one of the file's two forms: bf16, or FP8 e4m3 with a per-row fp32
 // scale. acc_j(x) = sum_k fp32(w_jk) * x_k, or scale_j * sum_k fp32(q_jk) * x_k (the scale applied to
-// the finished sum, head-spec.md "FP8").
+// the finished sum, docs/head.md "FP8").
 struct Linear {
   std::string name;
   int64_t out = 0, in = 0;

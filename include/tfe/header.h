@@ -1,4 +1,4 @@
-// The head header: every shape and switch of a draft head (head-spec.md, "Shapes"), and the tensor
+// The head header: every shape and switch of a draft head (docs/head.md, "Shapes"), and the tensor
 // table those shapes imply. One struct is read from a .tfe file, made by presets and by `convert`,
 // validated once, and handed to the planner and the CPU reference.
 #pragma once
@@ -14,7 +14,7 @@ namespace tfe {
 // Version of the .tfe metadata layout. A reader refuses other versions.
 inline constexpr int kHeadFormatVersion = 1;
 
-// Limits of the format (head-spec.md and the kernels' launch shapes).
+// Limits of the format (docs/head.md and the kernels' launch shapes).
 inline constexpr int kMaxWindow = 511;
 inline constexpr int kMaxCandK = 512;
 inline constexpr int kMaxTaps = 16;
@@ -74,7 +74,7 @@ struct TensorSpec {
 };
 
 // The linears of a head, in file order. A linear `w` of shape [N, K] may carry an FP8 form:
-// `w.fp8` F8_E4M3 [N, K] and `w.scale` F32 [N] (head-spec.md, "FP8").
+// `w.fp8` F8_E4M3 [N, K] and `w.scale` F32 [N] (docs/head.md, "FP8").
 inline constexpr std::string_view kLinears[] = {"fc",     "wq",   "wk",      "wv",   "wo",   "w_gate",
                                                 "w_up",   "w_down", "lm_head", "lr_a", "lr_b", "target_head"};
 bool is_linear(std::string_view name);

@@ -1,6 +1,6 @@
 // draft and extend against the CPU reference, one call and 50 engine rounds.
 //
-// Tolerances. The kernels may sum in another order than the reference (head-spec.md, "Numerics"), so
+// Tolerances. The kernels may sum in another order than the reference (docs/head.md, "Numerics"), so
 // a bf16 value may differ by an ulp and the difference travels through the layer:
 //  - drafts: equal wherever the reference's top two logits (dense) or exact candidate logits
 //    (two_stage) are more than kMargin apart; after the first step that is closer, the rest of that
