@@ -1,11 +1,88 @@
 #!/usr/bin/env bash
-# Set-up (when needed), build, and every test that runs on this machine (CPU tests, fuzzers for a
-# bounded time, and GPU tests when a GPU is present).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-scripts/setup.sh build
-cmake --build build -j "$(nproc)"
-# A hung test fails after 15 minutes instead of holding CI until its limit.
-# Skipped tests (no GPU, no Python safetensors) are listed by ctest as "Skipped", not counted as passed.
-ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 900
-scripts/fuzz.sh 30
+# The test command (CI runs it): set-up of what the tests need, then every check that runs on this
+# machine, each a stage of its own:
+#   build     the tree with warnings as errors, and every CPU test under ctest (GPU tests where a GPU is)
+#   format    clang-format over every C++, CUDA and header file (.clang-format)
+#   package   `cmake --install` into a prefix, and tests/consumer built against it with find_package(tfe)
+#   sanitize  the CPU tests again in a build with AddressSanitizer and UBSan
+#   fuzz      the libFuzzer targets, 30 s each (scripts/fuzz.sh)
+# Ends with one line "N passed, N failed, N skipped", after the reason of each skipped case.
+# Usage: scripts/test.sh [STAGE ...]   (default: all of them)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(build format package sanitize fuzz)
+jobs=$(nproc)
+out=build/test-results
+scripts/setup.sh --test || { echo "setup failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
+mkdir -p "$out"
+rm -f "$out"/*.xml "$out"/*.txt
+
+# ctest writes JUnit XML; scripts/test_summary.py adds up every stage's file.
+run_ctest() {  # BUILD_DIR NAME [ctest args]
+  local dir=$1 name=$2
+  shift 2
+  # A hung test fails after 15 minutes instead of holding CI until its limit.
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900 --output-junit "$PWD/$out/$name.xml" "$@"
+}
+fail_stage() {  # NAME REASON: a stage that could not run counts as one failed case
+  echo "$2" >&2
+  printf '%s\t%s\n' "$1" "$2" >>"$out/stage_failures.txt"
+}
+configure() {  # BUILD_DIR [cmake args]
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTFE_WERROR=ON "$@" >/dev/null
+}
+
+for stage in "${stages[@]}"; do
+  echo "== $stage"
+  case $stage in
+    build)
+      if configure build && cmake --build build -j "$jobs"; then
+        run_ctest build build
+      else
+        fail_stage build "the build failed"
+      fi ;;
+    format)
+      # Every tracked C++/CUDA file as clang-format would write it; the diff names what differs.
+      mapfile -t files < <(git ls-files '*.h' '*.cpp' '*.cuh' 2>/dev/null || find . -path ./build\* -prune -o \( -name '*.h' -o -name '*.cpp' -o -name '*.cuh' \) -print)
+      if clang-format --dry-run --Werror "${files[@]}" 2>"$out/format.txt"; then
+        printf '%s\n' "format" >>"$out/stage_passes.txt"
+      else
+        head -40 "$out/format.txt" >&2
+        fail_stage format "clang-format: files differ from .clang-format (run: clang-format -i \$(git ls-files '*.h' '*.cpp' '*.cuh'))"
+      fi ;;
+    package)
+      prefix=$PWD/build/install
+      rm -rf "$prefix" build/consumer
+      if [ ! -x build/tfe-plan ]; then configure build && cmake --build build -j "$jobs" --target tfe-plan tfe_runtime; fi
+      if cmake --install build --prefix "$prefix" >/dev/null &&
+         cmake -S tests/consumer -B build/consumer -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null &&
+         cmake --build build/consumer >/dev/null &&
+         "$prefix/bin/tfe-plan" random --preset tiny --seed 1 -o build/consumer/tiny.tfe >/dev/null &&
+         build/consumer/consumer build/consumer/tiny.tfe | tee "$out/package.txt" && grep -q "^head: hidden" "$out/package.txt"; then
+        printf '%s\n' "package" >>"$out/stage_passes.txt"
+      else
+        fail_stage package "the installed package did not build or run tests/consumer"
+      fi ;;
+    sanitize)
+      # The nvcc check (check_kernels.sh) compiles kernels, which no host sanitizer looks at.
+      if configure build-asan -DTFE_SANITIZE=ON && cmake --build build-asan -j "$jobs" --target tfe_tests tfe-plan; then
+        ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+          run_ctest build-asan sanitize -E "check_kernels|tfe_gpu_tests|tfe-bench|bench_boundary"
+      else
+        fail_stage sanitize "the sanitizer build failed"
+      fi ;;
+    fuzz)
+      if scripts/fuzz.sh 30 >"$out/fuzz.txt" 2>&1; then
+        printf '%s\n' "fuzz" >>"$out/stage_passes.txt"
+        grep -E "number_of_executed_units" "$out/fuzz.txt"
+      else
+        tail -30 "$out/fuzz.txt" >&2
+        fail_stage fuzz "a fuzz target found a failure (build-fuzz/findings/)"
+      fi ;;
+    *) echo "test.sh: unknown stage '$stage' (build format package sanitize fuzz)" >&2; exit 2 ;;
+  esac
+done
+python3 scripts/test_summary.py "$out"

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <tfe/dtype.h>
+#include <tfe/error.h>
 #include <tfe/header.h>
 
 namespace tfe {

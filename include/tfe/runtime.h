@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include <tfe/draft.h>
+#include <tfe/error.h>
 #include <tfe/head_file.h>
 #include <tfe/options.h>
 #include <tfe/slots.h>
