@@ -1,10 +1,14 @@
 #include "compiler/artifact.h"
 
+#include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <fstream>
 #include <mutex>
@@ -17,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/files.h"
 #include <tfe/head_file.h>
 #include "plan/plan_yaml.h"
 
@@ -34,29 +39,100 @@ std::string sha256_of(std::string_view bytes) {
   return sha256_hex(std::as_bytes(std::span(bytes.data(), bytes.size())));
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) fail("artifact: cannot read {}", p.string());
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) fail("artifact: reading {} failed", p.string());
-  return std::move(ss).str();
+// Largest file of an artifact that is read (a cubin, plan.yaml, manifest.json).
+constexpr uint64_t kMaxArtifactFileBytes = uint64_t{1} << 30;
+
+std::string read_file(const fs::path& p) { return files::read_regular(p, "artifact file", kMaxArtifactFileBytes); }
+
+// The output of `compile` must be a directory this command owns: missing, empty, or an earlier artifact
+// (manifest.json, plan.yaml and kernels/, nothing else). Anything else is refused before any work, so that
+// nothing the command does not own is replaced.
+void check_output_dir(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+  const fs::file_status st = fs::symlink_status(dir, ec);
+  if (!fs::exists(st)) {
+    if (!fs::is_directory(parent, ec))
+      fail("artifact: cannot create {}: its parent {} is not a directory", dir.string(), parent.string());
+    if (::access(parent.c_str(), W_OK) != 0)
+      fail("artifact: cannot create {}: {} is not writable", dir.string(), parent.string());
+    return;
+  }
+  if (fs::is_symlink(st))
+    fail("artifact: {} is a symlink; give the directory it points to ({})", dir.string(),
+         fs::read_symlink(dir, ec).string());
+  if (!fs::is_directory(st)) fail("artifact: {} exists and is not a directory", dir.string());
+  bool empty = true, has_manifest = false;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    empty = false;
+    const std::string name = e.path().filename().string();
+    if (name == kManifest) has_manifest = true;
+    if (name != kManifest && name != kPlanFile && name != kKernelsDir)
+      fail("artifact: {} holds `{}`, which is not part of an artifact; give an empty or new directory",
+           dir.string(), name);
+  }
+  if (ec) fail("artifact: cannot list {}: {}", dir.string(), ec.message());
+  if (!empty && !has_manifest)
+    fail("artifact: {} is not empty and holds no {}; give an empty or new directory", dir.string(), kManifest);
+  if (::access(parent.c_str(), W_OK) != 0)
+    fail("artifact: cannot replace {}: its parent {} is not writable", dir.string(), parent.string());
 }
 
-// Temporary file + rename, so an interrupted write leaves the old file or none, never a part.
-void write_file(const fs::path& p, std::string_view bytes) {
-  // Per process, so two compiles into one directory do not write through each other's temporary.
-  const fs::path tmp = fmt::format("{}.tmp.{}", p.string(), ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) fail("artifact: cannot create {}", tmp.string());
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!f.flush()) fail("artifact: writing {} ({} bytes) failed", tmp.string(), bytes.size());
+// A new artifact is written into a directory beside the target and swapped in whole, so that a failure at
+// any point leaves the old artifact loadable. The directory is removed unless it was moved into place.
+class StagingDir {
+ public:
+  explicit StagingDir(const fs::path& target) {
+    const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+    std::string tmpl = (parent / ("." + target.filename().string() + ".tmp-XXXXXX")).string();
+    if (!::mkdtemp(tmpl.data()))
+      fail("artifact: cannot create a directory beside {}: {}", target.string(), std::strerror(errno));
+    path_ = tmpl;
+    std::error_code ec;
+    fs::create_directory(path_ / kKernelsDir, ec);
+    if (ec) fail("artifact: cannot create {}: {}", (path_ / kKernelsDir).string(), ec.message());
+    // mkdtemp makes 0700; an artifact is read by whoever serves.
+    fs::permissions(path_,
+                    fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read |
+                        fs::perms::others_exec,
+                    ec);
   }
-  std::error_code ec;
-  fs::rename(tmp, p, ec);
-  if (ec) fail("artifact: cannot move {} into place: {}", p.string(), ec.message());
-}
+  StagingDir(const StagingDir&) = delete;
+  StagingDir& operator=(const StagingDir&) = delete;
+  ~StagingDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+  // Puts the staged artifact at `target`. Where one is there, the two are exchanged in one step
+  // (renameat2 RENAME_EXCHANGE) and the old one, now here, goes with this directory.
+  void swap_into(const fs::path& target) {
+    std::error_code ec;
+    if (!fs::exists(fs::symlink_status(target, ec))) {
+      if (::rename(path_.c_str(), target.c_str()) != 0)
+        fail("artifact: cannot move the new artifact into place as {}: {}", target.string(), std::strerror(errno));
+      path_.clear();
+      return;
+    }
+    if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) return;
+    if (errno != EINVAL && errno != ENOSYS)
+      fail("artifact: cannot swap the new artifact into {}: {}", target.string(), std::strerror(errno));
+    // A file system without the exchange: the old artifact steps aside and comes back on a failure.
+    const fs::path aside = fs::path(path_.string() + ".old");
+    if (::rename(target.c_str(), aside.c_str()) != 0)
+      fail("artifact: cannot move the old artifact {} aside: {}", target.string(), std::strerror(errno));
+    if (::rename(path_.c_str(), target.c_str()) != 0) {
+      const int err = errno;
+      ::rename(aside.c_str(), target.c_str());
+      fail("artifact: cannot move the new artifact into place as {}: {}", target.string(), std::strerror(err));
+    }
+    path_ = aside;
+  }
+
+ private:
+  fs::path path_;
+};
 
 fs::path cubin_path(const fs::path& dir, std::string_view uri) {
   return dir / kKernelsDir / fmt::format("{}.cubin", uri);
@@ -123,43 +199,33 @@ CompileSummary compile_plan(const Plan& plan, const std::string& out_dir, const 
   CompileOptions options = base_options;
   options.arch = plan.options.arch;
   nvrtc_options(options);  // refuses a bad arch before any work
+  const fs::path dir = fs::path(out_dir).lexically_normal();
+  check_output_dir(dir);
 
   std::vector<CompileUnit> units;
   for (const auto& s : plan.specs) units.push_back(make_compile_unit(s));
   const std::vector<CachedKernel> compiled = compile_all(units, cache, options, progress);
 
-  const fs::path dir = out_dir;
-  std::error_code ec;
-  fs::create_directories(dir / kKernelsDir, ec);
-  if (ec) fail("artifact: cannot create {}: {}", (dir / kKernelsDir).string(), ec.message());
-  // Without a manifest the directory does not load, so a reader never pairs the new plan with old CUBINs.
-  fs::remove(dir / kManifest, ec);
-  if (ec) fail("artifact: cannot remove the old {}: {}", (dir / kManifest).string(), ec.message());
-
+  StagingDir staging(dir);
   const std::string plan_yaml = dump_plan_yaml(plan);
-  write_file(dir / kPlanFile, plan_yaml);
+  files::write_atomic(staging.path() / kPlanFile, plan_yaml, "artifact file");
 
   CompileSummary summary;
   summary.specs = plan.specs.size();
   summary.out_dir = out_dir;
   nlohmann::json kernels = nlohmann::json::array();
-  std::set<std::string> written;
   for (size_t i = 0; i < plan.specs.size(); ++i) {
     const CachedKernel& c = compiled[i];
     (c.hit ? summary.hits : summary.misses) += 1;
-    const fs::path p = cubin_path(dir, c.kernel.uri);
-    write_file(p, c.kernel.cubin);
-    written.insert(p.filename().string());
+    const fs::path p = cubin_path(staging.path(), c.kernel.uri);
+    files::write_atomic(p, c.kernel.cubin, "artifact file");
     kernels.push_back({{"uri", c.kernel.uri},
                        {"kernel", plan.specs[i].kernel},
                        {"lowered_name", c.kernel.lowered_name},
-                       {"file", fs::relative(p, dir).string()},
+                       {"file", fs::relative(p, staging.path()).string()},
                        {"sha256", sha256_of(c.kernel.cubin)},
                        {"bytes", c.kernel.cubin.size()}});
   }
-  for (const auto& e : fs::directory_iterator(dir / kKernelsDir))
-    if (e.path().extension() == ".cubin" && !written.count(e.path().filename().string())) fs::remove(e.path());
-
   const nlohmann::json manifest = {
       {"artifact_schema", kArtifactSchemaVersion},
       {"plan_schema", plan.schema_version},
@@ -170,7 +236,8 @@ CompileSummary compile_plan(const Plan& plan, const std::string& out_dir, const 
       {"plan", {{"file", kPlanFile}, {"sha256", sha256_of(plan_yaml)}, {"bytes", plan_yaml.size()}}},
       {"kernels", kernels},
   };
-  write_file(dir / kManifest, manifest.dump(2) + "\n");
+  files::write_atomic(staging.path() / kManifest, manifest.dump(2) + "\n", "artifact file");
+  staging.swap_into(dir);
   summary.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return summary;
 }

@@ -58,8 +58,9 @@ struct CompileSummary {
 };
 
 // Compiles every spec of `plan` for plan.options.arch through `cache`, on hardware_concurrency threads,
-// and writes the artifact to `out_dir` (created if needed; CUBINs of an earlier artifact there that this
-// plan does not name are removed). The first compile error is rethrown once the workers stop.
+// and writes the artifact to `out_dir`: a new directory, an empty one, or an earlier artifact, which is
+// replaced whole once the new one is complete (a failure leaves it as it was). Anything else there is
+// refused before any work. The first compile error is rethrown once the workers stop.
 CompileSummary compile_plan(const Plan& plan, const std::string& out_dir, const ProgressFn& progress,
                             const KernelCache& cache, const CompileOptions& base_options = {});
 // The same through KernelCache::from_environment().

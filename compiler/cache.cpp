@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/files.h"
 #include <tfe/head_file.h>
 
 namespace tfe {
@@ -70,60 +71,14 @@ std::string cubin_sha256(std::string_view cubin) {
   return sha256_hex(std::as_bytes(std::span(cubin.data(), cubin.size())));
 }
 
+// A cache entry's file, or nothing where there is none. Anything but a regular file there is refused.
 std::optional<std::string> read_whole(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) return std::nullopt;
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) return std::nullopt;
-  return std::move(ss).str();
+  constexpr uint64_t kMaxEntryBytes = uint64_t{1} << 30;
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(p, ec))) return std::nullopt;
+  return files::read_regular(p, "kernel cache entry", kMaxEntryBytes);
 }
 
-// Writes `bytes` to `path` through a temporary file in the same directory and a rename, so a reader sees
-// the old file or the new one, never a part.
-void write_atomic(const fs::path& path, std::string_view bytes) {
-  std::string tmpl = (path.parent_path() / ("." + path.filename().string() + ".XXXXXX")).string();
-  const int fd = ::mkostemp(tmpl.data(), O_CLOEXEC);
-  if (fd < 0) fail("kernel cache: cannot create a temporary file beside {}: {}", path.string(), std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmpl.c_str());
-      fail("kernel cache: writing {} failed after {} of {} bytes: {}", tmpl, done, bytes.size(), std::strerror(err));
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::fchmod(fd, 0644);  // mkstemp makes 0600; the cache may be shared by users of a machine
-  if (::close(fd) != 0 || ::rename(tmpl.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmpl.c_str());
-    fail("kernel cache: cannot move {} into place as {}: {}", tmpl, path.string(), std::strerror(err));
-  }
-}
-
-// An exclusive advisory lock on a file, held for the object's life.
-class FileLock {
- public:
-  explicit FileLock(const fs::path& p) : fd_(::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
-    if (fd_ < 0) fail("kernel cache: cannot open lock file {}: {}", p.string(), std::strerror(errno));
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd_);
-      fail("kernel cache: cannot lock {}: {}", p.string(), std::strerror(err));
-    }
-  }
-  ~FileLock() { ::close(fd_); }  // closing releases the lock
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-
- private:
-  int fd_;
-};
 
 // The entry for `key`, or nothing when it is absent or does not read back whole.
 std::optional<CompiledKernel> read_entry(const fs::path& dir, const std::string& key, const CompileUnit& unit) {
@@ -154,13 +109,13 @@ std::optional<CompiledKernel> read_entry(const fs::path& dir, const std::string&
 void write_entry(const fs::path& dir, const std::string& key, const std::string& arch, const CompiledKernel& k) {
   // The CUBIN first: the JSON names its sha256, so a reader that finds the new JSON with an old CUBIN (or
   // none) sees a mismatch and recompiles rather than loading the wrong image.
-  write_atomic(dir / (key + ".cubin"), k.cubin);
+  files::write_atomic(dir / (key + ".cubin"), k.cubin, "kernel cache entry");
   const nlohmann::json meta = {
       {"schema", kCacheSchemaVersion}, {"key", key},       {"uri", k.uri},
       {"lowered_name", k.lowered_name}, {"arch", arch},    {"nvrtc", nvrtc_version().str()},
       {"cubin_bytes", k.cubin.size()}, {"cubin_sha256", cubin_sha256(k.cubin)}, {"log", k.log},
   };
-  write_atomic(dir / (key + ".json"), meta.dump(2) + "\n");
+  files::write_atomic(dir / (key + ".json"), meta.dump(2) + "\n", "kernel cache entry");
 }
 
 }  // namespace
@@ -230,7 +185,7 @@ CachedKernel KernelCache::get(const CompileUnit& unit, const CompileOptions& opt
   std::error_code ec;
   fs::create_directories(d, ec);
   if (ec) fail("kernel cache: cannot create {}: {}; set TFE_CACHE_DIR to a writable directory", d.string(), ec.message());
-  const FileLock lock(d / (r.key + ".lock"));
+  const files::FileLock lock(d / (r.key + ".lock"), "kernel cache");
   // Another writer may have stored it while this one waited for the lock.
   if (auto k = read_entry(d, r.key, unit)) return hit(std::move(*k));
   ++g_misses;

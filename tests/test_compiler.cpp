@@ -25,6 +25,7 @@ namespace fs = std::filesystem;
 using namespace tfe;
 using tfe::test::read_text;
 using tfe::test::TempDir;
+using tfe::test::write_text;
 
 namespace {
 
@@ -559,4 +560,60 @@ TEST_CASE("artifact: compile_plan under TFE_JIT=off with a cold cache names the 
   CHECK_THROWS_WITH_AS(compile_plan(plan, (tmp.path / "out").string(), {}, cache, stub_options()),
                        doctest::Contains("TFE_JIT=off"), Error);
   CHECK_FALSE(fs::exists(tmp.path / "out" / "manifest.json"));
+}
+
+// A recompile that fails (here: a cache miss under TFE_JIT=off) leaves the earlier artifact loadable as it
+// was, and no staging directory behind.
+TEST_CASE("artifact: a failed recompile leaves the old artifact loadable and nothing else behind") {
+  TempDir tmp;
+  const fs::path out = tmp.path / "out";
+  const Plan plan = tiny_plan();
+  compile_plan(plan, out.string(), {}, KernelCache(tmp.path / "cache", true), stub_options());
+  const std::string manifest = read_text(out / "manifest.json");
+  PlanOptions other = plan.options;
+  other.max_steps = 1;
+  const Plan changed = make_plan(plan.header, other, plan.head_sha256);
+  CHECK_THROWS_WITH_AS(compile_plan(changed, out.string(), {}, KernelCache(tmp.path / "cold", false), stub_options()),
+                       doctest::Contains("TFE_JIT=off"), Error);
+  CHECK(read_text(out / "manifest.json") == manifest);
+  CHECK_NOTHROW(load_artifact(out.string()));
+  for (const auto& e : fs::directory_iterator(tmp.path)) CHECK(e.path().filename().string().find(".out.") != 0);
+}
+
+// compile -o owns only an artifact: a directory with anything else, a file, or a symlink is refused
+// before any work and left untouched; an earlier artifact's kernels/ that is a symlink is replaced as a
+// link, and the directory it pointed to keeps its files.
+TEST_CASE("artifact: compile_plan refuses an output it does not own and never writes through a symlink") {
+  TempDir tmp;
+  const KernelCache cache(tmp.path / "cache", true);
+  const Plan plan = tiny_plan();
+
+  const fs::path foreign = tmp.path / "foreign";
+  fs::create_directories(foreign);
+  write_text(foreign / "notes.txt", "keep me");
+  CHECK_THROWS_WITH_AS(compile_plan(plan, foreign.string(), {}, cache, stub_options()),
+                       doctest::Contains("`notes.txt`, which is not part of an artifact"), Error);
+  CHECK(read_text(foreign / "notes.txt") == "keep me");
+
+  const fs::path file = tmp.path / "file";
+  write_text(file, "x");
+  CHECK_THROWS_WITH_AS(compile_plan(plan, file.string(), {}, cache, stub_options()),
+                       doctest::Contains("exists and is not a directory"), Error);
+
+  const fs::path link = tmp.path / "link";
+  fs::create_directory_symlink(foreign, link);
+  CHECK_THROWS_WITH_AS(compile_plan(plan, link.string(), {}, cache, stub_options()),
+                       doctest::Contains("is a symlink"), Error);
+
+  const fs::path out = tmp.path / "out";
+  compile_plan(plan, out.string(), {}, cache, stub_options());
+  const fs::path elsewhere = tmp.path / "elsewhere";
+  fs::create_directories(elsewhere);
+  write_text(elsewhere / "other.cubin", "not ours");
+  fs::rename(out / "kernels", tmp.path / "kernels-moved");
+  fs::create_directory_symlink(elsewhere, out / "kernels");
+  compile_plan(plan, out.string(), {}, cache, stub_options());
+  CHECK(read_text(elsewhere / "other.cubin") == "not ours");
+  CHECK_FALSE(fs::is_symlink(out / "kernels"));
+  CHECK_NOTHROW(load_artifact(out.string()));
 }

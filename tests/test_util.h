@@ -127,6 +127,13 @@ inline std::string read_text(const std::filesystem::path& path) {
   return {std::istreambuf_iterator<char>(f), {}};
 }
 
+// Writes `text` to `path`, replacing what was there.
+inline void write_text(const std::filesystem::path& path, std::string_view text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(text.data(), static_cast<std::streamsize>(text.size()));
+  if (!f) fail("write_text: cannot write {}", path.string());
+}
+
 // A fresh directory of its own under the system temp dir, removed with everything in it.
 struct TempDir {
   std::filesystem::path path;
