@@ -18,6 +18,7 @@
 #include <openssl/evp.h>
 
 #include "core/error.h"
+#include "head/strict_json.h"
 #include "core/numeric.h"
 
 namespace tfe {
@@ -173,27 +174,8 @@ std::optional<uint64_t> as_u64(const json& v) {
 
 std::string describe(const json& v) { return v.is_structured() ? std::string(v.type_name()) : v.dump(); }
 
-// Parses the header refusing duplicate keys (nlohmann keeps the last one silently, where another reader
-// might keep the first) and nesting deeper than any safetensors header has.
 json parse_header_json(std::string_view text, const std::string& label) {
-  std::vector<std::set<std::string>> keys;  // one set per open object
-  try {
-    return json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
-      if (depth > kMaxJsonDepth) fail("{}: header JSON nests deeper than {} levels", label, kMaxJsonDepth);
-      switch (event) {
-        case json::parse_event_t::object_start: keys.emplace_back(); break;
-        case json::parse_event_t::object_end: keys.pop_back(); break;
-        case json::parse_event_t::key:
-          if (!keys.back().insert(parsed.get<std::string>()).second)
-            fail("{}: header JSON has key `{}` twice in one object", label, parsed.get<std::string>());
-          break;
-        default: break;
-      }
-      return true;
-    });
-  } catch (const json::exception& e) {
-    fail("{}: header is not valid JSON: {}", label, e.what());
-  }
+  return parse_strict_json(text, label + ": header", kMaxJsonDepth);
 }
 
 struct RawEntry {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "head/strict_json.h"
 #include <tfe/head_file.h>
 #include "head/header_fields.h"
 
@@ -243,17 +244,9 @@ HeadHeader header_from_metadata(const std::map<std::string, std::string>& md) {
   if (version != kHeadFormatVersion)
     fail("head metadata: `tfe.format_version` = {} is not supported (this build reads {})", version,
          kHeadFormatVersion);
-  json j;
-  try {
-    // The header nests three levels (taps[i].layer); deeper text is refused before it is built.
-    static constexpr int kMaxDepth = 8;
-    j = json::parse(metadata_value(md, "tfe.header"), [](int depth, json::parse_event_t, json&) {
-      if (depth > kMaxDepth) fail("head metadata: `tfe.header` nests deeper than {} levels", kMaxDepth);
-      return true;
-    });
-  } catch (const json::exception& e) {
-    fail("head metadata: `tfe.header` is not valid JSON: {}", e.what());
-  }
+  // The header nests three levels (taps[i].layer); deeper text is refused before it is built.
+  static constexpr int kMaxDepth = 8;
+  const json j = parse_strict_json(metadata_value(md, "tfe.header"), "head metadata: `tfe.header`", kMaxDepth);
   HeadHeader h = header_from_json(j, version);
   validate(h);
   return h;

@@ -1,5 +1,7 @@
 // The .tfe head file: writer and reader round trips, and one malformed file per validation rule, each
 // refused with a message that names what is wrong.
+#include <chrono>
+
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
@@ -261,6 +263,21 @@ TEST_CASE("head file: header_from_metadata names the missing, mistyped or unknow
   refuses(m, "`tfe.header` is not valid JSON");
   m["tfe.header"] = std::string(100, '[') + std::string(100, ']');
   refuses(m, "nests deeper than 8 levels");
+  m = md;
+  m["tfe.header"] = R"({"window": 7, "window": 9})";
+  refuses(m, "key `window` twice in one object");
+}
+
+// A header of many small objects used to take minutes (nlohmann's callback parser rescans the parent object
+// at every nested one); a linear reader refuses this 4 MiB one in well under a second.
+TEST_CASE("safetensors reader: a header of many small objects is read in linear time") {
+  std::string h = "{\"__metadata__\":{}";
+  for (int i = 0; h.size() < (4u << 20); ++i) h += fmt::format(",\"k{}\":{{\"a\":{{}}}}", i);
+  h += "}";
+  const Bytes image = raw_file(h, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(SafetensorsFile::from_bytes(image, "big.safetensors"), Error);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
 }
 
 TEST_CASE("safetensors reader: accepts zero-size tensors, reports metadata and header bytes") {
@@ -298,6 +315,11 @@ TEST_CASE("safetensors reader: one malformed file per rule") {
   refuses_raw(raw_file("[1, 2]", 0), "header must be a JSON object (got array)");
   refuses_raw(raw_file(std::string(5000, '[') + std::string(5000, ']'), 0), "nests deeper than 8 levels");
   refuses_raw(raw_file(R"({"__metadata__":{"x":"1","x":"2"}})", 0), "key `x` twice");
+  // As the safetensors package reads a header: no NUL inside or as padding, no byte-order mark.
+  refuses_raw(raw_file(std::string("{}\0\0", 4), 0), "holds a NUL byte at byte 2");
+  refuses_raw(raw_file(std::string("{\"a\":\0{}}", 8), 0), "holds a NUL byte at byte 5");
+  refuses_raw(raw_file("\xEF\xBB\xBF{}", 0), "starts with a byte-order mark");
+  refuses_raw(raw_file("{}  x", 0), "is not valid JSON");
   refuses_raw(file({entry("a", "F64", "[2,3]", "[0,48]")}, 48), "tensor `a`: unknown dtype \"F64\"");
   refuses_raw(file({entry("a", "F32", "[2,-3]", "[0,24]")}, 24), "tensor `a`: shape[1] = -3 must be a non-negative");
   refuses_raw(file({entry("a", "F32", "[2,3.5]", "[0,24]")}, 24), "shape[1] = 3.5 must be a non-negative integer");
