@@ -87,7 +87,8 @@ std::vector<Field> Field::seq(size_t max_items) const {
   spend(ctx, *this, static_cast<int64_t>(node.size()) + 1);
   std::vector<Field> out;
   out.reserve(node.size());
-  for (size_t i = 0; i < node.size(); ++i) out.push_back(Field{ctx, node[i], fmt::format("{}[{}]", path, i)});
+  size_t i = 0;
+  for (const auto& item : node) out.push_back(Field{ctx, item, fmt::format("{}[{}]", path, i++)});
   return out;
 }
 
@@ -98,25 +99,20 @@ Map::Map(const Field& f) : self_(f) {
     const Field key{f.ctx, kv.first, f.path};
     if (!kv.first.IsScalar()) key.fail(fmt::format("a key is {}, not a name", kind_of(kv.first)));
     const std::string& k = kv.first.Scalar();
-    for (const auto& e : entries_)
-      if (e.key == k) key.fail(fmt::format("key `{}` appears twice", k));
+    if (index_.contains(k)) key.fail(fmt::format("key `{}` appears twice", k));
     entries_.push_back(Entry{k, kv.second, false});
+    index_.emplace(k, entries_.size() - 1);
   }
 }
 
-bool Map::has(std::string_view key) const {
-  for (const auto& e : entries_)
-    if (e.key == key) return true;
-  return false;
-}
+bool Map::has(std::string_view key) const { return index_.contains(std::string(key)); }
 
 Field Map::at(std::string_view key) {
-  for (auto& e : entries_) {
-    if (e.key != key) continue;
-    e.read = true;
-    return Field{self_.ctx, e.value, self_.path.empty() ? std::string(key) : fmt::format("{}.{}", self_.path, key)};
-  }
-  self_.fail(fmt::format("missing key `{}`", key));
+  const auto it = index_.find(std::string(key));
+  if (it == index_.end()) self_.fail(fmt::format("missing key `{}`", key));
+  Entry& e = entries_[it->second];
+  e.read = true;
+  return Field{self_.ctx, e.value, self_.path.empty() ? std::string(key) : fmt::format("{}.{}", self_.path, key)};
 }
 
 void Map::done() const {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <yaml-cpp/yaml.h>
@@ -56,7 +57,8 @@ class Map {
     bool read = false;
   };
   Field self_;
-  std::vector<Entry> entries_;
+  std::vector<Entry> entries_;                           // in document order, for messages
+  std::unordered_map<std::string, size_t> index_;  // key -> entries_ index, so a map reads in linear time
 };
 
 // Parses `text` into the root field of `ctx`'s document; YAML syntax errors become tfe::Error with
