@@ -11,6 +11,8 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/files.h"
+#include "head/strict_json.h"
 #include "head/fp8.h"
 #include "core/numeric.h"
 
@@ -35,13 +37,28 @@ namespace {
 // ---------------------------------------------------------------------------------------------------
 // config.json
 
+// A config or index file: a regular file (never a FIFO that would block), of a size no config reaches.
+constexpr uint64_t kMaxConfigBytes = uint64_t{64} << 20;
+constexpr int kMaxConfigDepth = 32;
+
 json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) fail("cannot read {}", path.string());
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) fail("{} is not valid JSON", path.string());
+  const std::string text = files::read_regular(path, "config", kMaxConfigBytes);
+  json j = parse_strict_json(text, path.string(), kMaxConfigDepth);
   if (!j.is_object()) fail("{}: the top level is a JSON {}, not an object", path.string(), j.type_name());
   return j;
+}
+
+// A checkpoint file must lie inside the checkpoint directory: a symlink that leads out of it is refused,
+// so that a checkpoint cannot make convert read an arbitrary file.
+void check_inside(const fs::path& dir, const fs::path& file) {
+  std::error_code ec;
+  const fs::path real_dir = fs::weakly_canonical(dir, ec);
+  const fs::path real_file = fs::weakly_canonical(file, ec);
+  if (ec) fail("{}: cannot resolve: {}", file.string(), ec.message());
+  const auto [d, f] = std::mismatch(real_dir.begin(), real_dir.end(), real_file.begin(), real_file.end());
+  if (d != real_dir.end())
+    fail("{} leads outside the checkpoint directory {} (to {}); copy the file in instead of linking it",
+         file.string(), dir.string(), real_file.string());
 }
 
 // One config file and the fields read from it; every message names the file and the field.
@@ -325,6 +342,7 @@ class Checkpoint {
       fail("{} holds no *.safetensors file", dir.string());
     }
     for (const auto& f : files) {
+      check_inside(dir, f);
       ck.files_.push_back(SafetensorsFile::open(f.string()));
       const size_t fi = ck.files_.size() - 1;
       for (const auto& t : ck.files_.back().tensors()) {

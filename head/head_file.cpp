@@ -18,6 +18,7 @@
 #include <openssl/evp.h>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "head/strict_json.h"
 #include "core/numeric.h"
 
@@ -406,31 +407,29 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail("{}: cannot stat: {}", path, std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("{}: not a regular file", path);
-  }
-  const auto size = static_cast<uint64_t>(st.st_size);
-  if (size < kLengthBytes) {
-    ::close(fd);
+  uint64_t size = 0;
+  files::Fd file = files::open_regular(path, "safetensors file", &size);
+  if (size < kLengthBytes)
     fail("{}: file is {} bytes; a safetensors file starts with an {}-byte header length", path, size, kLengthBytes);
-  }
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int err = errno;
-  ::close(fd);  // the mapping keeps the file open
-  if (p == MAP_FAILED) fail("{}: cannot map {} bytes: {}", path, size, std::strerror(err));
-  SafetensorsFile f;  // owns the mapping from here, so a refusal below unmaps it
+  // Read into anonymous memory rather than mapped: a file truncated while in use is then a read error
+  // here, where a mapping of it would kill the process with SIGBUS at the first touch of a lost page.
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    fail("{}: cannot allocate {} bytes to read it into: {}", path, size, std::strerror(errno));
+  SafetensorsFile f;  // owns the memory from here, so a refusal below releases it
   f.base_ = static_cast<const std::byte*>(p);
   f.size_ = size;
   f.mapped_ = true;
+  auto* dst = static_cast<char*>(p);
+  for (uint64_t done = 0; done < size;) {
+    const ssize_t n = ::pread(file.get(), dst + done, std::min<uint64_t>(size - done, uint64_t{1} << 30),
+                              static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("{}: reading failed after {} of {} bytes: {}", path, done, size, std::strerror(errno));
+    if (n == 0) fail("{}: the file shrank from {} to {} bytes while it was read", path, size, done);
+    done += static_cast<uint64_t>(n);
+  }
+  ::mprotect(p, size, PROT_READ);
   f.path_ = path;
   f.parse();
   return f;

@@ -1,5 +1,6 @@
 // The .tfe head file: writer and reader round trips, and one malformed file per validation rule, each
 // refused with a message that names what is wrong.
+#include <sys/stat.h>
 #include <chrono>
 
 #include <doctest/doctest.h>
@@ -115,6 +116,29 @@ TEST_CASE("head file: write, read back, every dtype and byte intact") {
     CHECK(head.header_sha256().size() == 64);
     CHECK_THROWS_WITH_AS(head.tensor("nope"), doctest::Contains("no tensor `nope`"), Error);
   }
+}
+
+// A head file truncated while a process holds it open cannot take the process down: the reader holds the
+// file's bytes, not a mapping whose lost pages would raise SIGBUS.
+TEST_CASE("head file: truncating the file under an open HeadFile changes nothing it reads") {
+  const auto h = preset_header("tiny");
+  const Bytes image = random_head_bytes(h, 7);
+  const auto path = write_temp_file(image, "truncated-later.tfe");
+  const auto head = HeadFile::open(path, {.verify_sha256 = true});
+  std::filesystem::resize_file(path, 8);
+  uint64_t sum = 0;
+  for (const auto& t : head.file().tensors())
+    for (int64_t i = 0; i < t.bytes; ++i) sum += static_cast<uint8_t>(t.data[i]);
+  CHECK(sum > 0);
+  CHECK_THROWS_WITH_AS(HeadFile::open(path), doctest::Contains("header length"), Error);
+}
+
+TEST_CASE("head file: a FIFO given as the head file is refused at once") {
+  const auto path = tfe::test::temp_dir() / "fifo.tfe";
+  std::filesystem::remove(path);
+  REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(HeadFile::open(path.string()), doctest::Contains("is a FIFO; give a regular file"), Error);
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("head file: HeadWriter::write is atomic and equals serialize()") {

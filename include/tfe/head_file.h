@@ -39,7 +39,8 @@ struct TensorView {
 // are contiguous from 0 and end exactly at the end of the file (no gaps, no overlap, no trailing bytes).
 class SafetensorsFile {
  public:
-  // Maps `path`; throws tfe::Error naming the file, the field and the limit on any violation.
+  // Reads `path` (a regular file) into memory; throws tfe::Error naming the file, the field and the limit
+  // on any violation.
   static SafetensorsFile open(const std::string& path);
   // Validates an in-memory image (used by the fuzzer); the bytes must outlive the object.
   static SafetensorsFile from_bytes(std::span<const std::byte> bytes, std::string label = "<memory>");
