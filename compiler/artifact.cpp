@@ -52,10 +52,15 @@ void check_output_dir(const fs::path& dir) {
   const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
   const fs::file_status st = fs::symlink_status(dir, ec);
   if (!fs::exists(st)) {
-    if (!fs::is_directory(parent, ec))
-      fail("artifact: cannot create {}: its parent {} is not a directory", dir.string(), parent.string());
-    if (::access(parent.c_str(), W_OK) != 0)
-      fail("artifact: cannot create {}: {} is not writable", dir.string(), parent.string());
+    // Missing directories above it are made; the nearest one that exists must be a writable directory.
+    fs::path existing = parent;
+    while (!fs::exists(fs::symlink_status(existing, ec)) && existing.has_parent_path() &&
+           existing.parent_path() != existing)
+      existing = existing.parent_path();
+    if (!fs::is_directory(existing, ec))
+      fail("artifact: cannot create {}: {} is not a directory", dir.string(), existing.string());
+    if (::access(existing.c_str(), W_OK) != 0)
+      fail("artifact: cannot create {}: {} is not writable", dir.string(), existing.string());
     return;
   }
   if (fs::is_symlink(st))
@@ -206,6 +211,11 @@ CompileSummary compile_plan(const Plan& plan, const std::string& out_dir, const 
   for (const auto& s : plan.specs) units.push_back(make_compile_unit(s));
   const std::vector<CachedKernel> compiled = compile_all(units, cache, options, progress);
 
+  if (dir.has_parent_path()) {
+    std::error_code ec;
+    fs::create_directories(dir.parent_path(), ec);
+    if (ec) fail("artifact: cannot create {}: {}", dir.parent_path().string(), ec.message());
+  }
   StagingDir staging(dir);
   const std::string plan_yaml = dump_plan_yaml(plan);
   files::write_atomic(staging.path() / kPlanFile, plan_yaml, "artifact file");

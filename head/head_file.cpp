@@ -410,7 +410,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   uint64_t size = 0;
   files::Fd file = files::open_regular(path, "safetensors file", &size);
   if (size < kLengthBytes)
-    fail("{}: file is {} bytes; a safetensors file starts with an {}-byte header length", path, size, kLengthBytes);
+    fail("{} is not a safetensors file: it is {} bytes; a safetensors file starts with an {}-byte header length",
+         path, size, kLengthBytes);
   // Read into anonymous memory rather than mapped: a file truncated while in use is then a read error
   // here, where a mapping of it would kill the process with SIGBUS at the first touch of a lost page.
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -447,12 +448,29 @@ SafetensorsFile SafetensorsFile::from_bytes(std::span<const std::byte> bytes, st
 void SafetensorsFile::parse() {
   const std::string& label = path_;
   if (size_ < kLengthBytes)
-    fail("{}: file is {} bytes; a safetensors file starts with an {}-byte header length", label, size_, kLengthBytes);
+    fail("{} is not a safetensors file: it is {} bytes; a safetensors file starts with an {}-byte header length",
+         label, size_, kLengthBytes);
   uint64_t n = 0;
   for (size_t i = 0; i < kLengthBytes; ++i) n |= static_cast<uint64_t>(base_[i]) << (8 * i);
-  if (n > kMaxHeaderBytes) fail("{}: header length {} exceeds the limit of {} bytes", label, n, kMaxHeaderBytes);
+  if (n > kMaxHeaderBytes) {
+    // A text file (a config.json, a YAML header given for a head) lands here: its first bytes, read as a
+    // length, are absurd. Showing them as text says what the file is.
+    std::string text;
+    for (size_t i = 0; i < kLengthBytes; ++i) {
+      const auto c = static_cast<unsigned char>(base_[i]);
+      if (c < 0x20 || c > 0x7e) break;
+      text += static_cast<char>(c);
+    }
+    fail("{} is not a safetensors file: header length {} exceeds the limit of {} bytes{}", label, n, kMaxHeaderBytes,
+         text.size() == kLengthBytes ? fmt::format(" (the file begins with the text \"{}\")", text) : "");
+  }
   if (n > size_ - kLengthBytes)
-    fail("{}: header length {} exceeds the {} bytes that follow the length field", label, n, size_ - kLengthBytes);
+    fail("{} is not a safetensors file (or is truncated): header length {} exceeds the {} bytes that follow the "
+         "length field",
+         label, n, size_ - kLengthBytes);
+  // The safetensors format requires this first byte; a file without it is something else.
+  if (n == 0 || base_[kLengthBytes] != std::byte{'{'})
+    fail("{} is not a safetensors file: its header does not begin with `{{`", label);
   header_len_ = n;
   const uint64_t data_size = size_ - kLengthBytes - n;
   const std::byte* data = base_ + kLengthBytes + n;

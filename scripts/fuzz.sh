@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-30}
 build="build-fuzz"
 
-command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (scripts/setup.sh installs it)" >&2; exit 1; }
+command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (scripts/setup.sh --test installs it)" >&2; exit 1; }
 if [ ! -f "$build/build.ninja" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DTFE_FUZZ=ON \
     >/dev/null

@@ -332,17 +332,21 @@ TEST_CASE("safetensors reader: one malformed file per rule") {
   };
   const auto a = entry("a", "F32", "[2,3]", "[0,24]");
 
-  refuses_raw(Bytes(5), "file is 5 bytes");
-  refuses_raw(raw_file("{}", 0, kMaxHeaderBytes + 1), "header length 100000001 exceeds the limit of 100000000");
+  refuses_raw(Bytes(5), "bad.safetensors is not a safetensors file: it is 5 bytes");
+  refuses_raw(raw_file("{}", 0, kMaxHeaderBytes + 1),
+              "bad.safetensors is not a safetensors file: header length 100000001 exceeds the limit of 100000000");
   refuses_raw(raw_file("{}", 0, 3), "header length 3 exceeds the 2 bytes that follow");
   refuses_raw(raw_file("{\"a\": ", 0), "bad.safetensors: header is not valid JSON");
-  refuses_raw(raw_file("[1, 2]", 0), "header must be a JSON object (got array)");
-  refuses_raw(raw_file(std::string(5000, '[') + std::string(5000, ']'), 0), "nests deeper than 8 levels");
+  refuses_raw(raw_file("[1, 2]", 0), "bad.safetensors is not a safetensors file: its header does not begin with `{`");
+  refuses_raw(raw_file(" {}", 0), "its header does not begin with `{`");
+  refuses_raw(raw_file("", 0), "its header does not begin with `{`");
+  refuses_raw(raw_file("{\"a\":" + std::string(5000, '[') + std::string(5000, ']') + "}", 0),
+              "nests deeper than 8 levels");
   refuses_raw(raw_file(R"({"__metadata__":{"x":"1","x":"2"}})", 0), "key `x` twice");
   // As the safetensors package reads a header: no NUL inside or as padding, no byte-order mark.
   refuses_raw(raw_file(std::string("{}\0\0", 4), 0), "holds a NUL byte at byte 2");
   refuses_raw(raw_file(std::string("{\"a\":\0{}}", 8), 0), "holds a NUL byte at byte 5");
-  refuses_raw(raw_file("\xEF\xBB\xBF{}", 0), "starts with a byte-order mark");
+  refuses_raw(raw_file("\xEF\xBB\xBF{}", 0), "its header does not begin with `{`");
   refuses_raw(raw_file("{}  x", 0), "is not valid JSON");
   refuses_raw(file({entry("a", "F64", "[2,3]", "[0,48]")}, 48), "tensor `a`: unknown dtype \"F64\"");
   refuses_raw(file({entry("a", "F32", "[2,-3]", "[0,24]")}, 24), "tensor `a`: shape[1] = -3 must be a non-negative");
@@ -373,7 +377,7 @@ TEST_CASE("safetensors reader: one malformed file per rule") {
   CHECK_THROWS_WITH_AS(SafetensorsFile::open((tfe::test::temp_dir() / "absent.safetensors").string()),
                        doctest::Contains("absent.safetensors: cannot open"), Error);
   CHECK_THROWS_WITH_AS(SafetensorsFile::open(write_temp_file(Bytes(3), "short.safetensors")),
-                       doctest::Contains("short.safetensors: file is 3 bytes"), Error);
+                       doctest::Contains("short.safetensors is not a safetensors file: it is 3 bytes"), Error);
   CHECK_THROWS_WITH_AS(SafetensorsFile::open(tfe::test::temp_dir().string()), doctest::Contains("is a directory; give a regular file"),
                        Error);
 }
@@ -578,6 +582,24 @@ TEST_CASE("tfe-plan inspect: header, tensors, parameters, step bytes, and a refu
   const auto [rc2, out2] = run_command(fmt::format("{} inspect {} --verify", TFE_PLAN_EXE, bad));
   CHECK(rc2 == 1);
   CHECK(out2.find("inspect-bad.tfe: tensor `embed`: sha256") != std::string::npos);
+}
+
+TEST_CASE("tfe-plan inspect: a text file is refused as not a safetensors file") {
+  const std::string text = "{\n  \"architectures\": [\"LlamaForCausalLMEagle3\"]\n}\n";
+  const auto path = write_temp_file(std::as_bytes(std::span(text)), "config.json");
+  const auto [rc, out] = run_command(fmt::format("{} inspect {}", TFE_PLAN_EXE, path));
+  CAPTURE(out);
+  CHECK(rc == 1);
+  CHECK(out.find(fmt::format("tfe-plan: {} is not a safetensors file: header length", path)) != std::string::npos);
+  CHECK(out.find("the limit of 100000000 bytes") != std::string::npos);
+
+  const std::string yaml = "hidden: 4096\nheads: 32\n";
+  const auto yaml_path = write_temp_file(std::as_bytes(std::span(yaml)), "header.yaml");
+  const auto [rc2, out2] = run_command(fmt::format("{} inspect {}", TFE_PLAN_EXE, yaml_path));
+  CAPTURE(out2);
+  CHECK(rc2 == 1);
+  CHECK(out2.find(fmt::format("{} is not a safetensors file", yaml_path)) != std::string::npos);
+  CHECK(out2.find("(the file begins with the text \"hidden: \")") != std::string::npos);
 }
 
 TEST_CASE("safetensors writer: plain files round trip, bad entries refused before writing") {

@@ -1,4 +1,4 @@
-// Subcommands of tfe-plan. Each file plan/cli/cmd_<name>.cpp adds one to the app.
+// Subcommands of tfe-plan. Each file tools/cmd_<name>.cpp adds one to the app.
 #pragma once
 #include <CLI/CLI.hpp>
 

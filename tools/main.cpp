@@ -1,12 +1,21 @@
 // tfe-plan: head files, plans and compiled artifacts, all without a GPU.
 #include <cstdio>
 
-#include "tools/commands.h"
+#include <fmt/format.h>
+
+#include "compiler/nvrtc.h"
 #include "core/error.h"
+#include "tools/commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"tfe-plan: make, import, inspect, plan and compile EAGLE-style draft heads"};
   app.require_subcommand(1);
+  // The NVRTC a cubin comes from is the one loaded at run time, which may differ from the toolkit built
+  // against; a bug report needs both.
+  app.set_version_flag("--version", [] {
+    return fmt::format("tfe-plan {}\nCUDA toolkit {} (built against), NVRTC {} (loaded)", TFE_VERSION,
+                       tfe::cuda_toolkit_version(), tfe::nvrtc_version().str());
+  });
   tfe::cli::add_random(app);
   tfe::cli::add_convert(app);
   tfe::cli::add_inspect(app);

@@ -3,12 +3,27 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <regex>
+
 #include "core/error.h"
 #include "head/fp8.h"
 #include <tfe/head_file.h>
 #include "head/presets.h"
 
 namespace tfe::cli {
+
+namespace {
+
+// The planner would plan for sm_80, but every kernel uses sm_90's dependent launch (griddepcontrol), so no
+// device below it could run the plan; the arch is refused before anything is planned or compiled.
+void check_arch(const std::string& arch) {
+  static const std::regex form("sm_([1-9][0-9]{1,3})");
+  std::smatch m;
+  if (!std::regex_match(arch, m, form)) fail("--arch {}: not of the form sm_<digits> (e.g. sm_90)", arch);
+  if (std::stoi(m[1].str()) < 90) fail("--arch {}: tfe needs sm_90 or newer", arch);
+}
+
+}  // namespace
 
 void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
   const PlanOptions d;
@@ -30,7 +45,7 @@ void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
   cmd->add_option("--fp8", args->fp8, "FP8 forms: auto (where the head has them), off, require")
       ->check(CLI::IsMember({"auto", "off", "require"}))
       ->capture_default_str();
-  cmd->add_option("--arch", args->options.arch, "target architecture, sm_<digits>")->capture_default_str();
+  cmd->add_option("--arch", args->options.arch, "target architecture, sm_<digits>, sm_90 or newer")->capture_default_str();
   cmd->add_option("--max-slots", args->options.max_slots, "sequences held at once (1..4096)")->capture_default_str();
   cmd->add_option("--extend-rows", args->options.extend_rows, "rows of one extend chunk (16..8192)")->capture_default_str();
   add_plan_tuning_options(cmd, args->options);
@@ -61,6 +76,7 @@ std::vector<CLI::Option*> add_plan_tuning_options(CLI::App* cmd, PlanOptions& op
 }
 
 Plan plan_from_args(const PlanArgs& args) {
+  check_arch(args.options.arch);
   PlanOptions options = args.options;
   options.fp8 = fp8_mode_from_name(args.fp8);
   if (!args.preset.empty()) {
