@@ -20,7 +20,7 @@
 // as the runtime launches a pass's nodes, so that a launch's ring prologue overlaps its predecessor's tail.
 //
 // --layout rows times the weights row-major instead of tiled (plan/weight_layout.h), as a plan with
-// option tiled_weights = false stores them.
+// tuning tiled_weights = false stores them.
 //
 // --source NAME=FILE replaces an embedded kernel source (e.g. gemv.cuh) with a file's text, so that a
 // candidate kernel is measured without rebuilding the library (its launch shape must not change).

@@ -72,7 +72,8 @@ struct Options {
   std::string artifact;
   std::string fp8 = "auto";
   std::string dependent_launch = "plan";
-  tfe::PlanOptions plan;  // the plan's tuning options when planning here (no --artifact); fp8 from --fp8
+  tfe::PlanOptions plan;  // when planning here (no --artifact): its attention split; fp8 from --fp8
+  tfe::Tuning tuning;     // when planning here (testing::Hooks::tuning)
   std::vector<std::string> knock_out;  // draft nodes left out (testing::Hooks::knock_out): timing only
   int l2_resident_mb = 0;              // OpenOptions::l2_resident_weight_bytes, in MiB
   std::string streams = "1,2,4,8,16";
@@ -494,6 +495,7 @@ int run(const Options& o) {
                            : o.dependent_launch == "off" ? Dependent::off
                                                          : Dependent::plan;
   hooks.knock_out = o.knock_out;
+  hooks.tuning = o.tuning;
   open.l2_resident_weight_bytes = static_cast<size_t>(o.l2_resident_mb) << 20;
   if (!o.knock_out.empty())
     fmt::print("knock-out: {} left out of every draft pass; the drafts are wrong, the times are what the rest "
@@ -514,13 +516,14 @@ int run(const Options& o) {
       fmt::print("L2: {:.1f} MiB set aside for weights kept from one step to the next (asked {} MiB); the floor "
                  "still counts every weight byte from HBM\n",
                  static_cast<double>(rt->stats().l2_set_aside) / (1 << 20), o.l2_resident_mb);
-    out["dependent_streams"] = tfe::testing::plan(*rt).options.dependent_streams;
-    out["dependent_streams_fp8"] = tfe::testing::plan(*rt).options.dependent_streams_fp8;
-    out["dependent_safe_nodes"] = tfe::testing::plan(*rt).options.dependent_safe_nodes;
-    out["rope_in_wqkv"] = tfe::testing::plan(*rt).options.rope_in_wqkv;
-    out["gemv_cluster"] = tfe::testing::plan(*rt).options.gemv_cluster;
-    out["tiled_weights"] = tfe::testing::plan(*rt).options.tiled_weights;
-    out["attention_split_per_bucket"] = tfe::testing::plan(*rt).options.attention_split_per_bucket;
+    const tfe::Tuning& t = tfe::testing::plan(*rt).tuning;
+    out["dependent_streams"] = t.dependent_streams;
+    out["dependent_streams_fp8"] = t.dependent_streams_fp8;
+    out["dependent_safe_nodes"] = t.dependent_safe_nodes;
+    out["rope_in_wqkv"] = t.rope_in_wqkv;
+    out["gemv_cluster"] = t.gemv_cluster;
+    out["tiled_weights"] = t.tiled_weights;
+    out["attention_split"] = std::string(tfe::attention_split_name(tfe::testing::plan(*rt).options.attention_split));
   });
   if (!rt) {
     out["errors"] = errors;
@@ -854,10 +857,10 @@ int main(int argc, char** argv) {
                  "draft nodes (names without the step prefix, e.g. post_norm,final_norm) left out of every pass, "
                  "to time what the rest costs; the drafts are then wrong")
       ->delimiter(',');
-  // The plan options as tfe-plan declares them; an artifact's plan is fixed when it is compiled
-  // (tfe-plan compile --dependent-streams ...), so beside --artifact they are refused, not ignored.
-  CLI::App* plan_group = app.add_option_group("plan", "plan options, without --artifact (else the artifact's)");
-  for (CLI::Option* option : tfe::cli::add_plan_tuning_options(plan_group, o.plan)) option->excludes(artifact);
+  // The attention split and the tuning as tfe-plan declares them; an artifact's plan is fixed when it is
+  // compiled (tfe-plan compile --dependent-streams ...), so beside --artifact they are refused, not ignored.
+  tfe::cli::add_attention_split_option(&app, o.plan)->excludes(artifact);
+  for (CLI::Option* option : tfe::cli::add_plan_tuning_options(&app, o.tuning)) option->excludes(artifact);
   app.add_option("--streams", o.streams, "slots per draft call: a list (1,2,4) or range (1..4)");
   app.add_option("--steps", o.steps, "draft steps per call: a list or range");
   app.add_option("--iters", o.iters, "timed calls per (streams, steps)");

@@ -22,9 +22,10 @@ std::string differences_except_arch(PlanOptions asked, const PlanOptions& artifa
 
 }  // namespace
 
-Resolved plan_and_compile(const HeadHeader& header, const std::string& header_sha256, const PlanOptions& options) {
+Resolved plan_and_compile(const HeadHeader& header, const std::string& header_sha256, const PlanOptions& options,
+                          const Tuning& tuning) {
   Resolved out;
-  out.plan = make_plan(header, options, header_sha256);
+  out.plan = make_plan(header, options, tuning, header_sha256);
   const KernelCache cache = KernelCache::from_environment();
   CompileOptions copt;
   copt.arch = options.arch;
@@ -51,7 +52,7 @@ Resolved resolve(const HeadFile& file, const ResolveRequest& rq) {
   const std::string sha = file.header_sha256();
   PlanOptions wanted = rq.options.value_or(PlanOptions{});
   wanted.arch = rq.arch;
-  if (rq.artifact_dir.empty()) return plan_and_compile(file.header(), sha, wanted);
+  if (rq.artifact_dir.empty()) return plan_and_compile(file.header(), sha, wanted, rq.tuning);
 
   Artifact art = load_artifact(rq.artifact_dir);
   std::string mismatch;
@@ -69,7 +70,7 @@ Resolved resolve(const HeadFile& file, const ResolveRequest& rq) {
            "recompile_mismatched_artifact",
            rq.artifact_dir, mismatch);
     if (!rq.options) wanted = art.plan.options, wanted.arch = rq.arch;
-    return plan_and_compile(file.header(), sha, wanted);
+    return plan_and_compile(file.header(), sha, wanted, rq.tuning);
   }
   validate(art.plan);
   Resolved out;

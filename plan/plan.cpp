@@ -28,6 +28,16 @@ Fp8Mode fp8_mode_from_name(std::string_view s) {
   fail("fp8 mode `{}` is not one of auto, off, require", s);
 }
 
+std::string_view attention_split_name(AttentionSplit s) {
+  return s == AttentionSplit::per_bucket ? "per_bucket" : "same_drafts";
+}
+
+AttentionSplit attention_split_from_name(std::string_view s) {
+  if (s == "per_bucket") return AttentionSplit::per_bucket;
+  if (s == "same_drafts") return AttentionSplit::same_drafts;
+  fail("attention split `{}` is not one of per_bucket, same_drafts", s);
+}
+
 std::string_view buffer_role_name(BufferRole r) {
   switch (r) {
     case BufferRole::weight: return "weight";
@@ -100,11 +110,9 @@ void check_knock_out(const Plan& plan, const std::vector<std::string>& names) {
 }
 
 std::string plan_options_differences(const PlanOptions& a, const PlanOptions& b) {
-  // Compiles only while PlanOptions has exactly these thirteen fields: a field added to it stops the build
+  // Compiles only while PlanOptions has exactly these eight fields: a field added to it stops the build
   // here, where it must be named below, instead of reading as "no difference".
-  [[maybe_unused]] const auto& [buckets, max_steps, fp8, arch, max_slots, extend_rows, dependent_streams,
-                                dependent_streams_fp8, dependent_safe_nodes, rope_in_wqkv, gemv_cluster,
-                                tiled_weights, attention_split_per_bucket] = a;
+  [[maybe_unused]] const auto& [buckets, max_steps, fp8, arch, max_slots, extend_rows, attention_split, cand_k] = a;
   std::vector<std::string> out;
   const auto field = [&](std::string_view key, const auto& x, const auto& y) {
     if (x != y) out.push_back(fmt::format("{} {} against {}", key, x, y));
@@ -115,13 +123,8 @@ std::string plan_options_differences(const PlanOptions& a, const PlanOptions& b)
   field("arch", a.arch, b.arch);
   field("max_slots", a.max_slots, b.max_slots);
   field("extend_rows", a.extend_rows, b.extend_rows);
-  field("dependent_streams", a.dependent_streams, b.dependent_streams);
-  field("dependent_streams_fp8", a.dependent_streams_fp8, b.dependent_streams_fp8);
-  field("dependent_safe_nodes", a.dependent_safe_nodes, b.dependent_safe_nodes);
-  field("rope_in_wqkv", a.rope_in_wqkv, b.rope_in_wqkv);
-  field("gemv_cluster", a.gemv_cluster, b.gemv_cluster);
-  field("tiled_weights", a.tiled_weights, b.tiled_weights);
-  field("attention_split_per_bucket", a.attention_split_per_bucket, b.attention_split_per_bucket);
+  field("attention_split", attention_split_name(a.attention_split), attention_split_name(b.attention_split));
+  field("cand_k", a.cand_k, b.cand_k);
   return fmt::format("{}", fmt::join(out, "; "));
 }
 
@@ -151,15 +154,23 @@ void validate(const PlanOptions& o) {
          o.max_slots);
   if (o.extend_rows < 16 || o.extend_rows > 8192)
     fail("plan options: extend_rows = {} is outside 16..8192", o.extend_rows);
-  if (o.dependent_streams < 0 || o.dependent_streams > 16)
-    fail("plan options: dependent_streams = {} is outside 0..16", o.dependent_streams);
-  if (o.dependent_streams_fp8 < 0 || o.dependent_streams_fp8 > 16)
-    fail("plan options: dependent_streams_fp8 = {} is outside 0..16", o.dependent_streams_fp8);
+  if (o.cand_k < 0 || o.cand_k > kMaxCandK)
+    fail("plan options: cand_k = {} is outside 0..{} (0: the head's)", o.cand_k, kMaxCandK);
   static const std::regex arch_re("sm_[1-9][0-9]{1,3}");
   if (!std::regex_match(o.arch, arch_re))
     fail("plan options: arch `{}` is not of the form sm_<digits> (e.g. sm_90)", o.arch);
   // The GEMV's bf16 mma.sync m16n8k16 needs Ampere or later.
   if (sm_version(o) < 80) fail("plan options: arch {} is below sm_80, the oldest the kernels support", o.arch);
+}
+
+int plan_cand_k(const HeadHeader& h, const PlanOptions& o) {
+  if (o.cand_k == 0) return h.cand_k;
+  if (h.head_type == HeadType::dense)
+    fail("plan options: cand_k = {} is set, but the head is dense: only a two_stage head rescores candidates (give 0)",
+         o.cand_k);
+  if (o.cand_k > h.draft_vocab)
+    fail("plan options: cand_k = {} exceeds the head's draft_vocab = {}", o.cand_k, h.draft_vocab);
+  return o.cand_k;
 }
 
 bool param_writes(std::string_view kernel, std::string_view param) {
@@ -457,6 +468,8 @@ void validate(const Plan& p) {
     fail("plan: schema_version {} is not supported (this build reads {})", p.schema_version, kPlanSchemaVersion);
   validate(p.header);
   validate(p.options);
+  validate(p.tuning);
+  (void)plan_cand_k(p.header, p.options);
   const int min_ring = p.header.window + 1 + p.options.max_steps;
   if (p.ring_rows < min_ring || p.ring_rows > 1 << 20)
     fail("plan: ring_rows = {} is outside {}..{} (window + 1 + max_steps at least)", p.ring_rows, min_ring, 1 << 20);

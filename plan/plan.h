@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/registry.h"
+#include "plan/tuning.h"
 #include <tfe/dtype.h>
 #include <tfe/header.h>
 #include <tfe/options.h>
@@ -16,7 +17,7 @@
 namespace tfe {
 
 // Version of the plan schema (YAML and struct). Loading another version is refused.
-inline constexpr int kPlanSchemaVersion = 15;
+inline constexpr int kPlanSchemaVersion = 16;
 
 // Where a buffer lives and what it is for.
 enum class BufferRole : uint8_t {
@@ -128,6 +129,7 @@ struct Plan {
   std::string head_sha256;  // of the head file's JSON header ("" when planned from a bare header)
   HeadHeader header;
   PlanOptions options;
+  Tuning tuning;                    // the measured choices it was planned with
   int ring_rows = 0;                // R >= window + 1 + max_steps
   bool fp8 = false;                 // any FP8 form in use
   Arena weights;                    // uploaded once
@@ -151,17 +153,21 @@ struct Plan {
   bool operator==(const Plan&) const = default;
 };
 
-// Plans `header` under `options`. `available_fp8`: the linears whose FP8 form the file holds (the
-// header's list). Throws tfe::Error naming the option and its limit.
-Plan make_plan(const HeadHeader& header, const PlanOptions& options, std::string head_sha256 = "");
+// Plans `header` under `options` and `tuning`. Throws tfe::Error naming the option and its limit.
+Plan make_plan(const HeadHeader& header, const PlanOptions& options, const Tuning& tuning = {},
+               std::string head_sha256 = "");
 
 // Checks options against their limits (buckets ascending, unique, 1..16; max_steps 1..16; max_slots
-// 1..4096; extend_rows 16..8192; dependent_streams and dependent_streams_fp8 0..16; arch sm_<digits>);
-// throws naming the option, its value and the limit.
+// 1..4096; extend_rows 16..8192; cand_k 0..512; arch sm_<digits>); throws naming the option, its value and
+// the limit.
 void validate(const PlanOptions& options);
 
-// The options in which `a` and `b` differ, by their YAML keys with both values ("dependent_safe_nodes true
-// against false; max_steps 8 against 4"); empty where they are equal. Names every field of PlanOptions.
+// The candidates a two_stage plan of `header` rescores: options.cand_k, or the header's where it is 0.
+// Throws naming cand_k where the head is dense and it is nonzero, or where it exceeds draft_vocab.
+int plan_cand_k(const HeadHeader& header, const PlanOptions& options);
+
+// The options in which `a` and `b` differ, by their YAML keys with both values ("max_steps 8 against 4;
+// cand_k 0 against 32"); empty where they are equal. Names every field of PlanOptions.
 std::string plan_options_differences(const PlanOptions& a, const PlanOptions& b);
 
 // A node's name without its step prefix: "s3.wo" -> "wo"; an extend node's "extend.fc" -> "fc".
@@ -191,10 +197,11 @@ inline constexpr int64_t kMaxClusterCtas = 8;
 int64_t max_cluster_ctas(const PlanOptions& options);
 
 // Checks a plan's internal consistency (what a loaded plan must satisfy before the runtime trusts it):
-// header and options valid, ring_rows, buffers inside their arena, aligned, sized by shape and dtype and
-// not overlapping, the tables region, specs sorted and known, buckets matching options, each node's
-// spec present, args covering the kernel's params in order with kinds that fit, every bound buffer
-// present and offsets inside it, gemm operands in range, device_bytes. Throws naming what is wrong.
+// header, options and tuning valid, cand_k within the head's, ring_rows, buffers inside their arena,
+// aligned, sized by shape and dtype and not overlapping, the tables region, specs sorted and known,
+// buckets matching options, each node's spec present, args covering the kernel's params in order with
+// kinds that fit, every bound buffer present and offsets inside it, gemm operands in range, device_bytes.
+// Throws naming what is wrong.
 void validate(const Plan& plan);
 
 // Whether kernel `kernel` writes through its pointer parameter `param` (the rest are only read). The

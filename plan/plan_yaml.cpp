@@ -133,7 +133,40 @@ YAML::Node nodes_yaml(const std::vector<Node>& nodes) {
   return n;
 }
 
+// The tuning fields that differ from their defaults; an empty map where none does.
+YAML::Node tuning_yaml(const Tuning& t) {
+  // Compiles only while Tuning has exactly these six fields: a field added to it stops the build here, where
+  // it must be named, below and in load_tuning.
+  [[maybe_unused]] const auto& [a, b, c, d, e, f] = t;
+  const Tuning d0;
+  YAML::Node n(YAML::NodeType::Map);
+  const auto field = [&](const char* key, const auto& value, const auto& default_value) {
+    if (value != default_value) n[key] = value;
+  };
+  field("dependent_streams", t.dependent_streams, d0.dependent_streams);
+  field("dependent_streams_fp8", t.dependent_streams_fp8, d0.dependent_streams_fp8);
+  field("dependent_safe_nodes", t.dependent_safe_nodes, d0.dependent_safe_nodes);
+  field("rope_in_wqkv", t.rope_in_wqkv, d0.rope_in_wqkv);
+  field("gemv_cluster", t.gemv_cluster, d0.gemv_cluster);
+  field("tiled_weights", t.tiled_weights, d0.tiled_weights);
+  return n;
+}
+
 // ---- load ----
+
+// The tuning map: each field optional, a missing one its default.
+Tuning load_tuning(const yaml::Field& f) {
+  yaml::Map m(f);
+  Tuning t;
+  if (m.has("dependent_streams")) t.dependent_streams = m.at("dependent_streams").i32(0, 16);
+  if (m.has("dependent_streams_fp8")) t.dependent_streams_fp8 = m.at("dependent_streams_fp8").i32(0, 16);
+  if (m.has("dependent_safe_nodes")) t.dependent_safe_nodes = m.at("dependent_safe_nodes").boolean();
+  if (m.has("rope_in_wqkv")) t.rope_in_wqkv = m.at("rope_in_wqkv").boolean();
+  if (m.has("gemv_cluster")) t.gemv_cluster = m.at("gemv_cluster").boolean();
+  if (m.has("tiled_weights")) t.tiled_weights = m.at("tiled_weights").boolean();
+  m.done();
+  return t;
+}
 
 template <typename E>
 E enum_from(const yaml::Field& f, std::initializer_list<std::pair<const char*, E>> names) {
@@ -263,14 +296,10 @@ std::string dump_plan_yaml(const Plan& p) {
   o["arch"] = p.options.arch;
   o["max_slots"] = p.options.max_slots;
   o["extend_rows"] = p.options.extend_rows;
-  o["dependent_streams"] = p.options.dependent_streams;
-  o["dependent_streams_fp8"] = p.options.dependent_streams_fp8;
-  o["dependent_safe_nodes"] = p.options.dependent_safe_nodes;
-  o["rope_in_wqkv"] = p.options.rope_in_wqkv;
-  o["gemv_cluster"] = p.options.gemv_cluster;
-  o["tiled_weights"] = p.options.tiled_weights;
-  o["attention_split_per_bucket"] = p.options.attention_split_per_bucket;
+  o["attention_split"] = std::string(attention_split_name(p.options.attention_split));
+  o["cand_k"] = p.options.cand_k;
   root["options"] = o;
+  if (YAML::Node t = tuning_yaml(p.tuning); t.size() > 0) root["tuning"] = t;
   root["ring_rows"] = p.ring_rows;
   root["fp8"] = p.fp8;
   root["device_bytes"] = p.device_bytes;
@@ -350,13 +379,10 @@ Plan load_plan_yaml(std::string_view text) {
     p.options.arch = o.at("arch").str();
     p.options.max_slots = o.at("max_slots").i32(1, 4096);
     p.options.extend_rows = o.at("extend_rows").i32(16, 8192);
-    p.options.dependent_streams = o.at("dependent_streams").i32(0, 16);
-    p.options.dependent_streams_fp8 = o.at("dependent_streams_fp8").i32(0, 16);
-    p.options.dependent_safe_nodes = o.at("dependent_safe_nodes").boolean();
-    p.options.rope_in_wqkv = o.at("rope_in_wqkv").boolean();
-    p.options.gemv_cluster = o.at("gemv_cluster").boolean();
-    p.options.tiled_weights = o.at("tiled_weights").boolean();
-    p.options.attention_split_per_bucket = o.at("attention_split_per_bucket").boolean();
+    p.options.attention_split =
+        enum_from(o.at("attention_split"), {std::pair{"per_bucket", AttentionSplit::per_bucket},
+                                            std::pair{"same_drafts", AttentionSplit::same_drafts}});
+    p.options.cand_k = o.at("cand_k").i32(0, kMaxCandK);
     o.done();
     try {
       validate(p.options);
@@ -364,6 +390,7 @@ Plan load_plan_yaml(std::string_view text) {
       o.self().fail(e.what());
     }
   }
+  if (root.has("tuning")) p.tuning = load_tuning(root.at("tuning"));
   p.ring_rows = root.at("ring_rows").i32(1, std::numeric_limits<int>::max());
   p.fp8 = root.at("fp8").boolean();
   p.device_bytes = root.at("device_bytes").i64(0, kI64Max);

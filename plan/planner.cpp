@@ -1,5 +1,6 @@
-// make_plan: from a head header and options to the plan (plan/plan.h). Everything the runtime does is
-// decided here, once, on the host; each decision that has an alternative is recorded as a Choice.
+// make_plan: from a head header, its options and the tuning to the plan (plan/plan.h). Everything the
+// runtime does is decided here, once, on the host; each decision that has an alternative is recorded as a
+// Choice.
 //
 // Ordering within a draft step (one stream, so every node sees its predecessors' writes complete):
 //   prepare_x reads (tok | next_token) and (g | h2)   -> x
@@ -97,11 +98,14 @@ struct Matrix {
 
 class Planner {
  public:
-  Planner(const HeadHeader& h, const PlanOptions& o, std::string sha) {
+  Planner(const HeadHeader& h, const PlanOptions& o, const Tuning& t, std::string sha) {
     validate(h);
     validate(o);
+    validate(t);
+    cand_k_ = plan_cand_k(h, o);
     p_.header = h;
     p_.options = o;
+    p_.tuning = t;
     p_.head_sha256 = std::move(sha);
   }
 
@@ -115,31 +119,22 @@ class Planner {
     choose("draft tables and outputs",
            "host arena: s1.load_tables reads the tables, the last step's store_outputs writes the outputs and then "
            "host_done, which the host polls",
-           "a draft call is one graph launch and one wait, no copy-engine transfer: measured on the H200 6-9 us less "
-           "a call than an upload and two downloads; the outputs written once a pass, not by every step's top1 / "
-           "rescore: measured 0-1.4 us a step less for about 2 us a call more; the host polls host_done rather than "
-           "synchronizing the stream: measured 1.8-3.6 us less a call (BENCHMARKS.md, \"A draft call without "
-           "copies\", \"The outputs' host copy once a pass\" and \"Polling a completion word\")");
+           "a draft call is then one graph launch and one wait, with no copy-engine transfer (BENCHMARKS.md \"A draft "
+           "call without copies\")");
     for (int b : p_.options.buckets) p_.buckets.push_back(draft_bucket(b));
     const int dependent = dependent_streams();
-    const bool above = dependent < p_.options.buckets.back() && p_.options.dependent_safe_nodes;
+    const bool above = dependent < p_.options.buckets.back() && p_.tuning.dependent_safe_nodes;
     std::string decision = dependent ? fmt::format("draft passes of buckets up to {} streams", dependent) : "";
     if (above)
       decision += fmt::format("{}every node but a GEMV after a grid of {} CTAs or more",
                               dependent ? "; above, " : "", kSmCount);
     if (decision.empty()) decision = "none";
     choose("dependent launch", decision,
-           fmt::format("option {}: programmatic dependent launch overlaps each kernel's start with its predecessor's "
-                       "end; on every node measured on the H200 2-4 % faster at 1-2 streams, 1-6 us a step at 4, "
-                       "slower at 8-16 streams for bf16 layers (BENCHMARKS.md); an FP8 GEMV right after a GEMV is "
-                       "launched plainly (measured 3 us faster so){}",
-                       layer_fp8() ? "dependent_streams_fp8 (the layer's linears are FP8)" : "dependent_streams",
-                       above ? "; option dependent_safe_nodes: above that, a GEMV after a grid of one CTA an SM or "
-                               "more is launched plainly (its CTAs would land unevenly on the slots that grid's last "
-                               "CTAs leave) and every other node dependent: llama3 bf16 measured 6.4 us a step "
-                               "faster at 8 streams, 2.4 at 16, FP8 layers 1.2-3.1 us at 4-16 streams than with "
-                               "every node but an FP8 GEMV after a GEMV"
-                             : ""));
+           fmt::format("tuning {} = {}, dependent_safe_nodes = {}: a kernel launched early overlaps its "
+                       "predecessor's end, except a GEMV whose grid would then land unevenly (BENCHMARKS.md "
+                       "\"Dependent launch\")",
+                       layer_fp8() ? "dependent_streams_fp8" : "dependent_streams", dependent,
+                       p_.tuning.dependent_safe_nodes));
     plan_extend();
     finish();
     return std::move(p_);
@@ -272,7 +267,7 @@ class Planner {
     const auto& hh = h();
     const int64_t row_bytes = m.k * (m.fp8 ? 1 : 2);
     std::string why;
-    if (!p_.options.tiled_weights) why = "option tiled_weights = false";
+    if (!p_.tuning.tiled_weights) why = "tuning tiled_weights = false";
     else if (m.name == "target_head") why = "rescore reads its candidate rows one by one";
     else if (!m.fp8 && (m.name == "fc" || m.name == "wkv")) why = "the extend's cuBLASLt GEMM reads it row-major";
     else if (!tileable(m.n, row_bytes))
@@ -359,8 +354,8 @@ class Planner {
     } else {
       add(a, "u", BufferRole::activation, DType::BF16, {B, hh.lowrank});
       add(a, "scores", BufferRole::activation, DType::F32, {B, hh.draft_vocab});
-      add(a, "cand", BufferRole::activation, DType::I32, {B, int64_t{hh.cand_k}});
-      add(a, "exact", BufferRole::activation, DType::F32, {B, int64_t{hh.cand_k}});
+      add(a, "cand", BufferRole::activation, DType::I32, {B, cand_k_});
+      add(a, "exact", BufferRole::activation, DType::F32, {B, cand_k_});
       // rescore's per-row tickets: zero at open, and every pass returns them to zero.
       add(a, "rescore_arrivals", BufferRole::activation, DType::I32, {B});
     }
@@ -411,19 +406,19 @@ class Planner {
                                         {"SPLIT", split}});
   }
   // Whether the layer's four linears all run in FP8: their launches then overlap best up to another bucket
-  // (PlanOptions::dependent_streams_fp8).
+  // (Tuning::dependent_streams_fp8).
   bool layer_fp8() const {
     for (auto m : {"wqkv", "wo", "w_gate_up", "w_down"})
       if (!matrices_.at(m).fp8) return false;
     return true;
   }
   int dependent_streams() const {
-    return layer_fp8() ? p_.options.dependent_streams_fp8 : p_.options.dependent_streams;
+    return layer_fp8() ? p_.tuning.dependent_streams_fp8 : p_.tuning.dependent_streams;
   }
 
-  // Without attention_split_per_bucket every bucket takes the largest bucket's split.
+  // With AttentionSplit::same_drafts every bucket takes the largest bucket's split.
   int64_t attention_split(int64_t rows) const {
-    if (!p_.options.attention_split_per_bucket) rows = p_.options.buckets.back();
+    if (p_.options.attention_split == AttentionSplit::same_drafts) rows = p_.options.buckets.back();
     const int64_t keys = h().window + 1;
     int64_t split = std::min(max_cluster_ctas(p_.options), (keys + kAttnMinKeysPerCta - 1) / kAttnMinKeysPerCta);
     while (split > 1 && h().kv_heads * rows * split > kAttnWaveCtas && attention_smem(split - 1) <= kAttnSmemPerCta)
@@ -447,7 +442,7 @@ class Planner {
     return std::clamp<int64_t>((h().draft_vocab + 4095) / 4096, 1, max_cluster_ctas(p_.options));
   }
   KernelSpec topk_spec() const {
-    return make_spec("topk", {{"VOCAB", h().draft_vocab}, {"CAND_K", int64_t{h().cand_k}}, {"SPLIT", topk_split()}});
+    return make_spec("topk", {{"VOCAB", h().draft_vocab}, {"CAND_K", cand_k_}, {"SPLIT", topk_split()}});
   }
 
   // A kernel node: the args are checked against the kernel's parameters (a mismatch is a planner bug).
@@ -504,7 +499,7 @@ class Planner {
   // while the norm before it runs, and the cluster's join is then what is left (BENCHMARKS.md).
   static constexpr int64_t kGemvClusterCtas = 128;  // about an H100's or H200's SMs (132)
   int64_t gemv_cluster_split(const KernelSpec& g) const {
-    if (!p_.options.gemv_cluster || g.constant("WEIGHT") != kc::kWeightFP8) return 1;
+    if (!p_.tuning.gemv_cluster || g.constant("WEIGHT") != kc::kWeightFP8) return 1;
     const int64_t limit = std::min(max_cluster_ctas(p_.options), gemv_cluster_split_limit(g));
     const int64_t ctas = launch_shape(g, 1).grid[0];
     int64_t split = 1;
@@ -538,7 +533,7 @@ class Planner {
   bool fp8_gemv_after_gemv(const Node& before, const Node& n) const {
     return is_gemv(before) && is_gemv(n) && specs_.at(n.spec).constant("WEIGHT") == kc::kWeightFP8;
   }
-  // Above dependent_streams (PlanOptions::dependent_safe_nodes): a GEMV after a grid of at least one CTA an SM
+  // Above dependent_streams (Tuning::dependent_safe_nodes): a GEMV after a grid of at least one CTA an SM
   // is launched plainly, for the same reason as above, in bf16 too: at 8-16 streams its one or two waves are
   // what the step's time follows. After a smaller grid (a norm's, attention's at one CTA a row) the SMs it
   // leaves free take the GEMV's first CTAs evenly; small kernels have one short wave and gain the overlap.
@@ -555,7 +550,7 @@ class Planner {
   // The draft's RoPE in the wqkv GEMV's epilogue (gemv_rope_kv): a head without qk_norm, whose rotate-half
   // pairs the GEMV's 16-column tiles can hold 8 at a time. qk_norm needs a head's whole sum of squares,
   // which spans HEAD_DIM / 16 tiles (CTAs), before any element is rotated.
-  bool rope_in_wqkv() const { return p_.options.rope_in_wqkv && !h().qk_norm && h().head_dim % 16 == 0; }
+  bool rope_in_wqkv() const { return p_.tuning.rope_in_wqkv && !h().qk_norm && h().head_dim % 16 == 0; }
   Node wqkv_rope_kv(std::string name, int step, int64_t rows) {
     const Matrix& m = matrices_.at("wqkv");
     const auto& hh = h();
@@ -661,7 +656,7 @@ class Planner {
                                {buf("scores", "scores"), buf("cand", "cand"), i64("rows", B)}));
         nodes.push_back(kernel(pre + "rescore", s,
                                make_spec("rescore", {{"HIDDEN", H},
-                                                     {"CAND_K", int64_t{hh.cand_k}},
+                                                     {"CAND_K", cand_k_},
                                                      {"WEIGHT", th.weight_kind()},
                                                      {"MAX_STEPS", ms}}),
                                fixed, B,
@@ -680,7 +675,7 @@ class Planner {
     }
     if (streams <= dependent_streams())
       for (size_t i = 0; i < nodes.size(); ++i) nodes[i].dependent = i == 0 || !fp8_gemv_after_gemv(nodes[i - 1], nodes[i]);
-    else if (p_.options.dependent_safe_nodes)
+    else if (p_.tuning.dependent_safe_nodes)
       for (size_t i = 0; i < nodes.size(); ++i)
         nodes[i].dependent = i == 0 || !gemv_after_full_grid(nodes[i - 1], nodes[i]);
     return bucket;
@@ -754,14 +749,15 @@ class Planner {
     for (auto l : {"wqkv", "wo", "w_gate_up", "w_down"}) choose(fmt::format("{} draft", l), "gemv", draft_reason);
     if (rope_in_wqkv()) {
       choose("rope draft", "in the wqkv gemv's epilogue (gemv_rope_kv)",
-             "no qk_norm: the gemv's column tiles hold rotate-half pairs, a lane both halves of its own, so it "
-             "rotates q and k and writes q, the ring's K and V without the qkv buffer or a qk_rope_kv node");
+             "no qk_norm and head_dim a multiple of 16: the gemv's column tiles hold whole rotate-half pairs, so its "
+             "epilogue writes q and the ring's K and V, with no qkv buffer or qk_rope_kv node (BENCHMARKS.md \"Tiled "
+             "weights and GEMV choices\")");
     } else {
-      std::string reason = "option rope_in_wqkv = false";
-      if (p_.options.rope_in_wqkv && hh.qk_norm)
+      std::string reason = "tuning rope_in_wqkv = false";
+      if (p_.tuning.rope_in_wqkv && hh.qk_norm)
         reason = "qk_norm needs a head's whole sum of squares, which spans several of the gemv's column tiles, "
                  "before any element is rotated";
-      else if (p_.options.rope_in_wqkv)
+      else if (p_.tuning.rope_in_wqkv)
         reason = fmt::format("head_dim = {} is not a multiple of 16: a gemv column tile of 16 does not hold whole "
                              "rotate-half pairs", hh.head_dim);
       choose("rope draft", "qk_rope_kv node after the wqkv gemv", reason);
@@ -773,52 +769,47 @@ class Planner {
       if (splits.empty() || splits.back().first != s) splits.push_back({s, {}});
       splits.back().second.push_back(b);
     }
-    std::string decision = "ring_attention split", reason;
+    std::string decision = "ring_attention split", keys;
     for (size_t i = 0; i < splits.size(); ++i) {
       const auto& [s, bs] = splits[i];
       const std::string streams =
           bs.size() == 1 ? fmt::format("{}", bs.front()) : fmt::format("{}..{}", bs.front(), bs.back());
       decision += fmt::format("{} {}", i ? "," : "", s);
       if (splits.size() > 1) decision += fmt::format(" (streams {})", streams);
-      reason += fmt::format("{}up to {} keys a CTA, {} CTAs per row{}", i ? "; " : "", (hh.window + s) / s,
-                            hh.kv_heads * s, splits.size() > 1 ? fmt::format(" at streams {}", streams) : "");
+      keys += fmt::format("{}{}{}", i ? ", " : "up to ", (hh.window + s) / s,
+                          splits.size() > 1 ? fmt::format(" keys a CTA at streams {}", streams) : " keys a CTA");
     }
+    const bool same = p_.options.attention_split == AttentionSplit::same_drafts;
     choose("attention draft", decision,
-           fmt::format("{}, over the window of {} keys; {}; fewer, longer chunks where {} CTAs would exceed one "
-                       "wave ({}) and five CTAs still fit an SM's shared memory ({} bytes a CTA){}",
-                       reason, hh.window + 1,
+           fmt::format("{} of a {}-key window: {}{} (BENCHMARKS.md \"Attention split\")", keys, hh.window + 1,
                        splits.size() == 1 && splits.front().first == 1
                            ? fmt::format("one CTA a (kv head, row), since a chunk takes at least {} keys and "
                                          "clusters need sm_90", kAttnMinKeysPerCta)
-                           : fmt::format("each (kv head, row) is one cluster that joins its chunks through "
-                                         "distributed shared memory, a chunk at least {} keys where the window "
-                                         "allows", kAttnMinKeysPerCta),
-                       "kv_heads x streams x SPLIT", kAttnWaveCtas, kAttnSmemPerCta,
-                       !p_.options.attention_split_per_bucket
-                           ? "; option attention_split_per_bucket = false: every bucket takes the largest bucket's "
-                             "split, so a slot drafts the same tokens in every bucket"
+                           : fmt::format("each (kv head, row) one cluster of SPLIT CTAs, fewer where kv_heads x "
+                                         "streams x SPLIT would exceed one wave of {} CTAs", kAttnWaveCtas),
+                       same ? "; attention_split same_drafts: the largest bucket's split in every bucket, so a slot "
+                              "drafts the same tokens in every bucket"
                        : splits.size() > 1
-                           ? "; the split sets the order of the fp32 sums, so a slot's drafts may differ between "
-                             "buckets at a near-tie (option attention_split_per_bucket)"
+                           ? "; attention_split per_bucket: the split orders the fp32 sums, so a slot's drafts may "
+                             "differ between buckets at a near-tie"
                            : ""));
     if (hh.head_type == HeadType::dense) {
       const int64_t b0 = p_.options.buckets.front(), b1 = p_.options.buckets.back();
       choose("lm_head draft", "gemv top1 partials + top1 join",
-             fmt::format("the gemv's epilogue leaves, in place of the fp32 logits, one partial (max, its lowest "
-                         "index, sum exp(l - max)) per row of each CTA's columns: {} partials of {} logits per row "
-                         "in bucket {} .. {} of {} in bucket {}; top1 joins them in part order, a CTA per row: the "
-                         "logits never go to memory, and no pass over them, fence or ticket is left in top1",
-                         top1_parts(b0), lm_head_cols(b0), b0, top1_parts(b1), lm_head_cols(b1), b1));
+             fmt::format("the gemv's epilogue writes one (max, lowest index, sum exp) partial a row per column tile, "
+                         "{} at bucket {} .. {} at bucket {}, which top1 joins in order, so the logits never reach "
+                         "memory (BENCHMARKS.md \"Tiled weights and GEMV choices\")",
+                         top1_parts(b0), b0, top1_parts(b1), b1));
     } else {
       choose("lr_a draft", "gemv", draft_reason);
       choose("lr_b draft", "gemv f32 scores + topk",
-             fmt::format("one cluster of {} CTAs per row selects the best {} of {} scores: the CTAs agree on "
-                         "each radix pass through distributed shared memory, with no partials, fence or ticket",
-                         topk_split(), hh.cand_k, hh.draft_vocab));
+             fmt::format("one cluster of {} CTAs a row selects the best {} of {} scores, agreeing on each radix "
+                         "pass through distributed shared memory",
+                         topk_split(), cand_k_, hh.draft_vocab));
       choose("target_head draft", "rescore",
-             fmt::format("only the {} candidate rows of target_head are read per row, a warp each; a warp of "
-                         "the last CTA to arrive joins",
-                         hh.cand_k));
+             fmt::format("only the {} candidate rows of target_head are read a row, a warp each, and the last CTA "
+                         "to arrive joins",
+                         cand_k_));
     }
     std::vector<std::string> wide;
     for (const auto& [uri, spec] : specs_) {
@@ -828,9 +819,9 @@ class Planner {
         wide.push_back(fmt::format("K {} N {} ROWS {}", g.constant("K"), g.constant("N"), g.constant("ROWS")));
     }
     choose("gemv columns per CTA", wide.empty() ? "16" : fmt::format("32 at {}; 16 elsewhere", fmt::join(wide, ", ")),
-           fmt::format("32 above 8 rows where K >= {} (and the output is not narrow), in bf16 only where at least "
-                       "{} CTAs remain: it halves the x traffic per weight byte and the CTAs; FP8 at 32 runs a "
-                       "3-stage ring of weights and x in 96 KB of dynamic shared memory",
+           fmt::format("32 above 8 rows where K >= {} and the output is not narrow, in bf16 only where {} CTAs "
+                       "remain, halving x's traffic per weight byte (BENCHMARKS.md \"Tiled weights and GEMV "
+                       "choices\")",
                        kGemvWideMinK, kGemvWideCtas));
     // Shapes whose CTAs run several column tiles (a short K), each once whatever its ROWS and COLS.
     std::set<std::string> multi;
@@ -841,28 +832,26 @@ class Planner {
                                g.constant("WEIGHT") == kc::kWeightFP8 ? "fp8" : "bf16"));
     }
     choose("gemv column tiles per CTA", multi.empty() ? "1" : fmt::format("{}; 1 elsewhere", fmt::join(multi, ", ")),
-           "a tile's K is split over 8 warps (16 where the output is narrow), over fewer where K would give a warp "
-           "under 4 steps of 16-byte chunks; a CTA's 8 warps then run 8 / split tiles, so that a short K's CTAs "
-           "are not over before their loads pipeline");
+           "a tile's K is split over 8 warps (16 for a narrow output), over fewer where a warp would get under 4 "
+           "K steps, the spare warps taking more tiles so that a short K's loads still pipeline (BENCHMARKS.md "
+           "\"Tiled weights and GEMV choices\")");
     std::set<std::string> clustered;
     for (const auto& [uri, spec] : specs_)
       if (spec.kernel == "gemv_cluster")
         clustered.insert(fmt::format("{} at K {} N {} {}", spec.constant("CSPLIT"), spec.constant("K"),
                                      spec.constant("N"), spec.constant("WEIGHT") == kc::kWeightFP8 ? "fp8" : "bf16"));
     std::string unclustered = "no FP8 output narrow enough";
-    if (!p_.options.gemv_cluster) unclustered = "option gemv_cluster = false";
+    if (!p_.tuning.gemv_cluster) unclustered = "tuning gemv_cluster = false";
     else if (max_cluster_ctas(p_.options) == 1) unclustered = fmt::format("{} has no clusters", p_.options.arch);
     choose("gemv cluster split", clustered.empty() ? "1" : fmt::format("{}; 1 elsewhere", fmt::join(clustered, ", ")),
            clustered.empty() ? unclustered
-                             : fmt::format("a narrow FP8 output's few column tiles (under 64 of 16 columns) leave most "
-                                           "SMs idle: gemv_cluster splits each tile's K over a cluster of CTAs, up to "
-                                           "{} CTAs, joined in rank order through distributed shared memory (in bf16 "
-                                           "it measured slower)",
+                             : fmt::format("a narrow FP8 output's few column tiles leave most SMs idle, so each "
+                                           "tile's K is split over a cluster, up to {} CTAs in all, joined in rank "
+                                           "order (BENCHMARKS.md \"Tiled weights and GEMV choices\")",
                                            kGemvClusterCtas));
     choose("weight layout", tiled_.empty() ? "rows" : fmt::format("tiled: {}", fmt::join(tiled_, ", ")),
-           fmt::format("a matrix only GEMVs read is stored in 16-row tiles interleaved a 64-byte K step at a time, "
-                       "so that each warp load reads 512 consecutive bytes (bench_gemv, rows 1, five linears: bf16 "
-                       "1.14 -> 0.99 x the floor, FP8 1.27 -> 1.20 x); row-major: {}",
+           fmt::format("a tiled matrix's warp loads read 512 consecutive bytes (BENCHMARKS.md \"Tiled weights and "
+                       "GEMV choices\"); row-major: {}",
                        rows_.empty() ? "none" : fmt::format("{}", fmt::join(rows_, ", "))));
     for (auto& [uri, spec] : specs_) p_.specs.push_back(spec);  // std::map: sorted by uri
     if (gemms_ == 0) {
@@ -879,13 +868,14 @@ class Planner {
   std::map<std::string, Matrix> matrices_;
   std::vector<std::string> tiled_, rows_;  // the weight layout choice: matrices tiled, and row-major with why
   std::map<std::string, KernelSpec> specs_;
+  int64_t cand_k_ = 0;  // two_stage: the candidates rescored (PlanOptions::cand_k, else the header's)
   int gemms_ = 0;
 };
 
 }  // namespace
 
-Plan make_plan(const HeadHeader& header, const PlanOptions& options, std::string head_sha256) {
-  Plan p = Planner(header, options, std::move(head_sha256)).run();
+Plan make_plan(const HeadHeader& header, const PlanOptions& options, const Tuning& tuning, std::string head_sha256) {
+  Plan p = Planner(header, options, tuning, std::move(head_sha256)).run();
   validate(p);
   return p;
 }

@@ -34,6 +34,8 @@ struct TestHooks {
   // node's outputs keep what they last held (zeros from open on), so the nodes after it still read ids and
   // rows in range. Checked at open by check_knock_out (plan/plan.h).
   std::vector<std::string> knock_out;
+  // The tuning the runtime plans with (none of it is the engine's to choose); an artifact's plan keeps its own.
+  Tuning tuning;
 };
 
 

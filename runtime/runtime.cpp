@@ -309,6 +309,7 @@ Runtime open_runtime(const HeadFile& file, const OpenOptions& o, const TestHooks
   rq.artifact_dir = o.artifact_dir;
   rq.options = o.plan;
   rq.recompile_mismatched_artifact = o.recompile_mismatched_artifact;
+  rq.tuning = hooks.tuning;
   rq.arch = device_arch(o.device);
   rq.device = o.device;
   Resolved planned = resolve(file, rq);

@@ -381,7 +381,7 @@ Plan tiny_plan() {
   PlanOptions o;
   o.buckets = {1};
   o.max_steps = 2;
-  return make_plan(preset_header("tiny"), o, std::string(64, 'a'));
+  return make_plan(preset_header("tiny"), o, {}, std::string(64, 'a'));
 }
 
 CompileOptions stub_options() {
@@ -456,7 +456,7 @@ TEST_CASE("artifact: compile_plan writes plan, CUBINs and manifest that load_art
   // A plan with fewer specializations written over it leaves no stale CUBIN behind.
   PlanOptions fewer = plan.options;
   fewer.max_steps = 1;
-  Plan small = make_plan(plan.header, fewer, plan.head_sha256);
+  Plan small = make_plan(plan.header, fewer, plan.tuning, plan.head_sha256);
   small.specs.resize(1);  // not a loadable plan, but enough to exercise the clean-up
   small.buckets.clear();
   small.extend.clear();
@@ -572,7 +572,7 @@ TEST_CASE("artifact: a failed recompile leaves the old artifact loadable and not
   const std::string manifest = read_text(out / "manifest.json");
   PlanOptions other = plan.options;
   other.max_steps = 1;
-  const Plan changed = make_plan(plan.header, other, plan.head_sha256);
+  const Plan changed = make_plan(plan.header, other, {}, plan.head_sha256);
   CHECK_THROWS_WITH_AS(compile_plan(changed, out.string(), {}, KernelCache(tmp.path / "cold", false), stub_options()),
                        doctest::Contains("TFE_JIT=off"), Error);
   CHECK(read_text(out / "manifest.json") == manifest);

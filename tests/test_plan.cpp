@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <span>
 #include <tuple>
 
 #include "kernels/registry.h"
@@ -93,12 +94,37 @@ TEST_CASE("plan YAML: dump -> load -> equal -> dump equal") {
   // Default options; the full-size presets round-trip in the golden test.
   for (const auto* name : {"tiny", "tiny-two-stage"}) {
     CAPTURE(name);
-    const Plan p = make_plan(preset_header(name), PlanOptions{}, "ab12");
+    const Plan p = make_plan(preset_header(name), PlanOptions{}, {}, "ab12");
     const std::string text = dump_plan_yaml(p);
     const Plan q = load_plan_yaml(text);
     CHECK(q == p);
     CHECK(dump_plan_yaml(q) == text);
   }
+}
+
+TEST_CASE("plan YAML: options hold PlanOptions alone, and tuning only the fields off their defaults") {
+  const HeadHeader h = preset_header("tiny");
+  const std::string plain = dump_plan_yaml(make_plan(h, PlanOptions{}));
+  CHECK(plain.find("\ntuning:") == std::string::npos);
+  CHECK(plain.find("  attention_split: per_bucket\n  cand_k: 0\nring_rows:") != std::string::npos);
+  Tuning t;
+  t.dependent_streams = 2;
+  t.rope_in_wqkv = false;
+  const Plan p = make_plan(h, PlanOptions{}, t);
+  const std::string text = dump_plan_yaml(p);
+  CHECK(text.find("  cand_k: 0\ntuning:\n  dependent_streams: 2\n  rope_in_wqkv: false\nring_rows:") !=
+        std::string::npos);
+  CHECK(load_plan_yaml(text) == p);
+  CHECK(load_plan_yaml(text).tuning == t);
+  const auto refused = [&](std::string_view from, std::string_view to, const char* message) {
+    CAPTURE(to);
+    std::string s = text;
+    s.replace(s.find(from), from.size(), to);
+    CHECK_THROWS_WITH_AS(load_plan_yaml(s), doctest::Contains(message), Error);
+  };
+  refused("  dependent_streams: 2\n", "  dependent_streams: 17\n", "tuning.dependent_streams: 17 is outside 0..16");
+  refused("  rope_in_wqkv: false\n", "  rope_in_wqkv: false\n  fast: true\n", "unknown key `fast`");
+  refused("  rope_in_wqkv: false\n", "  rope_in_wqkv: no\n", "rope_in_wqkv: expected `true` or `false`");
 }
 
 namespace {
@@ -139,24 +165,131 @@ const Buffer& buffer_of(const Plan& p, const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("plan golden: each preset's plan YAML is exactly the stored one") {
+namespace {
+
+// The golden plans (tests/golden, README.md there): the tiny presets' whole dumped plans; for the full-size
+// presets, what a reviewer reads of theirs (golden_summary), with the sha256 of the whole dump.
+bool full_golden(const std::string& name) { return name.starts_with("tiny"); }
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t end = text.find('\n', at);
+    out.push_back(text.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return out;
+}
+
+// A dumped plan's top-level sections in order, each its key and its lines verbatim.
+std::vector<std::pair<std::string, std::string>> top_level_sections(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& line : lines_of(text)) {
+    if (!line.empty() && line[0] != ' ') out.emplace_back(line.substr(0, line.find(':')), "");
+    REQUIRE(!out.empty());
+    out.back().second += line + "\n";
+  }
+  return out;
+}
+
+// A full-size preset's golden: the options, tuning, choices, arenas and kernel specs of its plan, the draft
+// pass of its first (1-stream) bucket, and the sha256 of the whole dump, which covers the header, the other
+// buckets and the extend.
+std::string golden_summary(const std::string& name, const std::string& text) {
+  const bool fp8 = name.ends_with("-fp8");
+  const std::string preset = fp8 ? name.substr(0, name.size() - 4) : name;
+  std::string out = fmt::format(
+      "# tfe-plan dump --preset {}{} --buckets 1,4,16 --max-steps 4\n"
+      "# less its head, extend and buckets past the first; plan_sha256: the whole dump's (tests/golden/README.md)\n",
+      preset, fp8 ? " --preset-fp8" : "");
+  out += fmt::format("plan_sha256: {}\n", sha256_hex(std::as_bytes(std::span(text.data(), text.size()))));
+  for (const auto& [key, section] : top_level_sections(text)) {
+    if (key == "head" || key == "extend") continue;
+    if (key != "buckets") {
+      out += section;
+      continue;
+    }
+    const size_t second = section.find("\n  - streams:", section.find("  - streams:") + 1);
+    out += section.substr(0, second == std::string::npos ? std::string::npos : second + 1);
+  }
+  return out;
+}
+
+// The first difference between two texts, as a unified diff's hunk: up to three lines of context, the
+// stored lines (-) and the new ones (+) that differ, at most eight of each.
+std::string first_difference(const std::string& stored, const std::string& now) {
+  const auto a = lines_of(stored), b = lines_of(now);
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  size_t ea = a.size(), eb = b.size();
+  while (ea > i && eb > i && a[ea - 1] == b[eb - 1]) --ea, --eb;
+  std::string out = fmt::format("@@ -{},{} +{},{} @@\n", i + 1, ea - i, i + 1, eb - i);
+  for (size_t k = i < 3 ? 0 : i - 3; k < i; ++k) out += " " + a[k] + "\n";
+  const auto side = [&](const std::vector<std::string>& v, size_t end, char sign) {
+    for (size_t k = i; k < end && k < i + 8; ++k) out += sign + v[k] + "\n";
+    if (end > i + 8) out += fmt::format("{} ... {} more lines\n", sign, end - i - 8);
+  };
+  side(a, ea, '-');
+  side(b, eb, '+');
+  for (size_t k = eb; k < b.size() && k < eb + 3; ++k) out += " " + b[k] + "\n";
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("plan golden: each preset's plan YAML, or what a reviewer reads of it and its sha256, is the stored one") {
   const std::filesystem::path dir = std::filesystem::path(TFE_SOURCE_DIR) / "tests" / "golden";
   const bool update = std::getenv("TFE_UPDATE_GOLDEN") != nullptr;
+  const std::string regenerate =
+      "if the change is intended, regenerate with TFE_UPDATE_GOLDEN=1 (tests/golden/README.md) and review the diff";
   for (const auto& [name, header] : golden_heads()) {
     CAPTURE(name);
-    const std::string text = dump_plan_yaml(make_plan(header, golden_options()));
+    const Plan plan = make_plan(header, golden_options());
+    const std::string text = dump_plan_yaml(plan);
+    const std::string golden = full_golden(name) ? text : golden_summary(name, text);
     const auto path = dir / (name + ".yaml");
     if (update) {
       std::filesystem::create_directories(dir);
-      std::ofstream(path, std::ios::binary) << text;
+      std::ofstream(path, std::ios::binary) << golden;
     }
     REQUIRE_MESSAGE(std::filesystem::exists(path), path.string() << " is missing; regenerate with TFE_UPDATE_GOLDEN=1");
     const std::string stored = read_text(path);
-    CHECK_MESSAGE(stored == text, "the plan of " << name << " differs from " << path.string()
-                                                 << "; if the change is intended, regenerate with TFE_UPDATE_GOLDEN=1 "
-                                                    "and review the diff");
-    CHECK(load_plan_yaml(stored) == make_plan(header, golden_options()));
+    // The readable part first, so that a change there shows as its lines; the sha256 apart from it.
+    const auto without_sha = [](std::string s) {
+      const std::string key = "\nplan_sha256: ";
+      const size_t at = s.find(key);
+      return at == std::string::npos ? s : s.replace(at + key.size(), s.find('\n', at + 1) - at - key.size(), "-");
+    };
+    if (without_sha(stored) != without_sha(golden))
+      FAIL_CHECK("the plan of " << name << " differs from " << path.string() << ":\n"
+                                << first_difference(without_sha(stored), without_sha(golden)) << regenerate);
+    else if (stored != golden)
+      FAIL_CHECK("the plan of " << name << " differs from " << path.string()
+                                << " outside what it stores (the sha256 of the whole dump changed: the header, a bucket "
+                                   "past the first or the extend); diff `tfe-plan dump` against the previous tree's; "
+                                << regenerate);
+    // The whole plan round-trips through its YAML; a full golden loads as the plan itself.
+    CHECK(load_plan_yaml(text) == plan);
+    if (full_golden(name)) CHECK(load_plan_yaml(stored) == plan);
   }
+}
+
+TEST_CASE("plan golden: a changed plan is reported by its first differing lines") {
+  CHECK(first_difference("a\nb\nc\nd\ne\n", "a\nb\nC\nd\ne\n") == "@@ -3,1 +3,1 @@\n a\n b\n-c\n+C\n d\n e\n");
+  CHECK(first_difference("a\nb\n", "a\nb\nc\n") == "@@ -3,0 +3,1 @@\n a\n b\n+c\n");
+  // A summary keeps a plan's sections but its head and extend, and its first bucket alone.
+  const std::string text = dump_plan_yaml(make_plan(preset_header("tiny"), golden_options()));
+  const std::string summary = golden_summary("tiny", text);
+  CHECK(summary.find("\nplan_sha256: ") != std::string::npos);
+  CHECK(summary.find("\noptions:\n") != std::string::npos);
+  CHECK(summary.find("\nspecs:\n") != std::string::npos);
+  CHECK(summary.find("\nhead:") == std::string::npos);
+  CHECK(summary.find("\nextend:") == std::string::npos);
+  CHECK(summary.find("  - streams: 1\n") != std::string::npos);
+  CHECK(summary.find("  - streams: 4\n") == std::string::npos);
+  CHECK(summary.ends_with("\n"));
 }
 
 TEST_CASE("plan YAML: round trip under varied options and FP8 forms") {
@@ -175,16 +308,18 @@ TEST_CASE("plan YAML: round trip under varied options and FP8 forms") {
     o.fp8 = rng() % 2 ? Fp8Mode::automatic : Fp8Mode::off;
     o.max_slots = 16 + static_cast<int>(rng() % 100);
     o.extend_rows = 16 + static_cast<int>(rng() % 2000);
-    o.dependent_streams = static_cast<int>(rng() % 17);
-    o.dependent_streams_fp8 = static_cast<int>(rng() % 17);
-    o.dependent_safe_nodes = rng() % 2 == 0;
-    o.rope_in_wqkv = rng() % 2 == 0;
-    o.gemv_cluster = rng() % 2 == 0;
-    o.tiled_weights = rng() % 2 == 0;
-    o.attention_split_per_bucket = rng() % 2 == 0;
+    o.attention_split = rng() % 2 ? AttentionSplit::per_bucket : AttentionSplit::same_drafts;
+    if (h.head_type == HeadType::two_stage && rng() % 2) o.cand_k = 1 + static_cast<int>(rng() % h.draft_vocab);
     o.arch = rng() % 2 ? "sm_90" : "sm_100";
+    Tuning t;
+    t.dependent_streams = static_cast<int>(rng() % 17);
+    t.dependent_streams_fp8 = static_cast<int>(rng() % 17);
+    t.dependent_safe_nodes = rng() % 2 == 0;
+    t.rope_in_wqkv = rng() % 2 == 0;
+    t.gemv_cluster = rng() % 2 == 0;
+    t.tiled_weights = rng() % 2 == 0;
     const std::string sha = fmt::format("{:016x}", rng());
-    const Plan p = make_plan(h, o, sha);
+    const Plan p = make_plan(h, o, t, sha);
     CAPTURE(dump_plan_yaml(p).substr(0, 2000));
     const std::string text = dump_plan_yaml(p);
     const Plan q = load_plan_yaml(text);
@@ -212,14 +347,63 @@ TEST_CASE("make_plan: options outside their limits are refused by name") {
   refused([](PlanOptions& o) { o.max_slots = 8; }, "bucket 16 exceeds max_slots = 8");
   refused([](PlanOptions& o) { o.extend_rows = 15; }, "extend_rows = 15 is outside 16..8192");
   refused([](PlanOptions& o) { o.extend_rows = 8193; }, "extend_rows = 8193 is outside 16..8192");
-  refused([](PlanOptions& o) { o.dependent_streams = -1; }, "dependent_streams = -1 is outside 0..16");
-  refused([](PlanOptions& o) { o.dependent_streams = 17; }, "dependent_streams = 17 is outside 0..16");
-  refused([](PlanOptions& o) { o.dependent_streams_fp8 = -1; }, "dependent_streams_fp8 = -1 is outside 0..16");
-  refused([](PlanOptions& o) { o.dependent_streams_fp8 = 17; }, "dependent_streams_fp8 = 17 is outside 0..16");
+  refused([](PlanOptions& o) { o.cand_k = -1; }, "cand_k = -1 is outside 0..512 (0: the head's)");
+  refused([](PlanOptions& o) { o.cand_k = 513; }, "cand_k = 513 is outside 0..512 (0: the head's)");
   refused([](PlanOptions& o) { o.arch = "90"; }, "arch `90` is not of the form sm_<digits>");
   refused([](PlanOptions& o) { o.arch = "sm_90x"; }, "arch `sm_90x`");
   refused([](PlanOptions& o) { o.arch = "sm_75"; }, "arch sm_75 is below sm_80");
   CHECK_THROWS_WITH_AS(fp8_mode_from_name("on"), doctest::Contains("fp8 mode `on`"), Error);
+  CHECK_THROWS_WITH_AS(attention_split_from_name("fast"),
+                       doctest::Contains("attention split `fast` is not one of per_bucket, same_drafts"), Error);
+  const auto tuning_refused = [&](auto edit, const char* message) {
+    Tuning t;
+    edit(t);
+    CHECK_THROWS_WITH_AS(make_plan(h, PlanOptions{}, t), doctest::Contains(message), Error);
+  };
+  tuning_refused([](Tuning& t) { t.dependent_streams = -1; }, "tuning: dependent_streams = -1 is outside 0..16");
+  tuning_refused([](Tuning& t) { t.dependent_streams = 17; }, "tuning: dependent_streams = 17 is outside 0..16");
+  tuning_refused([](Tuning& t) { t.dependent_streams_fp8 = -1; }, "dependent_streams_fp8 = -1 is outside 0..16");
+  tuning_refused([](Tuning& t) { t.dependent_streams_fp8 = 17; }, "dependent_streams_fp8 = 17 is outside 0..16");
+}
+
+TEST_CASE("make_plan: cand_k overrides the header's candidates for a two_stage head, within its limits") {
+  // A dense head has no candidates: a nonzero cand_k is refused, naming the field.
+  PlanOptions o;
+  o.cand_k = 8;
+  CHECK_THROWS_WITH_AS(make_plan(preset_header("tiny"), o),
+                       doctest::Contains("cand_k = 8 is set, but the head is dense"), Error);
+  // At most the head's draft_vocab (tiny-two-stage: 300).
+  const HeadHeader h = preset_header("tiny-two-stage");
+  REQUIRE(h.draft_vocab == 300);
+  o.cand_k = 301;
+  CHECK_THROWS_WITH_AS(make_plan(h, o), doctest::Contains("cand_k = 301 exceeds the head's draft_vocab = 300"), Error);
+  // 0 takes the header's; a value in range takes its place in every node and buffer that holds candidates.
+  for (const int cand_k : {0, 1, 40, 300}) {
+    CAPTURE(cand_k);
+    o.cand_k = cand_k;
+    const int64_t expected = cand_k ? cand_k : h.cand_k;
+    const Plan p = make_plan(h, o);
+    CHECK(plan_cand_k(p.header, p.options) == expected);
+    CHECK(p.arena.at("cand").shape == std::vector<int64_t>{16, expected});
+    CHECK(p.arena.at("exact").shape == std::vector<int64_t>{16, expected});
+    int seen = 0;
+    for (const auto& s : p.specs)
+      if (s.kernel == "topk" || s.kernel == "rescore") {
+        CHECK(s.constant("CAND_K") == expected);
+        ++seen;
+      }
+    CHECK(seen >= 2);
+    const auto rescore = std::find_if(p.choices.begin(), p.choices.end(),
+                                      [](const Choice& c) { return c.subject == "target_head draft"; });
+    REQUIRE(rescore != p.choices.end());
+    CHECK(rescore->reason.starts_with(fmt::format("only the {} candidate rows", expected)));
+    // The override is plan data: it survives the YAML.
+    CHECK(load_plan_yaml(dump_plan_yaml(p)) == p);
+  }
+  // A loaded plan is held to the same limits: a dense plan's YAML with a cand_k is refused.
+  const std::string dense = dump_plan_yaml(make_plan(preset_header("tiny"), golden_options()));
+  CHECK_THROWS_WITH_AS(load_plan_yaml(replace_once(dense, "cand_k: 0\nring_rows", "cand_k: 4\nring_rows")),
+                       doctest::Contains("cand_k = 4 is set, but the head is dense"), Error);
 }
 
 TEST_CASE("plan_options_differences: names each differing option by its YAML key with both values") {
@@ -237,16 +421,10 @@ TEST_CASE("plan_options_differences: names each differing option by its YAML key
   differs([](PlanOptions& o) { o.arch = "sm_100"; }, "arch sm_90 against sm_100");
   differs([](PlanOptions& o) { o.max_slots = 32; }, "max_slots 64 against 32");
   differs([](PlanOptions& o) { o.extend_rows = 512; }, "extend_rows 1024 against 512");
-  differs([](PlanOptions& o) { o.dependent_streams = 2; }, "dependent_streams 4 against 2");
-  differs([](PlanOptions& o) { o.dependent_streams_fp8 = 16; }, "dependent_streams_fp8 0 against 16");
-  differs([](PlanOptions& o) { o.dependent_safe_nodes = false; }, "dependent_safe_nodes true against false");
-  differs([](PlanOptions& o) { o.rope_in_wqkv = false; }, "rope_in_wqkv true against false");
-  differs([](PlanOptions& o) { o.gemv_cluster = false; }, "gemv_cluster true against false");
-  differs([](PlanOptions& o) { o.tiled_weights = false; }, "tiled_weights true against false");
-  differs([](PlanOptions& o) { o.attention_split_per_bucket = false; },
-          "attention_split_per_bucket true against false");
-  differs([](PlanOptions& o) { o.max_steps = 2, o.gemv_cluster = false; },
-          "max_steps 8 against 2; gemv_cluster true against false");
+  differs([](PlanOptions& o) { o.attention_split = AttentionSplit::same_drafts; },
+          "attention_split per_bucket against same_drafts");
+  differs([](PlanOptions& o) { o.cand_k = 32; }, "cand_k 0 against 32");
+  differs([](PlanOptions& o) { o.max_steps = 2, o.cand_k = 32; }, "max_steps 8 against 2; cand_k 0 against 32");
 }
 
 TEST_CASE("check_knock_out: takes draft node names without their step, refuses unknown and needed ones") {
@@ -524,13 +702,13 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
 
 TEST_CASE("make_plan: the extend's K/V GEMM reads the contiguous wk|wv rows of wqkv, or their row-major copy wkv "
           "beside a tiled bf16 wqkv") {
-  PlanOptions rows_only = golden_options();
+  Tuning rows_only;
   rows_only.tiled_weights = false;
   for (const auto& [name, h] : golden_heads())
-    for (const PlanOptions& o : {golden_options(), rows_only}) {
+    for (const Tuning& t : {Tuning{}, rows_only}) {
       CAPTURE(name);
-      CAPTURE(o.tiled_weights);
-      const Plan p = make_plan(h, o);
+      CAPTURE(t.tiled_weights);
+      const Plan p = make_plan(h, golden_options(), t);
       const auto kv =
           std::find_if(p.extend.begin(), p.extend.end(), [](const Node& n) { return n.name == "extend.kv"; });
       REQUIRE(kv != p.extend.end());
@@ -539,7 +717,7 @@ TEST_CASE("make_plan: the extend's K/V GEMM reads the contiguous wk|wv rows of w
       const Buffer* wkv = p.weights.find("wkv");
       // The copy exists exactly where the bf16 wqkv is tiled: wk's rows and wv's, row-major.
       CHECK((wkv != nullptr) == (wqkv.dtype == DType::BF16 && wqkv.layout == Layout::tiled));
-      CHECK((wqkv.layout == Layout::tiled) == (o.tiled_weights && q_rows % 16 == 0));
+      CHECK((wqkv.layout == Layout::tiled) == (t.tiled_weights && q_rows % 16 == 0));
       if (wqkv.dtype == DType::BF16) {
         CHECK(kv->kind == Node::Kind::gemm);
         CHECK(kv->gemm.n == 2 * h.kv_heads * h.head_dim);
@@ -663,9 +841,9 @@ TEST_CASE("make_plan: attention takes fewer, longer key chunks where its grid wo
   CHECK(w.at(4) == 4);
   CHECK(w.at(8) == 2);
   CHECK(w.at(16) == 1);
-  // attention_split_per_bucket = false: every bucket takes the largest bucket's split (a slot's attention
-  // sums its keys in one order in every bucket), also where the buckets stop below 16.
-  o.attention_split_per_bucket = false;
+  // same_drafts: every bucket takes the largest bucket's split (a slot's attention sums its keys in one
+  // order in every bucket), also where the buckets stop below 16.
+  o.attention_split = AttentionSplit::same_drafts;
   CHECK(splits(llama) == std::map<int, int64_t>{{1, 4}, {2, 4}, {4, 4}, {8, 4}, {16, 4}});
   CHECK(splits(wide) == std::map<int, int64_t>{{1, 1}, {2, 1}, {4, 1}, {8, 1}, {16, 1}});
   o.buckets = {1, 2, 4};
@@ -710,8 +888,8 @@ TEST_CASE("make_plan: two_stage topk is one cluster of CTAs per row, 4096 scores
 TEST_CASE("make_plan: a narrow FP8 output's gemv splits each column tile's K over a cluster (gemv_cluster), up to "
           "128 CTAs, from sm_90 on, never in bf16") {
   // The GEMV nodes of every draft pass, by node name (without its step prefix): kernel and CSPLIT.
-  const auto gemvs = [](const HeadHeader& h, const PlanOptions& o) {
-    const Plan p = make_plan(h, o);
+  const auto gemvs = [](const HeadHeader& h, const PlanOptions& o, const Tuning& t = {}) {
+    const Plan p = make_plan(h, o, t);
     std::map<std::string, std::set<std::pair<std::string, int64_t>>> out;
     for (const auto& b : p.buckets)
       for (const auto& n : b.nodes) {
@@ -740,9 +918,9 @@ TEST_CASE("make_plan: a narrow FP8 output's gemv splits each column tile's K ove
   CHECK(fp8.at("lr_a") == Kernels{{"gemv_cluster", 4}});
   for (const auto& [name, kernels] : fp8)
     if (name != "lr_a") CHECK(kernels.begin()->first != "gemv_cluster");
-  PlanOptions off;
+  Tuning off;
   off.gemv_cluster = false;
-  CHECK(gemvs(h, off).at("lr_a") == Kernels{{"gemv", 1}});
+  CHECK(gemvs(h, defaults, off).at("lr_a") == Kernels{{"gemv", 1}});
   PlanOptions ampere;
   ampere.arch = "sm_80";
   CHECK(gemvs(h, ampere).at("lr_a") == Kernels{{"gemv", 1}});
@@ -770,8 +948,8 @@ TEST_CASE("make_plan: a narrow FP8 output's gemv splits each column tile's K ove
 TEST_CASE("make_plan: a head without qk_norm ropes in the wqkv gemv's epilogue (gemv_rope_kv), one with qk_norm "
           "or a head_dim not a multiple of 16 keeps the qk_rope_kv node") {
   // Per step: the wqkv node's kernel, and whether a qk_rope_kv node follows it.
-  const auto draft_rope = [](const HeadHeader& h, const PlanOptions& o = PlanOptions{}) {
-    const Plan p = make_plan(h, o);
+  const auto draft_rope = [](const HeadHeader& h, const Tuning& t = {}) {
+    const Plan p = make_plan(h, PlanOptions{}, t);
     std::set<std::string> kernels;
     for (const auto& b : p.buckets) {
       int ropes = 0, wqkvs = 0;
@@ -815,7 +993,7 @@ TEST_CASE("make_plan: a head without qk_norm ropes in the wqkv gemv's epilogue (
   h.head_dim = 32;
   h.qk_norm = true;
   CHECK(draft_rope(h) == "gemv");
-  PlanOptions off;
+  Tuning off;
   off.rope_in_wqkv = false;
   CHECK(draft_rope(preset_header("llama3-8b-eagle3"), off) == "gemv");
   // Only a GEMV has a gemv equivalent.
@@ -938,9 +1116,9 @@ TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows with K >= 
 TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (default 4, or dependent_streams_fp8, "
           "default 0, where the layer's linears are FP8), but an FP8 GEMV right after a GEMV, and above it every node "
           "but a GEMV after a full grid (dependent_safe_nodes), extend kernels never") {
-  CHECK(PlanOptions{}.dependent_streams == 4);
-  CHECK(PlanOptions{}.dependent_streams_fp8 == 0);
-  CHECK(PlanOptions{}.dependent_safe_nodes);
+  CHECK(Tuning{}.dependent_streams == 4);
+  CHECK(Tuning{}.dependent_streams_fp8 == 0);
+  CHECK(Tuning{}.dependent_safe_nodes);
   for (const auto& [name, header] : golden_heads()) {
     CAPTURE(name);
     // The golden FP8 presets run every linear in FP8; the others none.
@@ -950,12 +1128,12 @@ TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (de
         CAPTURE(bf16_limit);
         CAPTURE(fp8_limit);
         CAPTURE(safe);
-        PlanOptions o = golden_options();
-        o.dependent_streams = bf16_limit;
-        o.dependent_streams_fp8 = fp8_limit;
-        o.dependent_safe_nodes = safe;
+        Tuning t;
+        t.dependent_streams = bf16_limit;
+        t.dependent_streams_fp8 = fp8_limit;
+        t.dependent_safe_nodes = safe;
         const int limit = fp8 ? fp8_limit : bf16_limit;
-        const Plan p = make_plan(header, o);
+        const Plan p = make_plan(header, golden_options(), t);
         int plain_fp8 = 0, plain_above = 0, dependent_above = 0;
         for (const auto& b : p.buckets)
           for (size_t i = 0; i < b.nodes.size(); ++i) {
@@ -1006,11 +1184,11 @@ TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (de
     HeadHeader h = preset_header("tiny");
     h.fp8 = linears_in_use(h);
     if (!all_fp8) h.fp8.erase(std::find(h.fp8.begin(), h.fp8.end(), "w_down"));
-    PlanOptions o = golden_options();
-    o.dependent_streams = 1;
-    o.dependent_streams_fp8 = 16;
-    o.dependent_safe_nodes = false;  // so that a bucket's first node shows which limit applies
-    const Plan p = make_plan(h, o);
+    Tuning t;
+    t.dependent_streams = 1;
+    t.dependent_streams_fp8 = 16;
+    t.dependent_safe_nodes = false;  // so that a bucket's first node shows which limit applies
+    const Plan p = make_plan(h, golden_options(), t);
     for (const auto& b : p.buckets) {
       CAPTURE(b.streams);
       CHECK(b.nodes.front().dependent == (all_fp8 || b.streams <= 1));
@@ -1370,7 +1548,7 @@ TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
   o.max_slots = 9;
   o.extend_rows = 32;
   const Plan p = load_plan_yaml(read_text(out));
-  CHECK(p == make_plan(h, o, HeadFile::open(head).header_sha256()));
+  CHECK(p == make_plan(h, o, {}, HeadFile::open(head).header_sha256()));
   CHECK(p.head_sha256.size() == 64);
   const std::string bad = fmt::format("{} dump --preset tiny --buckets 1,2,2 -o {} 2> {}", TFE_PLAN_EXE, out,
                                       (dir / "dump_err.txt").string());
@@ -1379,11 +1557,12 @@ TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
   // --rope-in-wqkv false: the option reaches the plan, and a head without qk_norm keeps the qk_rope_kv node.
   const std::string off = fmt::format("{} dump --preset tiny --buckets 1 --rope-in-wqkv false -o {}", TFE_PLAN_EXE, out);
   REQUIRE(std::system(off.c_str()) == 0);
-  PlanOptions no_fold;
-  no_fold.buckets = {1};
+  PlanOptions one_bucket;
+  one_bucket.buckets = {1};
+  Tuning no_fold;
   no_fold.rope_in_wqkv = false;
   const Plan q = load_plan_yaml(read_text(out));
-  CHECK(q == make_plan(preset_header("tiny"), no_fold));
+  CHECK(q == make_plan(preset_header("tiny"), one_bucket, no_fold));
   CHECK(std::any_of(q.buckets[0].nodes.begin(), q.buckets[0].nodes.end(),
                     [](const Node& n) { return n.name == "s1.qk_rope_kv"; }));
   // --gemv-cluster false: tfe-two-stage's FP8 lr_a stays a plain gemv.
@@ -1391,7 +1570,7 @@ TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
       "{} dump --preset tfe-two-stage --preset-fp8 --buckets 1 --gemv-cluster false -o {}", TFE_PLAN_EXE, out);
   REQUIRE(std::system(plain.c_str()) == 0);
   const Plan r = load_plan_yaml(read_text(out));
-  CHECK_FALSE(r.options.gemv_cluster);
+  CHECK_FALSE(r.tuning.gemv_cluster);
   CHECK(std::none_of(r.specs.begin(), r.specs.end(), [](const KernelSpec& k) { return k.kernel == "gemv_cluster"; }));
   CHECK(std::any_of(r.specs.begin(), r.specs.end(), [](const KernelSpec& k) { return k.kernel == "gemv"; }));
   // --tiled-weights false: every matrix row-major, every gemv TILED 0, and no wkv copy.
@@ -1399,19 +1578,19 @@ TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
       fmt::format("{} dump --preset tiny --buckets 1 --tiled-weights false -o {}", TFE_PLAN_EXE, out);
   REQUIRE(std::system(rows.c_str()) == 0);
   const Plan t = load_plan_yaml(read_text(out));
-  CHECK_FALSE(t.options.tiled_weights);
+  CHECK_FALSE(t.tuning.tiled_weights);
   CHECK(std::none_of(t.weights.buffers.begin(), t.weights.buffers.end(),
                      [](const Buffer& b) { return b.layout == Layout::tiled; }));
   CHECK(t.weights.find("wkv") == nullptr);
   CHECK(std::all_of(t.specs.begin(), t.specs.end(), [](const KernelSpec& k) {
     return !k.kernel.starts_with("gemv") || k.constant("TILED") == 0;
   }));
-  // --attention-split-per-bucket false: one ring_attention specialization for every bucket.
+  // --attention-split same_drafts: one ring_attention specialization for every bucket.
   const std::string one_split = fmt::format(
-      "{} dump --preset llama3-8b-eagle3 --attention-split-per-bucket false -o {}", TFE_PLAN_EXE, out);
+      "{} dump --preset llama3-8b-eagle3 --attention-split same_drafts -o {}", TFE_PLAN_EXE, out);
   REQUIRE(std::system(one_split.c_str()) == 0);
   const Plan a = load_plan_yaml(read_text(out));
-  CHECK_FALSE(a.options.attention_split_per_bucket);
+  CHECK(a.options.attention_split == AttentionSplit::same_drafts);
   const auto attention = [](const KernelSpec& k) { return k.kernel == "ring_attention"; };
   CHECK(std::count_if(a.specs.begin(), a.specs.end(), attention) == 1);
   // --dependent-safe-nodes false: no node of a bucket above dependent_streams (4) launches dependent.
@@ -1419,7 +1598,7 @@ TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
       "{} dump --preset llama3-8b-eagle3 --buckets 4,8 --dependent-safe-nodes false -o {}", TFE_PLAN_EXE, out);
   REQUIRE(std::system(no_safe.c_str()) == 0);
   const Plan d = load_plan_yaml(read_text(out));
-  CHECK_FALSE(d.options.dependent_safe_nodes);
+  CHECK_FALSE(d.tuning.dependent_safe_nodes);
   const auto dependent = [](const Node& n) { return n.dependent; };
   CHECK(std::all_of(d.buckets[0].nodes.begin(), d.buckets[0].nodes.end(), dependent));
   CHECK(std::none_of(d.buckets[1].nodes.begin(), d.buckets[1].nodes.end(), dependent));

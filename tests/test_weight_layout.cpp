@@ -66,9 +66,9 @@ TEST_CASE("make_plan: matrices only GEMVs read are tiled, and every GEMV's TILED
         CAPTURE(tiled_weights);
         HeadHeader h = preset_header(preset);
         if (fp8) h.fp8 = linears_in_use(h);
-        PlanOptions o;
-        o.tiled_weights = tiled_weights;
-        const Plan p = make_plan(h, o);
+        Tuning t;
+        t.tiled_weights = tiled_weights;
+        const Plan p = make_plan(h, PlanOptions{}, t);
         std::set<std::string> tiled;
         for (const Buffer& b : p.weights.buffers)
           if (b.layout == Layout::tiled) tiled.insert(b.name);

@@ -48,30 +48,44 @@ void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
   cmd->add_option("--arch", args->options.arch, "target architecture, sm_<digits>, sm_90 or newer")->capture_default_str();
   cmd->add_option("--max-slots", args->options.max_slots, "sequences held at once (1..4096)")->capture_default_str();
   cmd->add_option("--extend-rows", args->options.extend_rows, "rows of one extend chunk (16..8192)")->capture_default_str();
-  add_plan_tuning_options(cmd, args->options);
+  add_attention_split_option(cmd, args->options);
+  cmd->add_option("--cand-k", args->options.cand_k,
+                  "candidates a two_stage head rescores per row (1..512, at most draft_vocab; 0: the head's)")
+      ->capture_default_str();
+  add_plan_tuning_options(cmd, args->tuning);
 }
 
-std::vector<CLI::Option*> add_plan_tuning_options(CLI::App* cmd, PlanOptions& options) {
+CLI::Option* add_attention_split_option(CLI::App* cmd, PlanOptions& options) {
+  return cmd
+      ->add_option_function<std::string>(
+          "--attention-split",
+          [&options](const std::string& name) { options.attention_split = attention_split_from_name(name); },
+          "ring_attention's key split: per_bucket (each bucket's fastest), or same_drafts (the largest bucket's in "
+          "every bucket, so that a slot drafts the same tokens in every bucket)")
+      ->check(CLI::IsMember({"per_bucket", "same_drafts"}))
+      ->default_str(std::string(attention_split_name(options.attention_split)));
+}
+
+std::vector<CLI::Option*> add_plan_tuning_options(CLI::App* cmd, Tuning& tuning) {
+  CLI::Option_group* group = cmd->add_option_group(
+      "tuning", "measured speed choices; the defaults measured fastest (BENCHMARKS.md)");
   const auto add = [&](const char* name, auto& field, const char* description) {
-    return cmd->add_option(name, field, description)->capture_default_str();
+    return group->add_option(name, field, description)->capture_default_str();
   };
   return {
-      add("--dependent-streams", options.dependent_streams,
+      add("--dependent-streams", tuning.dependent_streams,
           "draft passes of buckets up to this many streams launch their kernels dependent (0..16, 0: none)"),
-      add("--dependent-streams-fp8", options.dependent_streams_fp8,
+      add("--dependent-streams-fp8", tuning.dependent_streams_fp8,
           "--dependent-streams for a plan whose layer linears all run in FP8 (0..16, 0: none)"),
-      add("--dependent-safe-nodes", options.dependent_safe_nodes,
-          "in buckets above that limit, every node but a GEMV after a grid of one CTA an SM or more launches "
-          "dependent (true), or none (false)"),
-      add("--rope-in-wqkv", options.rope_in_wqkv,
+      add("--dependent-safe-nodes", tuning.dependent_safe_nodes,
+          "in buckets above that limit, every node but a GEMV after a grid of one CTA an SM or more "
+          "launches dependent (true), or none (false)"),
+      add("--rope-in-wqkv", tuning.rope_in_wqkv,
           "the draft's RoPE in the wqkv gemv's epilogue where the head has no qk_norm (true, false)"),
-      add("--gemv-cluster", options.gemv_cluster,
-          "a narrow output's gemv with each column tile's K split over a cluster of CTAs (true, false)"),
-      add("--tiled-weights", options.tiled_weights,
+      add("--gemv-cluster", tuning.gemv_cluster,
+          "a narrow FP8 output's gemv with each column tile's K split over a cluster of CTAs (true, false)"),
+      add("--tiled-weights", tuning.tiled_weights,
           "matrices only gemvs read in the tiled layout, a warp's load 512 consecutive bytes (true, false)"),
-      add("--attention-split-per-bucket", options.attention_split_per_bucket,
-          "ring_attention's key split per bucket (true), or the largest bucket's in every bucket, so that a slot "
-          "drafts the same tokens in every bucket (false)"),
   };
 }
 
@@ -82,11 +96,11 @@ Plan plan_from_args(const PlanArgs& args) {
   if (!args.preset.empty()) {
     HeadHeader header = preset_header(args.preset);
     if (args.preset_fp8) mark_fp8_forms(header);
-    return make_plan(header, options);
+    return make_plan(header, options, args.tuning);
   }
   if (args.head_path.empty()) fail("no head given: pass a .tfe file or --preset NAME ({})", fmt::join(preset_names(), ", "));
   const HeadFile head = HeadFile::open(args.head_path);
-  return make_plan(head.header(), options, head.header_sha256());
+  return make_plan(head.header(), options, args.tuning, head.header_sha256());
 }
 
 }  // namespace tfe::cli

@@ -43,8 +43,8 @@ struct OpenOptions {
   // The stream every call enqueues on. Null: the runtime creates its own. Must not be the legacy default
   // stream's handle when graphs are on (capture needs a created stream).
   cudaStream_t stream = nullptr;
-  // Plan options (fp8 mode, stream buckets, max steps, max slots, extend rows). The arch is always the
-  // device's. With an artifact, when set they must equal the artifact's (else refused or recompiled).
+  // Plan options (stream buckets, max steps, fp8 mode, max slots, extend rows, attention split, cand_k). The
+  // arch is always the device's. With an artifact, when set they must equal the artifact's (else refused or recompiled).
   std::optional<PlanOptions> plan;
   enum class Capture : uint8_t { at_open, lazy };  // lazy: a graph is captured at its first replay
   Capture capture = Capture::at_open;

@@ -1,5 +1,5 @@
 // libFuzzer target: load_plan_yaml on arbitrary bytes. Every refusal must be a tfe::Error; any other
-// exception, a crash, a hang or unbounded memory is a bug. Seeds: the dumped plans in tests/golden/.
+// exception, a crash, a hang or unbounded memory is a bug. Seeds: tests/fuzz/seeds/fuzz_plan_yaml.cpp.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

@@ -274,7 +274,7 @@ TFE_GPU_TEST_CASE("kernels: llama3-8b-eagle3 shapes (random weights in memory), 
 TFE_GPU_TEST_CASE("kernels: tfe-two-stage shapes (random weights in memory), bf16 and FP8") {
   for (bool fp8 : {false, true}) kernels_vs_reference("tfe-two-stage", fp8, {1, 16}, 8);
 }
-// gemv_rope_kv against the wqkv gemv and qk_rope_kv node it replaces (plan option rope_in_wqkv): the
+// gemv_rope_kv against the wqkv gemv and qk_rope_kv node it replaces (tuning rope_in_wqkv): the
 // same head, extends and draft on two runtimes, one of each path; q, the ring and the drafts must be the
 // same bits (q and the outputs filled with 0xFF, a NaN pattern, before each pass). Every bucket of tiny,
 // and llama3's shapes at 1 and 16 rows (COLS 32 in FP8), bf16 and FP8.
@@ -287,8 +287,9 @@ void rope_paths_agree(const std::string& preset, bool fp8, std::vector<int> buck
     po.buckets = buckets;
     po.max_slots = buckets.back();
     po.max_steps = 3;
-    po.rope_in_wqkv = in_wqkv;
-    rts.push_back(std::make_unique<Runtime>(Runtime::open(head->file, test_open_options(po))));
+    tfe::testing::Hooks hooks;
+    hooks.tuning.rope_in_wqkv = in_wqkv;
+    rts.push_back(std::make_unique<Runtime>(tfe::testing::open(head->file, test_open_options(po), hooks)));
   }
   const Plan& fused = tfe::testing::plan(*rts[0]);
   REQUIRE(fused.arena.find("qkv") == nullptr);        // gemv_rope_kv
@@ -331,7 +332,7 @@ TFE_GPU_TEST_CASE("kernels: gemv_rope_kv equals the wqkv gemv and qk_rope_kv bit
 }
 
 // gemv_cluster (tfe-two-stage's FP8 lr_a: each column tile's K over a cluster of CTAs) on one head against the
-// plain gemv (option gemv_cluster false), and its graph replay against an eager pass of the same plan. The
+// plain gemv (tuning gemv_cluster false), and its graph replay against an eager pass of the same plan. The
 // cluster sums each column in another order, so u is held to the plain gemv's by check_bf16's tolerance
 // (one bf16 step, beyond it one value in a thousand; the normalized error under 1e-2); replay and eager
 // must agree bit for bit. u and the outputs are filled with 0xFF (a NaN pattern) before each pass, so an
@@ -346,9 +347,9 @@ TFE_GPU_TEST_CASE(
   po.max_steps = 2;
   std::vector<std::unique_ptr<Runtime>> rts;  // cluster graph, cluster eager, plain gemv
   for (const auto& [cluster, graphs] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
-    PlanOptions o = po;
-    o.gemv_cluster = cluster;
-    rts.push_back(std::make_unique<Runtime>(Runtime::open(head->file, test_open_options(o, graphs))));
+    tfe::testing::Hooks hooks;
+    hooks.tuning.gemv_cluster = cluster;
+    rts.push_back(std::make_unique<Runtime>(tfe::testing::open(head->file, test_open_options(po, graphs), hooks)));
   }
   const auto lr_a_kernel = [](const Plan& plan) {
     for (const Node& n : plan.buckets.front().nodes)

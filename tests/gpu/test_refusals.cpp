@@ -106,7 +106,7 @@ TFE_GPU_TEST_CASE("refusals: an artifact compiled for another head is refused, o
   std::filesystem::remove_all(dir);
   PlanOptions for_other = po;
   for_other.arch = device_arch_name();
-  compile_plan(make_plan(other->file.header(), for_other, other->file.header_sha256()), dir.string());
+  compile_plan(make_plan(other->file.header(), for_other, {}, other->file.header_sha256()), dir.string());
 
   OpenOptions o = test_open_options(po);
   o.artifact_dir = dir.string();
@@ -116,10 +116,11 @@ TFE_GPU_TEST_CASE("refusals: an artifact compiled for another head is refused, o
   CHECK(tfe::testing::plan(from_artifact).head_sha256 == other->file.header_sha256());
   // Asked plan options other than the artifact's: refused, naming each option with both values.
   OpenOptions differing = o;
-  differing.plan->dependent_safe_nodes = false;
+  differing.plan->attention_split = AttentionSplit::same_drafts;
   differing.plan->max_steps = 4;
   CHECK_THROWS_WITH_AS(Runtime::open(other->file, differing),
-                       doctest::Contains("max_steps 8 against 4; dependent_safe_nodes true against false"), Error);
+                       doctest::Contains("max_steps 8 against 4; attention_split per_bucket against same_drafts"),
+                       Error);
   o.recompile_mismatched_artifact = true;
   Runtime recompiled = Runtime::open(mine->file, o);
   CHECK(tfe::testing::plan(recompiled).head_sha256 == mine->file.header_sha256());
@@ -134,7 +135,7 @@ void check_artifact_refused_at_open(uint64_t seed, std::string_view tag, Mend&& 
   auto head = random_head_image("tiny", seed, false);
   PlanOptions po = test_plan_options(Fp8Mode::off);
   po.arch = device_arch_name();
-  Plan p = make_plan(head->file.header(), po, head->file.header_sha256());
+  Plan p = make_plan(head->file.header(), po, {}, head->file.header_sha256());
   mend(p);
   REQUIRE_NOTHROW(validate(p));
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("tfe-gpu-artifact-{}-{}", tag, ::getpid());
