@@ -19,8 +19,7 @@ static_assert(kDefaultConvertWindow == CheckpointOptions{}.window, "convert's de
 
 HeadHeader write_random_head(const RandomHeadOptions& o, const std::string& out_path) {
   if (o.preset.empty() == o.config_path.empty())
-    fail("random head: give exactly one of a preset and a config file (got {})",
-         o.preset.empty() ? "neither" : "both");
+    fail("random head: give exactly one of a preset and a config file (got {})", o.preset.empty() ? "neither" : "both");
   HeadHeader h;
   if (!o.preset.empty()) {
     h = preset_header(o.preset);

@@ -55,8 +55,7 @@ int64_t as_int(nb::handle h, const std::string& name, int64_t lo = std::numeric_
   if (!index.is_valid()) throw nb::python_error();
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
-  if (overflow != 0 || v < lo || v > hi)
-    fail("{}: {} is outside {}..{}", name, nb::str(index).c_str(), lo, hi);
+  if (overflow != 0 || v < lo || v > hi) fail("{}: {} is outside {}..{}", name, nb::str(index).c_str(), lo, hi);
   return v;
 }
 
@@ -90,8 +89,7 @@ tfe::Fp8Mode as_fp8(nb::handle h, const std::string& name) {
 
 // A list or tuple (not a str, not an array): the items as handles.
 std::optional<std::vector<nb::handle>> as_sequence(nb::handle h) {
-  if (!nb::isinstance<nb::list>(h) && !nb::isinstance<nb::tuple>(h) && !PyRange_Check(h.ptr()))
-    return std::nullopt;
+  if (!nb::isinstance<nb::list>(h) && !nb::isinstance<nb::tuple>(h) && !PyRange_Check(h.ptr())) return std::nullopt;
   std::vector<nb::handle> out;
   for (nb::handle item : h) out.push_back(item);
   return out;
@@ -111,13 +109,27 @@ namespace dl = nb::dlpack;
 std::string dtype_text(dl::dtype d) {
   std::string base;
   switch (static_cast<dl::dtype_code>(d.code)) {
-    case dl::dtype_code::Int: base = fmt::format("int{}", d.bits); break;
-    case dl::dtype_code::UInt: base = fmt::format("uint{}", d.bits); break;
-    case dl::dtype_code::Float: base = fmt::format("float{}", d.bits); break;
-    case dl::dtype_code::Bfloat: base = fmt::format("bfloat{}", d.bits); break;
-    case dl::dtype_code::Complex: base = fmt::format("complex{}", d.bits); break;
-    case dl::dtype_code::Bool: base = "bool"; break;
-    default: base = fmt::format("dtype code {} of {} bits", d.code, d.bits); break;
+    case dl::dtype_code::Int:
+      base = fmt::format("int{}", d.bits);
+      break;
+    case dl::dtype_code::UInt:
+      base = fmt::format("uint{}", d.bits);
+      break;
+    case dl::dtype_code::Float:
+      base = fmt::format("float{}", d.bits);
+      break;
+    case dl::dtype_code::Bfloat:
+      base = fmt::format("bfloat{}", d.bits);
+      break;
+    case dl::dtype_code::Complex:
+      base = fmt::format("complex{}", d.bits);
+      break;
+    case dl::dtype_code::Bool:
+      base = "bool";
+      break;
+    default:
+      base = fmt::format("dtype code {} of {} bits", d.code, d.bits);
+      break;
   }
   return d.lanes == 1 ? base : fmt::format("{}x{}", base, d.lanes);
 }
@@ -129,13 +141,20 @@ bool is(dl::dtype d, dl::dtype_code code, int bits) {
 std::string device_text(const Array& a) {
   const int id = a.device_id();
   switch (a.device_type()) {
-    case nb::device::cpu::value: return "cpu";
-    case nb::device::cuda::value: return fmt::format("cuda:{}", id);
-    case nb::device::cuda_host::value: return "cuda_host (pinned host memory)";
-    case nb::device::cuda_managed::value: return fmt::format("cuda_managed:{}", id);
-    case nb::device::rocm::value: return fmt::format("rocm:{}", id);
-    case nb::device::metal::value: return "metal";
-    default: return fmt::format("DLPack device type {}:{}", a.device_type(), id);
+    case nb::device::cpu::value:
+      return "cpu";
+    case nb::device::cuda::value:
+      return fmt::format("cuda:{}", id);
+    case nb::device::cuda_host::value:
+      return "cuda_host (pinned host memory)";
+    case nb::device::cuda_managed::value:
+      return fmt::format("cuda_managed:{}", id);
+    case nb::device::rocm::value:
+      return fmt::format("rocm:{}", id);
+    case nb::device::metal::value:
+      return "metal";
+    default:
+      return fmt::format("DLPack device type {}:{}", a.device_type(), id);
   }
 }
 
@@ -160,9 +179,10 @@ void check_host(const Array& a, const std::string& name, std::string_view call) 
   const int t = a.device_type();
   if (t == nb::device::cpu::value || t == nb::device::cuda_host::value) return;
   if (t == nb::device::cuda::value || t == nb::device::cuda_managed::value)
-    fail("{}: a tensor on {}; {} takes host memory for now (device-resident {} is not there yet): pass a CPU "
-         "tensor (e.g. .cpu())",
-         name, device_text(a), call, call);
+    fail(
+        "{}: a tensor on {}; {} takes host memory for now (device-resident {} is not there yet): pass a CPU "
+        "tensor (e.g. .cpu())",
+        name, device_text(a), call, call);
   fail("{}: on {}; {} takes host (cpu) memory", name, device_text(a), call);
 }
 
@@ -173,9 +193,10 @@ void check_layout(const Array& a, const std::string& name) {
     if (a.shape(i) != 1 && a.stride(i) != expect) {
       std::vector<int64_t> st(a.ndim());
       for (size_t j = 0; j < a.ndim(); ++j) st[j] = a.stride(j);
-      fail("{}: not C-contiguous (shape {}, strides [{}] in elements); pass a contiguous copy "
-           "(numpy.ascontiguousarray, .contiguous())",
-           name, shape_text(a), fmt::join(st, ", "));
+      fail(
+          "{}: not C-contiguous (shape {}, strides [{}] in elements); pass a contiguous copy "
+          "(numpy.ascontiguousarray, .contiguous())",
+          name, shape_text(a), fmt::join(st, ", "));
     }
     expect *= static_cast<int64_t>(a.shape(i));
   }
@@ -237,7 +258,8 @@ std::vector<tfe::ExtendRequest> check_extend(nb::handle requests, int64_t row_wi
   // One request alone, extend(tfe.ExtendRequest(...)): a tuple whose first item is a slot, not a request.
   if (!items->empty() && PyIndex_Check((*items)[0].ptr())) {
     if (items->size() != 4)
-      type_error(fmt::format("requests: expected a (slot, first_pos, taps, tokens) tuple, got {} items", items->size()));
+      type_error(
+          fmt::format("requests: expected a (slot, first_pos, taps, tokens) tuple, got {} items", items->size()));
     return {check_request((*items)[0], (*items)[1], (*items)[2], (*items)[3], "", row_width, arrays)};
   }
   std::vector<tfe::ExtendRequest> out;
@@ -271,9 +293,12 @@ std::vector<int> check_slots(nb::handle h) {
   for (size_t i = 0; i < a.size(); ++i) {
     const auto* p = static_cast<const std::byte*>(a.data()) + i * a.itemsize();
     int64_t v = 0;
-    if (d.bits == 8) v = sint ? int64_t(*reinterpret_cast<const int8_t*>(p)) : int64_t(*reinterpret_cast<const uint8_t*>(p));
-    if (d.bits == 16) v = sint ? int64_t(*reinterpret_cast<const int16_t*>(p)) : int64_t(*reinterpret_cast<const uint16_t*>(p));
-    if (d.bits == 32) v = sint ? int64_t(*reinterpret_cast<const int32_t*>(p)) : int64_t(*reinterpret_cast<const uint32_t*>(p));
+    if (d.bits == 8)
+      v = sint ? int64_t(*reinterpret_cast<const int8_t*>(p)) : int64_t(*reinterpret_cast<const uint8_t*>(p));
+    if (d.bits == 16)
+      v = sint ? int64_t(*reinterpret_cast<const int16_t*>(p)) : int64_t(*reinterpret_cast<const uint16_t*>(p));
+    if (d.bits == 32)
+      v = sint ? int64_t(*reinterpret_cast<const int32_t*>(p)) : int64_t(*reinterpret_cast<const uint32_t*>(p));
     if (d.bits == 64) {
       if (uint && *reinterpret_cast<const uint64_t*>(p) > uint64_t(std::numeric_limits<int>::max()))
         fail("slots[{}]: {} is outside the int range", i, *reinterpret_cast<const uint64_t*>(p));
@@ -307,10 +332,19 @@ nb::object draft_result(tfe::DraftResult&& d) {
 // Plan options: one table of names for PlanOptions(**kw), compile, plan_yaml and Runtime.
 
 const std::vector<std::string>& plan_option_names() {
-  static const std::vector<std::string> names = {
-      "buckets",           "max_steps",        "fp8",         "arch",          "max_slots",
-      "extend_rows",       "dependent_streams", "dependent_streams_fp8", "dependent_safe_nodes",
-      "rope_in_wqkv",      "gemv_cluster",     "tiled_weights", "attention_split_per_bucket"};
+  static const std::vector<std::string> names = {"buckets",
+                                                 "max_steps",
+                                                 "fp8",
+                                                 "arch",
+                                                 "max_slots",
+                                                 "extend_rows",
+                                                 "dependent_streams",
+                                                 "dependent_streams_fp8",
+                                                 "dependent_safe_nodes",
+                                                 "rope_in_wqkv",
+                                                 "gemv_cluster",
+                                                 "tiled_weights",
+                                                 "attention_split_per_bucket"};
   return names;
 }
 
@@ -411,7 +445,8 @@ std::shared_ptr<const tfe::HeadFile> open_head(const std::string& path, bool ver
 // A head argument: a tfe.HeadFile, or a path opened now.
 std::shared_ptr<const tfe::HeadFile> head_arg(nb::handle h, const std::string& name, bool verify) {
   if (nb::isinstance<PyHead>(h)) return nb::cast<PyHead&>(h).file;
-  if (nb::isinstance<PyPreset>(h)) fail("{}: a preset has no weights; pass a head file (tfe.random_head makes one)", name);
+  if (nb::isinstance<PyPreset>(h))
+    fail("{}: a preset has no weights; pass a head file (tfe.random_head makes one)", name);
   return open_head(as_path(h, name).string(), verify);
 }
 
@@ -444,27 +479,39 @@ struct PyReference {
 struct PyRuntime {
   std::unique_ptr<tfe::Runtime> rt;
   std::string broken;  // the first CUDA failure: the C++ runtime refuses every later call, and so does this
-  std::mutex mu;
+  std::mutex mu;       // held by every call; a call that runs without the GIL releases it before taking the GIL
 
-  tfe::Runtime& get() {
+  void check_usable() const {
     if (!broken.empty())
-      throw tfe::CudaError(fmt::format(
-          "runtime: unusable after an earlier device failure ({}); close it and open a new one", broken));
-    if (!rt) fail("runtime: closed");
-    return *rt;
+      throw tfe::CudaError(
+          fmt::format("runtime: unusable after an earlier device failure ({}); close it and open a new one", broken));
   }
-  // Runs `f` on the runtime without the GIL; a CUDA failure marks it unusable.
+  // Reads the runtime with the GIL held (properties, stats).
+  template <typename F>
+  auto read(F&& f) -> decltype(f(std::declval<tfe::Runtime&>())) {
+    check_usable();
+    const std::lock_guard lock(mu);
+    if (!rt) fail("runtime: closed");
+    return f(*rt);
+  }
+  // Runs a call without the GIL; a CUDA failure marks the runtime unusable.
   template <typename F>
   auto run(F&& f) -> decltype(f(std::declval<tfe::Runtime&>())) {
-    tfe::Runtime& r = get();
+    check_usable();
     try {
       nb::gil_scoped_release release;
       const std::lock_guard lock(mu);
-      return f(r);
+      if (!rt) fail("runtime: closed");
+      return f(*rt);
     } catch (const tfe::CudaError& e) {
       broken = e.what();
       throw;
     }
+  }
+  // Closing waits for the stream with the GIL held, so that no property read races the release.
+  void close() {
+    const std::lock_guard lock(mu);
+    rt.reset();
   }
 };
 
@@ -474,10 +521,11 @@ void require_cuda_device(int device) {
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
+    // Without a driver the runtime library reports cudaErrorInsufficientDriver too: say both.
     throw tfe::CudaError(fmt::format(
-        "tfe.Runtime needs a CUDA device and found none (cudaGetDeviceCount: {}: {}); tfe.Reference runs a head "
-        "on the CPU",
-        cudaGetErrorName(e), cudaGetErrorString(e)));
+        "tfe.Runtime needs a CUDA device and found none: cudaGetDeviceCount reports {} ({}), as it does where "
+        "there is no NVIDIA driver or one older than CUDA {}.{}; tfe.Reference runs a head on the CPU",
+        cudaGetErrorName(e), cudaGetErrorString(e), CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10));
   }
   if (count == 0)
     throw tfe::CudaError("tfe.Runtime needs a CUDA device and found none; tfe.Reference runs a head on the CPU");
@@ -508,9 +556,10 @@ cudaStream_t stream_arg(nb::handle s, int device) {
       attr = s.attr("ptr");
       what = "stream.ptr";
     } else {
-      type_error(fmt::format("stream: expected None, an int handle, or a stream with .cuda_stream (torch) or .ptr "
-                             "(CuPy), got {}",
-                             py_type(s)));
+      type_error(
+          fmt::format("stream: expected None, an int handle, or a stream with .cuda_stream (torch) or .ptr "
+                      "(CuPy), got {}",
+                      py_type(s)));
     }
     value = attr;
     if (nb::hasattr(s, "device")) {
@@ -525,9 +574,10 @@ cudaStream_t stream_arg(nb::handle s, int device) {
   const int64_t handle = as_int(value, what, 0);
   // 0 is the legacy default stream, which cannot be captured into a graph (and which None would not mean).
   if (handle == 0)
-    fail("{}: 0 is the legacy default stream, which CUDA graphs cannot capture; pass a created stream "
-         "(torch.cuda.Stream()) or None for the runtime's own",
-         what);
+    fail(
+        "{}: 0 is the legacy default stream, which CUDA graphs cannot capture; pass a created stream "
+        "(torch.cuda.Stream()) or None for the runtime's own",
+        what);
   return reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(handle));
 }
 
@@ -586,10 +636,13 @@ NB_MODULE(_tfe, m) {
   });
 
   nb::module_ collections = nb::module_::import_("collections");
-  g_draft_result = collections.attr("namedtuple")("DraftResult", nb::make_tuple("tokens", "confidences"),
-                                                  "module"_a.none() = "tfe").release();
-  g_tensor_info = collections.attr("namedtuple")("TensorInfo", nb::make_tuple("name", "dtype", "shape", "nbytes"),
-                                                 "module"_a.none() = "tfe").release();
+  g_draft_result =
+      collections.attr("namedtuple")("DraftResult", nb::make_tuple("tokens", "confidences"), "module"_a.none() = "tfe")
+          .release();
+  g_tensor_info = collections
+                      .attr("namedtuple")("TensorInfo", nb::make_tuple("name", "dtype", "shape", "nbytes"),
+                                          "module"_a.none() = "tfe")
+                      .release();
   m.attr("DraftResult") = g_draft_result;
   m.attr("TensorInfo") = g_tensor_info;
 
@@ -655,9 +708,11 @@ NB_MODULE(_tfe, m) {
             return *plan_options_from(nb::cast(o), kw, "replace");
           },
           nb::sig("def replace(self, **options: object) -> PlanOptions"), "A copy with the given fields changed.")
-      .def("validate", [](const tfe::PlanOptions& o) { tfe::validate(o); },
-           "Raises tfe.Error naming the first field out of range.")
-      .def("__eq__", [](const tfe::PlanOptions& a, const tfe::PlanOptions& b) { return a == b; }, nb::is_operator())
+      .def(
+          "validate", [](const tfe::PlanOptions& o) { tfe::validate(o); },
+          "Raises tfe.Error naming the first field out of range.")
+      .def(
+          "__eq__", [](const tfe::PlanOptions& a, const tfe::PlanOptions& b) { return a == b; }, nb::is_operator())
       .def("__repr__", [](const tfe::PlanOptions& o) {
         std::vector<std::string> parts;
         for (auto [k, v] : plan_options_dict(o))
@@ -679,10 +734,13 @@ NB_MODULE(_tfe, m) {
           "name"_a.none(), "fp8"_a.none() = false, nb::sig("def __init__(self, name: str, fp8: bool = False) -> None"))
       .def_ro("name", &PyPreset::name)
       .def_ro("fp8", &PyPreset::fp8)
-      .def_prop_ro("header", [](const PyPreset& p) { return header_dict(tfe::PlanSource::preset(p.name, p.fp8).header); })
-      .def("__repr__", [](const PyPreset& p) { return fmt::format("Preset({:?}, fp8={})", p.name, p.fp8 ? "True" : "False"); });
+      .def_prop_ro("header",
+                   [](const PyPreset& p) { return header_dict(tfe::PlanSource::preset(p.name, p.fp8).header); })
+      .def("__repr__",
+           [](const PyPreset& p) { return fmt::format("Preset({:?}, fp8={})", p.name, p.fp8 ? "True" : "False"); });
 
-  m.def("presets", [] { return tfe::preset_names(); }, "The names of the built-in head shapes.");
+  m.def(
+      "presets", [] { return tfe::preset_names(); }, "The names of the built-in head shapes.");
 
   nb::class_<PyHead>(m, "HeadFile", "A .tfe head file, mapped read-only and validated.")
       .def(
@@ -696,17 +754,20 @@ NB_MODULE(_tfe, m) {
       .def_ro("path", &PyHead::path)
       .def_prop_ro("header", [](const PyHead& h) { return json_to_python(h.file->file().metadata().at("tfe.header")); })
       .def_prop_ro("header_sha256", [](const PyHead& h) { return h.file->header_sha256(); })
-      .def_prop_ro("metadata", [](const PyHead& h) {
-        nb::dict d;
-        for (const auto& [k, v] : h.file->file().metadata()) d[k.c_str()] = v;
-        return d;
-      })
-      .def_prop_ro("tensors", [](const PyHead& h) {
-        nb::list out;
-        for (const auto& t : h.file->file().tensors())
-          out.append(g_tensor_info(t.name, std::string(tfe::dtype_name(t.dtype)), nb::tuple(nb::cast(t.shape)), t.bytes));
-        return out;
-      })
+      .def_prop_ro("metadata",
+                   [](const PyHead& h) {
+                     nb::dict d;
+                     for (const auto& [k, v] : h.file->file().metadata()) d[k.c_str()] = v;
+                     return d;
+                   })
+      .def_prop_ro("tensors",
+                   [](const PyHead& h) {
+                     nb::list out;
+                     for (const auto& t : h.file->file().tensors())
+                       out.append(g_tensor_info(t.name, std::string(tfe::dtype_name(t.dtype)),
+                                                nb::tuple(nb::cast(t.shape)), t.bytes));
+                     return out;
+                   })
       .def(
           "tensor",
           [](PyHead& h, const std::string& name) {
@@ -714,21 +775,30 @@ NB_MODULE(_tfe, m) {
             std::vector<size_t> shape(t.shape.begin(), t.shape.end());
             dl::dtype d = nb::dtype<uint8_t>();
             switch (t.dtype) {
-              case tfe::DType::BF16: d = nb::dtype<uint16_t>(); break;
-              case tfe::DType::F32: d = nb::dtype<float>(); break;
-              case tfe::DType::I32: d = nb::dtype<int32_t>(); break;
-              case tfe::DType::F8_E4M3: d = nb::dtype<uint8_t>(); break;
-              default: fail("tensor {}: dtype {} has no numpy form", name, tfe::dtype_name(t.dtype));
+              case tfe::DType::BF16:
+                d = nb::dtype<uint16_t>();
+                break;
+              case tfe::DType::F32:
+                d = nb::dtype<float>();
+                break;
+              case tfe::DType::I32:
+                d = nb::dtype<int32_t>();
+                break;
+              case tfe::DType::F8_E4M3:
+                d = nb::dtype<uint8_t>();
+                break;
+              default:
+                fail("tensor {}: dtype {} has no numpy form", name, tfe::dtype_name(t.dtype));
             }
             // A view into the mapped file: the HeadFile object stays alive while the array does.
             return nb::ndarray<nb::numpy, nb::ro>(t.data, shape.size(), shape.data(), nb::find(&h), nullptr, d).cast();
           },
-          "name"_a,
-          "The tensor as a read-only numpy view of the file: bf16 as uint16 bits, F8_E4M3 as uint8 codes.")
+          "name"_a, "The tensor as a read-only numpy view of the file: bf16 as uint16 bits, F8_E4M3 as uint8 codes.")
       .def("__contains__", [](const PyHead& h, const std::string& name) { return h.file->find(name) != nullptr; })
       .def("__len__", [](const PyHead& h) { return h.file->file().tensors().size(); })
       .def("__repr__", [](const PyHead& h) {
-        return fmt::format("HeadFile({:?}: {}, {} tensors)", h.path, h.file->header().name, h.file->file().tensors().size());
+        return fmt::format("HeadFile({:?}: {}, {} tensors)", h.path, h.file->header().name,
+                           h.file->file().tensors().size());
       });
 
   m.def(
@@ -748,7 +818,8 @@ NB_MODULE(_tfe, m) {
         }
         return opened(path);
       },
-      "preset"_a.none(), "out"_a.none(), nb::kw_only(), "seed"_a.none() = 0, "fp8"_a.none() = false, "config"_a.none() = nb::none(), "threads"_a.none() = 0,
+      "preset"_a.none(), "out"_a.none(), nb::kw_only(), "seed"_a.none() = 0, "fp8"_a.none() = false,
+      "config"_a.none() = nb::none(), "threads"_a.none() = 0,
       nb::sig("def random_head(preset: str | None, out: str | os.PathLike[str], *, seed: int = 0, fp8: bool = False, "
               "config: str | os.PathLike[str] | None = None, threads: int = 0) -> HeadFile"),
       "`tfe-plan random`: writes a head of random weights (a function of preset and seed) and opens it.");
@@ -770,8 +841,8 @@ NB_MODULE(_tfe, m) {
         }
         return opened(path);
       },
-      "eagle_dir"_a.none(), "out"_a.none(), nb::kw_only(), "target"_a.none() = nb::none(), "window"_a.none() = tfe::kMaxWindow, "fp8"_a.none() = false,
-      "threads"_a.none() = 0,
+      "eagle_dir"_a.none(), "out"_a.none(), nb::kw_only(), "target"_a.none() = nb::none(),
+      "window"_a.none() = tfe::kMaxWindow, "fp8"_a.none() = false, "threads"_a.none() = 0,
       nb::sig("def convert(eagle_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, "
               "target: str | os.PathLike[str] | None = None, window: int = 511, fp8: bool = False, threads: int = 0) "
               "-> HeadFile"),
@@ -830,7 +901,8 @@ NB_MODULE(_tfe, m) {
         d["cache_dir"] = s.cache_dir;
         return d;
       },
-      "head"_a.none(), "out_dir"_a.none(), nb::kw_only(), "plan"_a.none() = nb::none(), "progress"_a.none() = nb::none(), "options"_a,
+      "head"_a.none(), "out_dir"_a.none(), nb::kw_only(), "plan"_a.none() = nb::none(),
+      "progress"_a.none() = nb::none(), "options"_a,
       nb::sig("def compile(head: str | os.PathLike[str] | HeadFile | Preset, out_dir: str | os.PathLike[str], *, "
               "plan: PlanOptions | None = None, progress: Callable[[str], object] | None = None, **options: object) "
               "-> dict[str, object]"),
@@ -854,7 +926,8 @@ NB_MODULE(_tfe, m) {
             auto ref = std::make_unique<tfe::Reference>(*file, o);
             new (self) PyReference{std::move(file), std::move(ref), {}};
           },
-          "head"_a.none(), nb::kw_only(), "max_slots"_a.none() = 16, "max_steps"_a.none() = 8, "fp8"_a.none() = "auto", "threads"_a.none() = 0,
+          "head"_a.none(), nb::kw_only(), "max_slots"_a.none() = 16, "max_steps"_a.none() = 8, "fp8"_a.none() = "auto",
+          "threads"_a.none() = 0,
           nb::sig("def __init__(self, head: str | os.PathLike[str] | HeadFile, *, max_slots: int = 16, "
                   "max_steps: int = 8, fp8: str = 'auto', threads: int = 0) -> None"))
       .def(
@@ -866,7 +939,8 @@ NB_MODULE(_tfe, m) {
             const std::lock_guard lock(r.mu);
             r.ref->extend(requests);
           },
-          "requests"_a.none(), "first_pos"_a.none() = nb::none(), "taps"_a.none() = nb::none(), "tokens"_a.none() = nb::none())
+          "requests"_a.none(), "first_pos"_a.none() = nb::none(), "taps"_a.none() = nb::none(),
+          "tokens"_a.none() = nb::none())
       .def(
           "draft",
           [](PyReference& r, nb::handle slots, nb::handle steps) {
@@ -894,8 +968,9 @@ NB_MODULE(_tfe, m) {
       .def_prop_ro("max_slots", [](const PyReference& r) { return r.ref->options().max_slots; })
       .def_prop_ro("max_steps", [](const PyReference& r) { return r.ref->options().max_steps; })
       .def_prop_ro("fp8", [](const PyReference& r) { return std::string(tfe::fp8_mode_name(r.ref->options().fp8)); })
-      .def("uses_fp8", [](const PyReference& r, const std::string& linear) { return r.ref->uses_fp8(linear); },
-           "linear"_a);
+      .def(
+          "uses_fp8", [](const PyReference& r, const std::string& linear) { return r.ref->uses_fp8(linear); },
+          "linear"_a);
 
   // -------------------------------------------------------------------------------------------- runtime
   m.def("cuda_device_count", &cuda_device_count, "CUDA devices visible to this process (0 without a driver).");
@@ -935,10 +1010,10 @@ NB_MODULE(_tfe, m) {
             }
             new (self) PyRuntime{std::move(rt), {}, {}};
           },
-          "head"_a.none(), "artifact"_a.none() = nb::none(), nb::kw_only(), "stream"_a.none() = nb::none(), "device"_a.none() = 0,
-          "plan"_a.none() = nb::none(), "graphs"_a.none() = true, "capture"_a.none() = "at_open", "verify"_a.none() = false,
-          "recompile_mismatched_artifact"_a.none() = false, "graph_capacity"_a.none() = 0, "l2_resident_weight_bytes"_a.none() = 0,
-          "options"_a,
+          "head"_a.none(), "artifact"_a.none() = nb::none(), nb::kw_only(), "stream"_a.none() = nb::none(),
+          "device"_a.none() = 0, "plan"_a.none() = nb::none(), "graphs"_a.none() = true, "capture"_a.none() = "at_open",
+          "verify"_a.none() = false, "recompile_mismatched_artifact"_a.none() = false, "graph_capacity"_a.none() = 0,
+          "l2_resident_weight_bytes"_a.none() = 0, "options"_a,
           nb::sig("def __init__(self, head: str | os.PathLike[str] | HeadFile, artifact: str | os.PathLike[str] | None "
                   "= None, *, stream: object = None, device: int = 0, plan: PlanOptions | None = None, "
                   "graphs: bool = True, capture: str = 'at_open', verify: bool = False, "
@@ -948,10 +1023,12 @@ NB_MODULE(_tfe, m) {
           "extend",
           [](PyRuntime& r, nb::handle a, nb::handle first_pos, nb::handle taps, nb::handle tokens) {
             std::vector<Array> arrays;
-            const auto requests = extend_args(a, first_pos, taps, tokens, row_width(r.get().header()), arrays);
+            const auto requests = extend_args(a, first_pos, taps, tokens,
+                                              r.read([](tfe::Runtime& rt) { return row_width(rt.header()); }), arrays);
             r.run([&](tfe::Runtime& rt) { rt.extend(requests); });
           },
-          "requests"_a.none(), "first_pos"_a.none() = nb::none(), "taps"_a.none() = nb::none(), "tokens"_a.none() = nb::none())
+          "requests"_a.none(), "first_pos"_a.none() = nb::none(), "taps"_a.none() = nb::none(),
+          "tokens"_a.none() = nb::none())
       .def(
           "draft",
           [](PyRuntime& r, nb::handle slots, nb::handle steps) {
@@ -967,31 +1044,51 @@ NB_MODULE(_tfe, m) {
             r.run([&](tfe::Runtime& rt) { rt.reset(s); });
           },
           "slot"_a.none())
-      .def("synchronize", [](PyRuntime& r) { r.run([](tfe::Runtime& rt) { rt.synchronize(); }); })
-      .def("stats", [](PyRuntime& r) { return stats_dict(r.get().stats()); })
-      .def_prop_ro("plan_options", [](PyRuntime& r) { return r.get().plan_options(); })
-      .def_prop_ro("header", [](PyRuntime& r) { return header_dict(r.get().header()); })
-      .def_prop_ro("fp8_in_use", [](PyRuntime& r) { return r.get().fp8_in_use(); })
-      .def_prop_ro("ring_rows", [](PyRuntime& r) { return r.get().ring_rows(); })
-      .def_prop_ro("device", [](PyRuntime& r) { return r.get().device(); })
-      .def_prop_ro("stream", [](PyRuntime& r) { return reinterpret_cast<uintptr_t>(r.get().stream()); })
-      .def_prop_ro("graphs_enabled", [](PyRuntime& r) { return r.get().graphs_enabled(); })
-      .def_prop_ro("closed", [](const PyRuntime& r) { return !r.rt; })
       .def(
-          "close",
+          "device_outputs",
           [](PyRuntime& r) {
-            nb::gil_scoped_release release;
-            const std::lock_guard lock(r.mu);
-            r.rt.reset();
+            const auto [o, device] = r.read([](tfe::Runtime& rt) {
+              return std::pair{rt.device_outputs(), rt.device()};
+            });
+            if (!o.tokens || o.rows < 1) fail("device_outputs: no draft has run yet");
+            const size_t shape[2] = {static_cast<size_t>(o.rows), static_cast<size_t>(o.steps)};
+            const int64_t strides[2] = {o.row_stride, 1};
+            // Views into the runtime's arena: the Runtime object stays alive while they do. Not flagged
+            // read-only, which some consumers' from_dlpack refuses; the next draft overwrites them anyway.
+            nb::object owner = nb::find(&r);
+            auto view = [&](const void* data, dl::dtype d) {
+              return nb::ndarray<>(const_cast<void*>(data), 2, shape, owner, strides, d, nb::device::cuda::value,
+                                   device)
+                  .cast();
+            };
+            return g_draft_result(view(o.tokens, nb::dtype<int32_t>()), view(o.confidences, nb::dtype<float>()));
           },
-          "Releases the device memory, graphs and stream now; later calls are refused.")
+          "The last draft's tokens and confidences on the device, as DLPack arrays (torch.from_dlpack takes them):\n"
+          "[slots, steps] with a row stride of max_steps, written in the runtime's stream order, valid until the\n"
+          "next draft.")
+      .def("synchronize", [](PyRuntime& r) { r.run([](tfe::Runtime& rt) { rt.synchronize(); }); })
+      .def("stats", [](PyRuntime& r) { return stats_dict(r.read([](tfe::Runtime& rt) { return rt.stats(); })); })
+      .def_prop_ro("plan_options",
+                   [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return rt.plan_options(); }); })
+      .def_prop_ro("header",
+                   [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return header_dict(rt.header()); }); })
+      .def_prop_ro("fp8_in_use", [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return rt.fp8_in_use(); }); })
+      .def_prop_ro("ring_rows", [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return rt.ring_rows(); }); })
+      .def_prop_ro("device", [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return rt.device(); }); })
+      .def_prop_ro("stream",
+                   [](PyRuntime& r) {
+                     return r.read([](tfe::Runtime& rt) { return reinterpret_cast<uintptr_t>(rt.stream()); });
+                   })
+      .def_prop_ro("graphs_enabled",
+                   [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return rt.graphs_enabled(); }); })
+      .def_prop_ro("closed",
+                   [](PyRuntime& r) {
+                     const std::lock_guard lock(r.mu);
+                     return !r.rt;
+                   })
+      .def("close", &PyRuntime::close, "Releases the device memory, graphs and stream now; later calls are refused.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def(
-          "__exit__",
-          [](PyRuntime& r, nb::handle, nb::handle, nb::handle) {
-            nb::gil_scoped_release release;
-            const std::lock_guard lock(r.mu);
-            r.rt.reset();
-          },
-          nb::arg().none(), nb::arg().none(), nb::arg().none());
+          "__exit__", [](PyRuntime& r, nb::handle, nb::handle, nb::handle) { r.close(); }, nb::arg().none(),
+          nb::arg().none(), nb::arg().none());
 }

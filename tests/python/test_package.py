@@ -680,6 +680,19 @@ def test_runtime_drafts_as_the_reference(runtime, heads):
     assert np.abs(got.confidences[agree, 0] - want.confidences[agree, 0]).max() < 2e-2
 
 
+@needs_torch_cuda
+def test_runtime_device_outputs(runtime):
+    h = runtime.header
+    runtime.reset(6)
+    taps, tokens = random_rows(h, 4, seed=6)
+    runtime.extend(6, 0, taps, tokens)
+    d = runtime.draft([6], 3)
+    dev_tokens, dev_conf = runtime.device_outputs()
+    torch.cuda.current_stream().wait_stream(torch.cuda.ExternalStream(runtime.stream))
+    assert np.array_equal(torch.from_dlpack(dev_tokens).cpu().numpy(), d.tokens)
+    assert np.array_equal(torch.from_dlpack(dev_conf).cpu().numpy(), d.confidences)
+
+
 @needs_gpu
 def test_runtime_refusals_change_nothing(runtime):
     h = runtime.header
