@@ -206,7 +206,8 @@ void check_layout(const Array& a, const std::string& name) {
 }
 
 void check_ndim(const Array& a, const std::string& name, size_t ndim, std::string_view shape) {
-  if (a.ndim() != ndim) fail("{}: expected {} dimensions {}, got shape {}", name, ndim, shape, shape_text(a));
+  if (a.ndim() != ndim)
+    fail("{}: expected {} dimension{} {}, got shape {}", name, ndim, ndim == 1 ? "" : "s", shape, shape_text(a));
 }
 
 // taps: [rows, T * Ht] bf16. torch's bfloat16 arrives as DLPack bfloat16; numpy has no bf16, so uint16
