@@ -19,12 +19,13 @@ const char* short_path(const char* file) {
 void throw_cuda_error(cudaError_t e, const char* call, const char* file, int line) {
   // Clear a non-sticky error so that the next call does not report it again.
   (void)cudaGetLastError();
-  fail("{} failed at {}:{}: {} ({})", call, short_path(file), line, cudaGetErrorName(e), cudaGetErrorString(e));
+  throw CudaError(fmt::format("{} failed at {}:{}: {} ({})", call, short_path(file), line, cudaGetErrorName(e),
+                              cudaGetErrorString(e)));
 }
 
 void throw_cublaslt_error(cublasStatus_t s, const char* call, const char* file, int line) {
-  fail("{} failed at {}:{}: {} ({})", call, short_path(file), line, cublasLtGetStatusName(s),
-       cublasLtGetStatusString(s));
+  throw CudaError(fmt::format("{} failed at {}:{}: {} ({})", call, short_path(file), line, cublasLtGetStatusName(s),
+                              cublasLtGetStatusString(s)));
 }
 
 void report_cuda_error(cudaError_t e, const char* call, const char* file, int line) noexcept {

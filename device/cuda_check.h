@@ -7,7 +7,7 @@
 
 namespace tfe::cuda {
 
-// Throws tfe::Error: "<call> failed at <file>:<line>: <error name> (<error string>)".
+// Throws tfe::CudaError: "<call> failed at <file>:<line>: <error name> (<error string>)".
 [[noreturn]] void throw_cuda_error(cudaError_t e, const char* call, const char* file, int line);
 [[noreturn]] void throw_cublaslt_error(cublasStatus_t s, const char* call, const char* file, int line);
 // For destructors: prints the failure to stderr (unless the process is already unloading CUDA).

@@ -1,0 +1,78 @@
+// <tfe/deploy.h>: the deploy steps of tfe-plan as calls, each a thin layer over its stage.
+#include <tfe/deploy.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "compiler/artifact.h"
+#include "core/error.h"
+#include "head/convert.h"
+#include "head/fp8.h"
+#include "head/header_yaml.h"
+#include "head/presets.h"
+#include "head/random_head.h"
+#include "plan/plan_yaml.h"
+
+namespace tfe {
+
+static_assert(kDefaultConvertWindow == CheckpointOptions{}.window, "convert's default window is the CLI's");
+
+HeadHeader write_random_head(const RandomHeadOptions& o, const std::string& out_path) {
+  if (o.preset.empty() == o.config_path.empty())
+    fail("random head: give exactly one of a preset and a config file (got {})", o.preset.empty() ? "neither" : "both");
+  HeadHeader h;
+  if (!o.preset.empty()) {
+    h = preset_header(o.preset);
+  } else {
+    std::ifstream in(o.config_path);
+    if (!in) fail("random head: cannot read the config {}", o.config_path);
+    std::stringstream text;
+    text << in.rdbuf();
+    try {
+      h = header_from_yaml_text(text.str());
+    } catch (const Error& e) {
+      fail("random head: config {}: {}", o.config_path, e.what());
+    }
+  }
+  const HeadWriter writer = random_head(h, o.seed, o.fp8, o.threads);
+  writer.write(out_path);
+  return writer.header();
+}
+
+HeadHeader convert_checkpoint(const CheckpointOptions& o, const std::string& out_path) {
+  ConvertOptions c;
+  c.eagle_dir = o.eagle_dir;
+  c.target_dir = o.target_dir;
+  c.window = o.window;
+  c.fp8 = o.fp8;
+  c.threads = o.threads;
+  const HeadWriter writer = convert_eagle3(c);
+  writer.write(out_path);
+  return writer.header();
+}
+
+PlanSource PlanSource::file(const std::string& head_path) { return head(HeadFile::open(head_path)); }
+
+PlanSource PlanSource::head(const HeadFile& head) { return {head.header(), head.header_sha256()}; }
+
+PlanSource PlanSource::preset(std::string_view name, bool fp8) {
+  PlanSource s{preset_header(name), {}};
+  if (fp8) mark_fp8_forms(s.header);
+  return s;
+}
+
+std::string plan_yaml(const PlanSource& source, const PlanOptions& options) {
+  return dump_plan_yaml(make_plan(source.header, options, source.header_sha256));
+}
+
+ArtifactSummary compile_artifact(const PlanSource& source, const PlanOptions& options, const std::string& out_dir,
+                                 const ArtifactProgress& progress) {
+  const Plan plan = make_plan(source.header, options, source.header_sha256);
+  const KernelCache cache = KernelCache::from_environment();
+  ProgressFn report;
+  if (progress) report = [&progress](const CompileProgress& p) { progress(format_progress(p)); };
+  const CompileSummary s = compile_plan(plan, out_dir, report, cache);
+  return {s.specs, s.hits, s.misses, s.wall_ms, s.out_dir, cache.dir(plan.options.arch).string()};
+}
+
+}  // namespace tfe

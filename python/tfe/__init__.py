@@ -1,0 +1,72 @@
+"""tfe: EAGLE-3 draft heads on CUDA graphs, from Python.
+
+The module mirrors the C++ API (include/tfe/):
+
+    head = tfe.HeadFile("head.tfe")                   # header, tensors; tfe.random_head / tfe.convert make one
+    tfe.compile(head, "deploy/", max_slots=32)        # the deploy artifact (tfe-plan compile)
+    rt = tfe.Runtime(head, "deploy/", stream=torch.cuda.Stream())
+    rt.extend(slot, first_pos, taps, tokens)          # taps bf16 [rows, taps*target_hidden], tokens int32 [rows]
+    tokens, confidences = rt.draft([slot], 4)         # numpy [slots, steps]
+    rt.reset(slot)
+
+tfe.Reference is the CPU reference with the same extend / draft / reset. Arrays pass through DLPack or the
+buffer protocol without a copy (torch, CuPy, JAX, numpy; numpy holds bf16 as uint16 bits). Every argument
+is checked first: a refused call raises tfe.Error (a ValueError) naming the argument, the expected and the
+actual, and changes nothing; a CUDA failure raises tfe.CudaError (a RuntimeError), after which that
+runtime refuses every call.
+"""
+
+from typing import Any, NamedTuple
+
+from ._cli import tfe_plan_executable
+from ._tfe import (
+    CudaError,
+    DraftResult,
+    Error,
+    HeadFile,
+    PlanOptions,
+    Preset,
+    Reference,
+    Runtime,
+    TensorInfo,
+    __version__,
+    compile,
+    convert,
+    cuda_device_count,
+    plan_option_names,
+    plan_yaml,
+    presets,
+    random_head,
+)
+
+
+class ExtendRequest(NamedTuple):
+    """One slot's real rows for extend([...]): positions first_pos .. first_pos + rows - 1."""
+
+    slot: int
+    first_pos: int
+    taps: Any  # bf16 [rows, taps * target_hidden] (or uint16 bits), host memory, C-contiguous
+    tokens: Any  # int32 [rows]: the target token that follows each row
+
+
+__all__ = [
+    "CudaError",
+    "DraftResult",
+    "Error",
+    "ExtendRequest",
+    "HeadFile",
+    "PlanOptions",
+    "Preset",
+    "Reference",
+    "Runtime",
+    "TensorInfo",
+    "__version__",
+    "compile",
+    "convert",
+    "cuda_device_count",
+    "plan_option_names",
+    "plan_yaml",
+    "presets",
+    "random_head",
+    "tfe_plan_executable",
+]

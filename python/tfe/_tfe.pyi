@@ -1,0 +1,199 @@
+"""Types of tfe._tfe, the extension module (python/tfe_ext.cpp). The package re-exports every name."""
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, overload
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+
+# An array passed through DLPack or the buffer protocol: numpy, torch, CuPy, JAX, ...
+_ArrayLike = Any
+# A stream: None (the runtime's own), a raw cudaStream_t as an int, or an object with .cuda_stream (torch)
+# or .ptr (CuPy).
+_StreamLike = Any
+_PathLike = str | os.PathLike[str]
+
+class Error(ValueError):
+    """A call tfe refused (a bad argument, file, option or state); nothing changed."""
+
+class CudaError(RuntimeError):
+    """A CUDA or cuBLASLt call failed, or no device is there; a runtime it came from is unusable."""
+
+class DraftResult(NamedTuple):
+    tokens: npt.NDArray[np.int32]  # [slots, steps] target token ids
+    confidences: npt.NDArray[np.float32]  # [slots, steps]
+
+class TensorInfo(NamedTuple):
+    name: str
+    dtype: str  # BF16, F32, I32, F8_E4M3
+    shape: tuple[int, ...]
+    nbytes: int
+
+class PlanOptions:
+    """The options of a plan (include/tfe/options.h); every field is also a keyword argument."""
+
+    buckets: list[int]
+    max_steps: int
+    fp8: str  # auto, off, require
+    arch: str
+    max_slots: int
+    extend_rows: int
+    dependent_streams: int
+    dependent_streams_fp8: int
+    dependent_safe_nodes: bool
+    rope_in_wqkv: bool
+    gemv_cluster: bool
+    tiled_weights: bool
+    attention_split_per_bucket: bool
+    def __init__(self, **options: object) -> None: ...
+    def to_dict(self) -> dict[str, object]: ...
+    def replace(self, **options: object) -> PlanOptions: ...
+    def validate(self) -> None: ...
+    def __eq__(self, other: object) -> bool: ...
+
+def plan_option_names() -> list[str]: ...
+
+class Preset:
+    """A built-in head shape, planned without a head file (`--preset`, `--preset-fp8`)."""
+
+    def __init__(self, name: str, fp8: bool = False) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def fp8(self) -> bool: ...
+    @property
+    def header(self) -> dict[str, Any]: ...
+
+def presets() -> list[str]: ...
+
+class HeadFile:
+    """A .tfe head file, mapped read-only and validated (with verify: every tensor's sha256 too)."""
+
+    def __init__(self, path: _PathLike, verify: bool = False) -> None: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def header(self) -> dict[str, Any]: ...
+    @property
+    def header_sha256(self) -> str: ...
+    @property
+    def metadata(self) -> dict[str, str]: ...
+    @property
+    def tensors(self) -> list[TensorInfo]: ...
+    def tensor(self, name: str) -> npt.NDArray[Any]: ...
+    def __contains__(self, name: str) -> bool: ...
+    def __len__(self) -> int: ...
+
+def random_head(
+    preset: str | None,
+    out: _PathLike,
+    *,
+    seed: int = 0,
+    fp8: bool = False,
+    config: _PathLike | None = None,
+    threads: int = 0,
+) -> HeadFile: ...
+def convert(
+    eagle_dir: _PathLike,
+    out: _PathLike,
+    *,
+    target: _PathLike | None = None,
+    window: int = 511,
+    fp8: bool = False,
+    threads: int = 0,
+) -> HeadFile: ...
+def plan_yaml(head: _PathLike | HeadFile | Preset, *, plan: PlanOptions | None = None, **options: object) -> str: ...
+def compile(
+    head: _PathLike | HeadFile | Preset,
+    out_dir: _PathLike,
+    *,
+    plan: PlanOptions | None = None,
+    progress: Callable[[str], object] | None = None,
+    **options: object,
+) -> dict[str, object]: ...
+
+_ExtendTuple = tuple[int, int, _ArrayLike, _ArrayLike]  # (slot, first_pos, taps, tokens)
+
+class Reference:
+    """The CPU reference: what the kernels must compute, with the same slot checks as the runtime."""
+
+    def __init__(
+        self,
+        head: _PathLike | HeadFile,
+        *,
+        max_slots: int = 16,
+        max_steps: int = 8,
+        fp8: str = "auto",
+        threads: int = 0,
+    ) -> None: ...
+    @overload
+    def extend(self, slot: int, first_pos: int, taps: _ArrayLike, tokens: _ArrayLike) -> None: ...
+    @overload
+    def extend(self, requests: Sequence[_ExtendTuple]) -> None: ...
+    def draft(self, slots: Sequence[int] | _ArrayLike, steps: int) -> DraftResult: ...
+    def reset(self, slot: int) -> None: ...
+    @property
+    def header(self) -> dict[str, Any]: ...
+    @property
+    def ring_rows(self) -> int: ...
+    @property
+    def max_slots(self) -> int: ...
+    @property
+    def max_steps(self) -> int: ...
+    @property
+    def fp8(self) -> str: ...
+    def uses_fp8(self, linear: str) -> bool: ...
+
+def cuda_device_count() -> int: ...
+
+class Runtime:
+    """One draft head on one GPU (tfe::Runtime). Plan options not given come from the artifact, or the defaults."""
+
+    def __init__(
+        self,
+        head: _PathLike | HeadFile,
+        artifact: _PathLike | None = None,
+        *,
+        stream: _StreamLike = None,
+        device: int = 0,
+        plan: PlanOptions | None = None,
+        graphs: bool = True,
+        capture: str = "at_open",
+        verify: bool = False,
+        recompile_mismatched_artifact: bool = False,
+        graph_capacity: int = 0,
+        l2_resident_weight_bytes: int = 0,
+        **options: object,
+    ) -> None: ...
+    @overload
+    def extend(self, slot: int, first_pos: int, taps: _ArrayLike, tokens: _ArrayLike) -> None: ...
+    @overload
+    def extend(self, requests: Sequence[_ExtendTuple]) -> None: ...
+    def draft(self, slots: Sequence[int] | _ArrayLike, steps: int) -> DraftResult: ...
+    def reset(self, slot: int) -> None: ...
+    def device_outputs(self) -> DraftResult:
+        """The last draft's outputs on the device as DLPack arrays (not numpy), valid until the next draft."""
+    def synchronize(self) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+    @property
+    def plan_options(self) -> PlanOptions: ...
+    @property
+    def header(self) -> dict[str, Any]: ...
+    @property
+    def fp8_in_use(self) -> bool: ...
+    @property
+    def ring_rows(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def stream(self) -> int: ...
+    @property
+    def graphs_enabled(self) -> bool: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Runtime: ...
+    def __exit__(self, *exc: object) -> None: ...

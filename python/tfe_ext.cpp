@@ -1,0 +1,1095 @@
+// tfe._tfe: the Python binding of tfe (nanobind). Arrays arrive through DLPack or the buffer protocol
+// (torch, CuPy, JAX, numpy) without a copy. Every argument is checked here before the library sees it:
+// a wrong type, dtype, shape, device, stride or alignment is refused naming the argument, the expected and
+// the actual, so that the library never reads past what an array holds. Errors map by C++ type:
+//   tfe::CudaError (a CUDA or cuBLASLt call failed; device state unknown)  -> tfe.CudaError (RuntimeError)
+//   tfe::Error (a refused call; nothing changed), and the checks below      -> tfe.Error (ValueError)
+//   a Python value of the wrong type (a str for an int)                     -> TypeError
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/filesystem.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <tfe/deploy.h>
+#include <tfe/runtime.h>
+
+#include "core/error.h"
+#include "plan/plan.h"
+#include "reference/reference.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using tfe::fail;
+
+// ---------------------------------------------------------------------------------------------------------
+// Python values
+
+[[noreturn]] void type_error(const std::string& what) { throw nb::type_error(what.c_str()); }
+
+std::string py_type(nb::handle h) { return Py_TYPE(h.ptr())->tp_name; }
+
+// An int (or anything with __index__, such as a numpy integer) in [lo, hi]; bool is refused, since a
+// flag passed where a count belongs is a mistake.
+int64_t as_int(nb::handle h, const std::string& name, int64_t lo = std::numeric_limits<int64_t>::min(),
+               int64_t hi = std::numeric_limits<int64_t>::max()) {
+  if (PyBool_Check(h.ptr()) || !PyIndex_Check(h.ptr()))
+    type_error(fmt::format("{}: expected an int, got {}", name, py_type(h)));
+  nb::object index = nb::steal(PyNumber_Index(h.ptr()));
+  if (!index.is_valid()) throw nb::python_error();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow != 0 || v < lo || v > hi) fail("{}: {} is outside {}..{}", name, nb::str(index).c_str(), lo, hi);
+  return v;
+}
+
+int as_int32(nb::handle h, const std::string& name) {
+  return static_cast<int>(as_int(h, name, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+}
+
+bool as_bool(nb::handle h, const std::string& name) {
+  if (!PyBool_Check(h.ptr())) type_error(fmt::format("{}: expected a bool, got {}", name, py_type(h)));
+  return h.ptr() == Py_True;
+}
+
+std::string as_str(nb::handle h, const std::string& name) {
+  if (!nb::isinstance<nb::str>(h)) type_error(fmt::format("{}: expected a str, got {}", name, py_type(h)));
+  return nb::cast<std::string>(h);
+}
+
+std::filesystem::path as_path(nb::handle h, const std::string& name) {
+  std::filesystem::path p;
+  if (nb::isinstance<nb::str>(h) || nb::hasattr(h, "__fspath__")) {
+    if (nb::try_cast(h, p)) return p;
+  }
+  type_error(fmt::format("{}: expected a path (str or os.PathLike), got {}", name, py_type(h)));
+}
+
+tfe::Fp8Mode as_fp8(nb::handle h, const std::string& name) {
+  const std::string s = as_str(h, name);
+  if (s != "auto" && s != "off" && s != "require") fail("{}: `{}` is not one of auto, off, require", name, s);
+  return tfe::fp8_mode_from_name(s);
+}
+
+// A list or tuple (not a str, not an array): the items as handles.
+std::optional<std::vector<nb::handle>> as_sequence(nb::handle h) {
+  if (!nb::isinstance<nb::list>(h) && !nb::isinstance<nb::tuple>(h) && !PyRange_Check(h.ptr())) return std::nullopt;
+  std::vector<nb::handle> out;
+  for (nb::handle item : h) out.push_back(item);
+  return out;
+}
+
+nb::object json_to_python(const std::string& text) { return nb::module_::import_("json").attr("loads")(text); }
+
+// The header as the head file stores it (`tfe.header` of __metadata__): the same names in Python.
+nb::object header_dict(const tfe::HeadHeader& h) { return json_to_python(tfe::header_to_metadata(h).at("tfe.header")); }
+
+// ---------------------------------------------------------------------------------------------------------
+// Arrays
+
+using Array = nb::ndarray<nb::ro>;
+namespace dl = nb::dlpack;
+
+std::string dtype_text(dl::dtype d) {
+  std::string base;
+  switch (static_cast<dl::dtype_code>(d.code)) {
+    case dl::dtype_code::Int:
+      base = fmt::format("int{}", d.bits);
+      break;
+    case dl::dtype_code::UInt:
+      base = fmt::format("uint{}", d.bits);
+      break;
+    case dl::dtype_code::Float:
+      base = fmt::format("float{}", d.bits);
+      break;
+    case dl::dtype_code::Bfloat:
+      base = fmt::format("bfloat{}", d.bits);
+      break;
+    case dl::dtype_code::Complex:
+      base = fmt::format("complex{}", d.bits);
+      break;
+    case dl::dtype_code::Bool:
+      base = "bool";
+      break;
+    default:
+      base = fmt::format("dtype code {} of {} bits", d.code, d.bits);
+      break;
+  }
+  return d.lanes == 1 ? base : fmt::format("{}x{}", base, d.lanes);
+}
+
+bool is(dl::dtype d, dl::dtype_code code, int bits) {
+  return d.code == static_cast<uint8_t>(code) && d.bits == bits && d.lanes == 1;
+}
+
+std::string device_text(const Array& a) {
+  const int id = a.device_id();
+  switch (a.device_type()) {
+    case nb::device::cpu::value:
+      return "cpu";
+    case nb::device::cuda::value:
+      return fmt::format("cuda:{}", id);
+    case nb::device::cuda_host::value:
+      return "cuda_host (pinned host memory)";
+    case nb::device::cuda_managed::value:
+      return fmt::format("cuda_managed:{}", id);
+    case nb::device::rocm::value:
+      return fmt::format("rocm:{}", id);
+    case nb::device::metal::value:
+      return "metal";
+    default:
+      return fmt::format("DLPack device type {}:{}", a.device_type(), id);
+  }
+}
+
+std::string shape_text(const Array& a) {
+  std::vector<size_t> s(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) s[i] = a.shape(i);
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
+
+Array as_array(nb::handle h, const std::string& name, std::string_view expected) {
+  Array a;
+  if (!nb::try_cast(h, a))
+    fail("{}: expected an array of {} (numpy, torch, or any object with __dlpack__ or the buffer protocol), got {}{}",
+         name, expected, py_type(h),
+         nb::hasattr(h, "requires_grad") ? " (a torch tensor that requires grad needs .detach())" : "");
+  return a;
+}
+
+// Where a checked array's data may be read from: the host only, for now. Device-resident extend will
+// take CUDA tensors here (on the runtime's device, ordered on its stream) once the runtime has it.
+void check_host(const Array& a, const std::string& name, std::string_view call) {
+  const int t = a.device_type();
+  if (t == nb::device::cpu::value || t == nb::device::cuda_host::value) return;
+  if (t == nb::device::cuda::value || t == nb::device::cuda_managed::value)
+    fail(
+        "{}: a tensor on {}; {} takes host memory for now (device-resident {} is not there yet): pass a CPU "
+        "tensor (e.g. .cpu())",
+        name, device_text(a), call, call);
+  fail("{}: on {}; {} takes host (cpu) memory", name, device_text(a), call);
+}
+
+// Row-major with no gaps, and aligned for its element type: the library reads it as one flat span.
+void check_layout(const Array& a, const std::string& name) {
+  int64_t expect = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expect) {
+      std::vector<int64_t> st(a.ndim());
+      for (size_t j = 0; j < a.ndim(); ++j) st[j] = a.stride(j);
+      fail(
+          "{}: not C-contiguous (shape {}, strides [{}] in elements); pass a contiguous copy "
+          "(numpy.ascontiguousarray, .contiguous())",
+          name, shape_text(a), fmt::join(st, ", "));
+    }
+    expect *= static_cast<int64_t>(a.shape(i));
+  }
+  const size_t item = a.itemsize();
+  if (a.size() > 0 && item > 0 && reinterpret_cast<uintptr_t>(a.data()) % item != 0)
+    fail("{}: its data at {} is not aligned to its {}-byte elements", name, a.data(), item);
+}
+
+void check_ndim(const Array& a, const std::string& name, size_t ndim, std::string_view shape) {
+  if (a.ndim() != ndim)
+    fail("{}: expected {} dimension{} {}, got shape {}", name, ndim, ndim == 1 ? "" : "s", shape, shape_text(a));
+}
+
+// taps: [rows, T * Ht] bf16. torch's bfloat16 arrives as DLPack bfloat16; numpy has no bf16, so uint16
+// arrays holding the bits (e.g. torch_tensor.view(torch.uint16).numpy()) are taken too.
+Array check_taps(nb::handle h, const std::string& name, int64_t row_width, std::string_view call) {
+  Array a = as_array(h, name, "bfloat16");
+  check_host(a, name, call);
+  if (!is(a.dtype(), dl::dtype_code::Bfloat, 16) && !is(a.dtype(), dl::dtype_code::UInt, 16))
+    fail("{}: expected bfloat16 (or uint16 holding bf16 bits), got {}", name, dtype_text(a.dtype()));
+  check_ndim(a, name, 2, fmt::format("[rows, taps * target_hidden = {}]", row_width));
+  if (static_cast<int64_t>(a.shape(1)) != row_width)
+    fail("{}: expected shape [rows, {}] (taps * target_hidden), got {}", name, row_width, shape_text(a));
+  check_layout(a, name);
+  return a;
+}
+
+Array check_tokens(nb::handle h, const std::string& name, std::string_view call) {
+  Array a = as_array(h, name, "int32");
+  check_host(a, name, call);
+  if (!is(a.dtype(), dl::dtype_code::Int, 32)) fail("{}: expected int32, got {}", name, dtype_text(a.dtype()));
+  check_ndim(a, name, 1, "[rows]");
+  check_layout(a, name);
+  return a;
+}
+
+// One extend request, checked; `arrays` keeps what its spans point into alive until the call returns.
+tfe::ExtendRequest check_request(nb::handle slot, nb::handle first_pos, nb::handle taps, nb::handle tokens,
+                                 const std::string& prefix, int64_t row_width, std::vector<Array>& arrays) {
+  tfe::ExtendRequest r;
+  r.slot = as_int32(slot, prefix + "slot");
+  r.first_pos = as_int(first_pos, prefix + "first_pos");
+  const Array t = check_taps(taps, prefix + "taps", row_width, "extend");
+  const Array k = check_tokens(tokens, prefix + "tokens", "extend");
+  if (t.shape(0) != k.shape(0))
+    fail("{}taps has {} rows but {}tokens has {} entries (one token per row)", prefix, t.shape(0), prefix, k.shape(0));
+  r.n_rows = static_cast<int64_t>(t.shape(0));
+  r.taps = {static_cast<const tfe::bf16_bits*>(t.data()), t.size()};
+  r.tokens = {static_cast<const int32_t*>(k.data()), k.size()};
+  arrays.push_back(t);
+  arrays.push_back(k);
+  return r;
+}
+
+// extend(slot, first_pos, taps, tokens) or extend([(slot, first_pos, taps, tokens), ...]).
+std::vector<tfe::ExtendRequest> check_extend(nb::handle requests, int64_t row_width, std::vector<Array>& arrays) {
+  const auto items = as_sequence(requests);
+  if (!items)
+    type_error(fmt::format("requests: expected a list of (slot, first_pos, taps, tokens), got {}", py_type(requests)));
+  // One request alone, extend(tfe.ExtendRequest(...)): a tuple whose first item is a slot, not a request.
+  if (!items->empty() && PyIndex_Check((*items)[0].ptr())) {
+    if (items->size() != 4)
+      type_error(
+          fmt::format("requests: expected a (slot, first_pos, taps, tokens) tuple, got {} items", items->size()));
+    return {check_request((*items)[0], (*items)[1], (*items)[2], (*items)[3], "", row_width, arrays)};
+  }
+  std::vector<tfe::ExtendRequest> out;
+  for (size_t i = 0; i < items->size(); ++i) {
+    const std::string prefix = fmt::format("requests[{}].", i);
+    const auto fields = as_sequence((*items)[i]);
+    if (!fields || fields->size() != 4)
+      type_error(fmt::format("requests[{}]: expected a (slot, first_pos, taps, tokens) tuple, got {}", i,
+                             fields ? fmt::format("{} items", fields->size()) : py_type((*items)[i])));
+    out.push_back(check_request((*fields)[0], (*fields)[1], (*fields)[2], (*fields)[3], prefix, row_width, arrays));
+  }
+  return out;
+}
+
+// draft's slots: a list, tuple or range of ints, or a 1-D integer array on the host.
+std::vector<int> check_slots(nb::handle h) {
+  std::vector<int> out;
+  if (const auto items = as_sequence(h)) {
+    for (size_t i = 0; i < items->size(); ++i) out.push_back(as_int32((*items)[i], fmt::format("slots[{}]", i)));
+    return out;
+  }
+  const Array a = as_array(h, "slots", "integers (or a list of ints)");
+  check_host(a, "slots", "draft");
+  const dl::dtype d = a.dtype();
+  const bool sint = d.code == static_cast<uint8_t>(dl::dtype_code::Int);
+  const bool uint = d.code == static_cast<uint8_t>(dl::dtype_code::UInt);
+  if ((!sint && !uint) || d.lanes != 1 || (d.bits != 8 && d.bits != 16 && d.bits != 32 && d.bits != 64))
+    fail("slots: expected integers, got {}", dtype_text(d));
+  check_ndim(a, "slots", 1, "[streams]");
+  check_layout(a, "slots");
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto* p = static_cast<const std::byte*>(a.data()) + i * a.itemsize();
+    int64_t v = 0;
+    if (d.bits == 8)
+      v = sint ? int64_t(*reinterpret_cast<const int8_t*>(p)) : int64_t(*reinterpret_cast<const uint8_t*>(p));
+    if (d.bits == 16)
+      v = sint ? int64_t(*reinterpret_cast<const int16_t*>(p)) : int64_t(*reinterpret_cast<const uint16_t*>(p));
+    if (d.bits == 32)
+      v = sint ? int64_t(*reinterpret_cast<const int32_t*>(p)) : int64_t(*reinterpret_cast<const uint32_t*>(p));
+    if (d.bits == 64) {
+      if (uint && *reinterpret_cast<const uint64_t*>(p) > uint64_t(std::numeric_limits<int>::max()))
+        fail("slots[{}]: {} is outside the int range", i, *reinterpret_cast<const uint64_t*>(p));
+      v = *reinterpret_cast<const int64_t*>(p);
+    }
+    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+      fail("slots[{}]: {} is outside the int range", i, v);
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
+template <typename T>
+nb::object to_numpy(std::vector<T>&& v, std::initializer_list<size_t> shape) {
+  auto* heap = new std::vector<T>(std::move(v));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T>(heap->data(), shape, owner).cast();
+}
+
+nb::handle g_draft_result;  // collections.namedtuple DraftResult(tokens, confidences)
+nb::handle g_tensor_info;   // collections.namedtuple TensorInfo(name, dtype, shape, nbytes)
+nb::handle g_error;         // tfe.Error (ValueError)
+nb::handle g_cuda_error;    // tfe.CudaError (RuntimeError)
+
+nb::object draft_result(tfe::DraftResult&& d) {
+  const size_t n = static_cast<size_t>(d.streams), s = static_cast<size_t>(d.steps);
+  return g_draft_result(to_numpy(std::move(d.tokens), {n, s}), to_numpy(std::move(d.confidences), {n, s}));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Plan options: one table of names for PlanOptions(**kw), compile, plan_yaml and Runtime.
+
+const std::vector<std::string>& plan_option_names() {
+  static const std::vector<std::string> names = {"buckets",
+                                                 "max_steps",
+                                                 "fp8",
+                                                 "arch",
+                                                 "max_slots",
+                                                 "extend_rows",
+                                                 "dependent_streams",
+                                                 "dependent_streams_fp8",
+                                                 "dependent_safe_nodes",
+                                                 "rope_in_wqkv",
+                                                 "gemv_cluster",
+                                                 "tiled_weights",
+                                                 "attention_split_per_bucket"};
+  return names;
+}
+
+// Sets one field; false when `key` names none.
+bool set_plan_option(tfe::PlanOptions& o, const std::string& key, nb::handle v) {
+  if (key == "buckets") {
+    const auto items = as_sequence(v);
+    if (!items) type_error(fmt::format("buckets: expected a list of ints, got {}", py_type(v)));
+    std::vector<int> b;
+    for (size_t i = 0; i < items->size(); ++i) b.push_back(as_int32((*items)[i], fmt::format("buckets[{}]", i)));
+    o.buckets = b;
+  } else if (key == "max_steps") {
+    o.max_steps = as_int32(v, key);
+  } else if (key == "fp8") {
+    o.fp8 = as_fp8(v, key);
+  } else if (key == "arch") {
+    o.arch = as_str(v, key);
+  } else if (key == "max_slots") {
+    o.max_slots = as_int32(v, key);
+  } else if (key == "extend_rows") {
+    o.extend_rows = as_int32(v, key);
+  } else if (key == "dependent_streams") {
+    o.dependent_streams = as_int32(v, key);
+  } else if (key == "dependent_streams_fp8") {
+    o.dependent_streams_fp8 = as_int32(v, key);
+  } else if (key == "dependent_safe_nodes") {
+    o.dependent_safe_nodes = as_bool(v, key);
+  } else if (key == "rope_in_wqkv") {
+    o.rope_in_wqkv = as_bool(v, key);
+  } else if (key == "gemv_cluster") {
+    o.gemv_cluster = as_bool(v, key);
+  } else if (key == "tiled_weights") {
+    o.tiled_weights = as_bool(v, key);
+  } else if (key == "attention_split_per_bucket") {
+    o.attention_split_per_bucket = as_bool(v, key);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// `plan` (a PlanOptions or None) with the keyword arguments on top, validated as the planner will.
+// nullopt when neither is given (the runtime then takes an artifact's options or the defaults).
+std::optional<tfe::PlanOptions> plan_options_from(nb::handle plan, const nb::kwargs& kw, const std::string& call) {
+  if (plan.is_none() && kw.size() == 0) return std::nullopt;
+  tfe::PlanOptions o;
+  if (!plan.is_none()) {
+    if (!nb::isinstance<tfe::PlanOptions>(plan))
+      type_error(fmt::format("plan: expected a tfe.PlanOptions, got {}", py_type(plan)));
+    o = nb::cast<tfe::PlanOptions>(plan);
+  }
+  for (auto [k, v] : kw) {
+    const std::string key = nb::cast<std::string>(k);
+    if (!set_plan_option(o, key, v))
+      type_error(fmt::format("{}() got an unexpected keyword argument '{}' (plan options: {})", call, key,
+                             fmt::join(plan_option_names(), ", ")));
+  }
+  tfe::validate(o);
+  return o;
+}
+
+nb::dict plan_options_dict(const tfe::PlanOptions& o) {
+  nb::dict d;
+  d["buckets"] = nb::cast(o.buckets);
+  d["max_steps"] = o.max_steps;
+  d["fp8"] = std::string(tfe::fp8_mode_name(o.fp8));
+  d["arch"] = o.arch;
+  d["max_slots"] = o.max_slots;
+  d["extend_rows"] = o.extend_rows;
+  d["dependent_streams"] = o.dependent_streams;
+  d["dependent_streams_fp8"] = o.dependent_streams_fp8;
+  d["dependent_safe_nodes"] = o.dependent_safe_nodes;
+  d["rope_in_wqkv"] = o.rope_in_wqkv;
+  d["gemv_cluster"] = o.gemv_cluster;
+  d["tiled_weights"] = o.tiled_weights;
+  d["attention_split_per_bucket"] = o.attention_split_per_bucket;
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Heads
+
+struct PyHead {
+  std::shared_ptr<const tfe::HeadFile> file;
+  std::string path;
+};
+
+struct PyPreset {
+  std::string name;
+  bool fp8 = false;
+};
+
+std::shared_ptr<const tfe::HeadFile> open_head(const std::string& path, bool verify) {
+  nb::gil_scoped_release release;
+  return std::make_shared<const tfe::HeadFile>(tfe::HeadFile::open(path, {.verify_sha256 = verify}));
+}
+
+// A head argument: a tfe.HeadFile, or a path opened now.
+std::shared_ptr<const tfe::HeadFile> head_arg(nb::handle h, const std::string& name, bool verify) {
+  if (nb::isinstance<PyHead>(h)) return nb::cast<PyHead&>(h).file;
+  if (nb::isinstance<PyPreset>(h))
+    fail("{}: a preset has no weights; pass a head file (tfe.random_head makes one)", name);
+  return open_head(as_path(h, name).string(), verify);
+}
+
+// What a plan is made for: a tfe.HeadFile, a tfe.Preset, or a path.
+tfe::PlanSource plan_source(nb::handle h) {
+  if (nb::isinstance<PyPreset>(h)) {
+    const PyPreset& p = nb::cast<PyPreset&>(h);
+    return tfe::PlanSource::preset(p.name, p.fp8);
+  }
+  if (nb::isinstance<PyHead>(h)) return tfe::PlanSource::head(*nb::cast<PyHead&>(h).file);
+  if (!nb::isinstance<nb::str>(h) && !nb::hasattr(h, "__fspath__"))
+    type_error(fmt::format("head: expected a path, a tfe.HeadFile or a tfe.Preset, got {}", py_type(h)));
+  const std::string path = as_path(h, "head").string();
+  nb::gil_scoped_release release;
+  return tfe::PlanSource::file(path);
+}
+
+PyHead opened(const std::string& path) { return PyHead{open_head(path, false), path}; }
+
+// ---------------------------------------------------------------------------------------------------------
+// Reference and Runtime: one thread at a time each. Calls run without the GIL, under the object's mutex,
+// after every Python argument has been read.
+
+struct PyReference {
+  std::shared_ptr<const tfe::HeadFile> file;  // the reference reads its weights in place
+  std::unique_ptr<tfe::Reference> ref;
+  std::mutex mu;
+};
+
+struct PyRuntime {
+  std::unique_ptr<tfe::Runtime> rt;
+  std::string broken;  // the first CUDA failure: the C++ runtime refuses every later call, and so does this
+  std::mutex mu;       // held by every call; a call that runs without the GIL releases it before taking the GIL
+
+  void check_usable() const {
+    if (!broken.empty())
+      throw tfe::CudaError(
+          fmt::format("runtime: unusable after an earlier device failure ({}); close it and open a new one", broken));
+  }
+  // Reads the runtime with the GIL held (properties, stats).
+  template <typename F>
+  auto read(F&& f) -> decltype(f(std::declval<tfe::Runtime&>())) {
+    check_usable();
+    const std::lock_guard lock(mu);
+    if (!rt) fail("runtime: closed");
+    return f(*rt);
+  }
+  // Runs a call without the GIL; a CUDA failure marks the runtime unusable.
+  template <typename F>
+  auto run(F&& f) -> decltype(f(std::declval<tfe::Runtime&>())) {
+    check_usable();
+    try {
+      nb::gil_scoped_release release;
+      const std::lock_guard lock(mu);
+      if (!rt) fail("runtime: closed");
+      return f(*rt);
+    } catch (const tfe::CudaError& e) {
+      broken = e.what();
+      throw;
+    }
+  }
+  // Closing waits for the stream with the GIL held, so that no property read races the release.
+  void close() {
+    const std::lock_guard lock(mu);
+    rt.reset();
+  }
+};
+
+// Without a device the runtime cannot open; say so before anything else, as a device failure.
+void require_cuda_device(int device) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    // Without a driver the runtime library reports cudaErrorInsufficientDriver too: say both.
+    throw tfe::CudaError(fmt::format(
+        "tfe.Runtime needs a CUDA device and found none: cudaGetDeviceCount reports {} ({}), as it does where "
+        "there is no NVIDIA driver or one older than CUDA {}.{}; tfe.Reference runs a head on the CPU",
+        cudaGetErrorName(e), cudaGetErrorString(e), CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10));
+  }
+  if (count == 0)
+    throw tfe::CudaError("tfe.Runtime needs a CUDA device and found none; tfe.Reference runs a head on the CPU");
+  if (device < 0 || device >= count) fail("device: {} is outside 0..{} ({} CUDA devices)", device, count - 1, count);
+}
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+// stream: None (the runtime makes its own), a raw cudaStream_t as an int, or an object with .cuda_stream
+// (torch.cuda.Stream) or .ptr (cupy.cuda.Stream).
+cudaStream_t stream_arg(nb::handle s, int device) {
+  if (s.is_none()) return nullptr;
+  std::string what = "stream";
+  nb::handle value = s;
+  nb::object attr;
+  if (!PyIndex_Check(s.ptr()) || PyBool_Check(s.ptr())) {
+    if (nb::hasattr(s, "cuda_stream")) {
+      attr = s.attr("cuda_stream");
+      what = "stream.cuda_stream";
+    } else if (nb::hasattr(s, "ptr")) {
+      attr = s.attr("ptr");
+      what = "stream.ptr";
+    } else {
+      type_error(
+          fmt::format("stream: expected None, an int handle, or a stream with .cuda_stream (torch) or .ptr "
+                      "(CuPy), got {}",
+                      py_type(s)));
+    }
+    value = attr;
+    if (nb::hasattr(s, "device")) {
+      // torch.cuda.Stream.device: the stream belongs to one device, which must be the runtime's.
+      nb::object dev = s.attr("device");
+      if (nb::hasattr(dev, "index") && !dev.attr("index").is_none()) {
+        const int64_t index = as_int(dev.attr("index"), "stream.device.index");
+        if (index != device) fail("stream: on cuda:{}, but the runtime opens device {}", index, device);
+      }
+    }
+  }
+  const int64_t handle = as_int(value, what, 0);
+  // 0 is the legacy default stream, which cannot be captured into a graph (and which None would not mean).
+  if (handle == 0)
+    fail(
+        "{}: 0 is the legacy default stream, which CUDA graphs cannot capture; pass a created stream "
+        "(torch.cuda.Stream()) or None for the runtime's own",
+        what);
+  return reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(handle));
+}
+
+nb::dict stats_dict(const tfe::RuntimeStats& s) {
+  nb::dict d;
+  d["replays"] = s.replays;
+  d["eager_passes"] = s.eager_passes;
+  d["extend_chunks"] = s.extend_chunks;
+  d["captures"] = s.captures;
+  d["graph_updates"] = s.graph_updates;
+  d["bytes_uploaded"] = s.bytes_uploaded;
+  d["bytes_downloaded"] = s.bytes_downloaded;
+  d["weight_bytes"] = s.weight_bytes;
+  d["l2_set_aside"] = s.l2_set_aside;
+  return d;
+}
+
+int64_t row_width(const tfe::HeadHeader& h) { return static_cast<int64_t>(h.taps.size()) * h.target_hidden; }
+
+// The two forms of extend, as one argument list: (slot, first_pos, taps, tokens) or (requests).
+std::vector<tfe::ExtendRequest> extend_args(nb::handle a, nb::handle first_pos, nb::handle taps, nb::handle tokens,
+                                            int64_t width, std::vector<Array>& arrays) {
+  const bool single = !first_pos.is_none() || !taps.is_none() || !tokens.is_none();
+  if (!single) return check_extend(a, width, arrays);
+  if (first_pos.is_none() || taps.is_none() || tokens.is_none())
+    type_error("extend: give slot, first_pos, taps and tokens, or one list of (slot, first_pos, taps, tokens)");
+  return {check_request(a, first_pos, taps, tokens, "", width, arrays)};
+}
+
+}  // namespace
+
+NB_MODULE(_tfe, m) {
+  m.doc() = "tfe: EAGLE-3 draft heads on CUDA graphs (see the package docstring)";
+  m.attr("__version__") = TFE_VERSION;
+
+  // Module-lifetime objects are held as handles that are never released: the interpreter may outlive the
+  // module's static destructors at exit, and a leaked reference to a type costs nothing.
+  g_error = PyErr_NewExceptionWithDoc("tfe.Error",
+                                      "A call tfe refused (a bad argument, file, option or state); nothing changed.",
+                                      PyExc_ValueError, nullptr);
+  g_cuda_error = PyErr_NewExceptionWithDoc(
+      "tfe.CudaError", "A CUDA or cuBLASLt call failed, or no device is there; a runtime it came from is unusable.",
+      PyExc_RuntimeError, nullptr);
+  if (!g_error.ptr() || !g_cuda_error.ptr()) throw nb::python_error();
+  m.attr("Error") = g_error;
+  m.attr("CudaError") = g_cuda_error;
+  // tfe::CudaError derives from tfe::Error, so it is caught first. Both keep the library's message.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const tfe::CudaError& e) {
+      PyErr_SetString(g_cuda_error.ptr(), e.what());
+    } catch (const tfe::Error& e) {
+      PyErr_SetString(g_error.ptr(), e.what());
+    }
+  });
+
+  nb::module_ collections = nb::module_::import_("collections");
+  g_draft_result =
+      collections.attr("namedtuple")("DraftResult", nb::make_tuple("tokens", "confidences"), "module"_a.none() = "tfe")
+          .release();
+  g_tensor_info = collections
+                      .attr("namedtuple")("TensorInfo", nb::make_tuple("name", "dtype", "shape", "nbytes"),
+                                          "module"_a.none() = "tfe")
+                      .release();
+  m.attr("DraftResult") = g_draft_result;
+  m.attr("TensorInfo") = g_tensor_info;
+
+  // -------------------------------------------------------------------------------------------- options
+  nb::class_<tfe::PlanOptions>(m, "PlanOptions", "The options of a plan (include/tfe/options.h).")
+      .def(
+          "__init__",
+          [](tfe::PlanOptions* self, const nb::kwargs& kw) {
+            tfe::PlanOptions o;
+            for (auto [k, v] : kw) {
+              const std::string key = nb::cast<std::string>(k);
+              if (!set_plan_option(o, key, v))
+                type_error(fmt::format("PlanOptions() got an unexpected keyword argument '{}' (fields: {})", key,
+                                       fmt::join(plan_option_names(), ", ")));
+            }
+            tfe::validate(o);
+            new (self) tfe::PlanOptions(std::move(o));
+          },
+          nb::sig("def __init__(self, **options: object) -> None"))
+      .def_prop_rw(
+          "buckets", [](const tfe::PlanOptions& o) { return o.buckets; },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "buckets", v); })
+      .def_prop_rw(
+          "max_steps", [](const tfe::PlanOptions& o) { return o.max_steps; },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "max_steps", v); })
+      .def_prop_rw(
+          "fp8", [](const tfe::PlanOptions& o) { return std::string(tfe::fp8_mode_name(o.fp8)); },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "fp8", v); })
+      .def_prop_rw(
+          "arch", [](const tfe::PlanOptions& o) { return o.arch; },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "arch", v); })
+      .def_prop_rw(
+          "max_slots", [](const tfe::PlanOptions& o) { return o.max_slots; },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "max_slots", v); })
+      .def_prop_rw(
+          "extend_rows", [](const tfe::PlanOptions& o) { return o.extend_rows; },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "extend_rows", v); })
+      .def_prop_rw(
+          "dependent_streams", [](const tfe::PlanOptions& o) { return o.dependent_streams; },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "dependent_streams", v); })
+      .def_prop_rw(
+          "dependent_streams_fp8", [](const tfe::PlanOptions& o) { return o.dependent_streams_fp8; },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "dependent_streams_fp8", v); })
+      .def_prop_rw(
+          "dependent_safe_nodes", [](const tfe::PlanOptions& o) { return o.dependent_safe_nodes; },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "dependent_safe_nodes", v); })
+      .def_prop_rw(
+          "rope_in_wqkv", [](const tfe::PlanOptions& o) { return o.rope_in_wqkv; },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "rope_in_wqkv", v); })
+      .def_prop_rw(
+          "gemv_cluster", [](const tfe::PlanOptions& o) { return o.gemv_cluster; },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "gemv_cluster", v); })
+      .def_prop_rw(
+          "tiled_weights", [](const tfe::PlanOptions& o) { return o.tiled_weights; },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "tiled_weights", v); })
+      .def_prop_rw(
+          "attention_split_per_bucket", [](const tfe::PlanOptions& o) { return o.attention_split_per_bucket; },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "attention_split_per_bucket", v); })
+      .def("to_dict", &plan_options_dict, "The fields as a dict.")
+      .def(
+          "replace",
+          [](const tfe::PlanOptions& o, const nb::kwargs& kw) {
+            return *plan_options_from(nb::cast(o), kw, "replace");
+          },
+          nb::sig("def replace(self, **options: object) -> PlanOptions"), "A copy with the given fields changed.")
+      .def(
+          "validate", [](const tfe::PlanOptions& o) { tfe::validate(o); },
+          "Raises tfe.Error naming the first field out of range.")
+      .def(
+          "__eq__", [](const tfe::PlanOptions& a, const tfe::PlanOptions& b) { return a == b; }, nb::is_operator())
+      .def("__repr__", [](const tfe::PlanOptions& o) {
+        std::vector<std::string> parts;
+        for (auto [k, v] : plan_options_dict(o))
+          parts.push_back(fmt::format("{}={}", nb::str(k).c_str(), nb::repr(v).c_str()));
+        return fmt::format("PlanOptions({})", fmt::join(parts, ", "));
+      });
+
+  m.def("plan_option_names", &plan_option_names, "Every PlanOptions field, as keyword arguments take them.");
+
+  // ---------------------------------------------------------------------------------------------- heads
+  nb::class_<PyPreset>(m, "Preset", "A built-in head shape, planned without a head file (`--preset`).")
+      .def(
+          "__init__",
+          [](PyPreset* self, nb::handle name, nb::handle fp8) {
+            const std::string n = as_str(name, "name");
+            (void)tfe::preset_header(n);  // refuses an unknown name, listing the presets
+            new (self) PyPreset{n, as_bool(fp8, "fp8")};
+          },
+          "name"_a.none(), "fp8"_a.none() = false, nb::sig("def __init__(self, name: str, fp8: bool = False) -> None"))
+      .def_ro("name", &PyPreset::name)
+      .def_ro("fp8", &PyPreset::fp8)
+      .def_prop_ro("header",
+                   [](const PyPreset& p) { return header_dict(tfe::PlanSource::preset(p.name, p.fp8).header); })
+      .def("__repr__",
+           [](const PyPreset& p) { return fmt::format("Preset({:?}, fp8={})", p.name, p.fp8 ? "True" : "False"); });
+
+  m.def(
+      "presets", [] { return tfe::preset_names(); }, "The names of the built-in head shapes.");
+
+  nb::class_<PyHead>(m, "HeadFile", "A .tfe head file, mapped read-only and validated.")
+      .def(
+          "__init__",
+          [](PyHead* self, nb::handle path, nb::handle verify) {
+            const std::string p = as_path(path, "path").string();
+            new (self) PyHead{open_head(p, as_bool(verify, "verify")), p};
+          },
+          "path"_a.none(), "verify"_a.none() = false,
+          nb::sig("def __init__(self, path: str | os.PathLike[str], verify: bool = False) -> None"))
+      .def_ro("path", &PyHead::path)
+      .def_prop_ro("header", [](const PyHead& h) { return json_to_python(h.file->file().metadata().at("tfe.header")); })
+      .def_prop_ro("header_sha256", [](const PyHead& h) { return h.file->header_sha256(); })
+      .def_prop_ro("metadata",
+                   [](const PyHead& h) {
+                     nb::dict d;
+                     for (const auto& [k, v] : h.file->file().metadata()) d[k.c_str()] = v;
+                     return d;
+                   })
+      .def_prop_ro("tensors",
+                   [](const PyHead& h) {
+                     nb::list out;
+                     for (const auto& t : h.file->file().tensors())
+                       out.append(g_tensor_info(t.name, std::string(tfe::dtype_name(t.dtype)),
+                                                nb::tuple(nb::cast(t.shape)), t.bytes));
+                     return out;
+                   })
+      .def(
+          "tensor",
+          [](PyHead& h, const std::string& name) {
+            const tfe::TensorView& t = h.file->tensor(name);
+            std::vector<size_t> shape(t.shape.begin(), t.shape.end());
+            dl::dtype d = nb::dtype<uint8_t>();
+            switch (t.dtype) {
+              case tfe::DType::BF16:
+                d = nb::dtype<uint16_t>();
+                break;
+              case tfe::DType::F32:
+                d = nb::dtype<float>();
+                break;
+              case tfe::DType::I32:
+                d = nb::dtype<int32_t>();
+                break;
+              case tfe::DType::F8_E4M3:
+                d = nb::dtype<uint8_t>();
+                break;
+              default:
+                fail("tensor {}: dtype {} has no numpy form", name, tfe::dtype_name(t.dtype));
+            }
+            // A view into the mapped file: the HeadFile object stays alive while the array does.
+            return nb::ndarray<nb::numpy, nb::ro>(t.data, shape.size(), shape.data(), nb::find(&h), nullptr, d).cast();
+          },
+          "name"_a, "The tensor as a read-only numpy view of the file: bf16 as uint16 bits, F8_E4M3 as uint8 codes.")
+      .def("__contains__", [](const PyHead& h, const std::string& name) { return h.file->find(name) != nullptr; })
+      .def("__len__", [](const PyHead& h) { return h.file->file().tensors().size(); })
+      .def("__repr__", [](const PyHead& h) {
+        return fmt::format("HeadFile({:?}: {}, {} tensors)", h.path, h.file->header().name,
+                           h.file->file().tensors().size());
+      });
+
+  m.def(
+      "random_head",
+      [](nb::handle preset, nb::handle out, nb::handle seed, nb::handle fp8, nb::handle config, nb::handle threads) {
+        tfe::RandomHeadOptions o;
+        if (!preset.is_none()) o.preset = as_str(preset, "preset");
+        if (!config.is_none()) o.config_path = as_path(config, "config").string();
+        if (o.preset.empty() == o.config_path.empty()) fail("random_head: give exactly one of preset and config");
+        o.seed = static_cast<uint64_t>(as_int(seed, "seed", 0));
+        o.fp8 = as_bool(fp8, "fp8");
+        o.threads = as_int32(threads, "threads");
+        const std::string path = as_path(out, "out").string();
+        {
+          nb::gil_scoped_release release;
+          (void)tfe::write_random_head(o, path);
+        }
+        return opened(path);
+      },
+      "preset"_a.none(), "out"_a.none(), nb::kw_only(), "seed"_a.none() = 0, "fp8"_a.none() = false,
+      "config"_a.none() = nb::none(), "threads"_a.none() = 0,
+      nb::sig("def random_head(preset: str | None, out: str | os.PathLike[str], *, seed: int = 0, fp8: bool = False, "
+              "config: str | os.PathLike[str] | None = None, threads: int = 0) -> HeadFile"),
+      "`tfe-plan random`: writes a head of random weights (a function of preset and seed) and opens it.");
+
+  m.def(
+      "convert",
+      [](nb::handle eagle_dir, nb::handle out, nb::handle target, nb::handle window, nb::handle fp8,
+         nb::handle threads) {
+        tfe::CheckpointOptions o;
+        o.eagle_dir = as_path(eagle_dir, "eagle_dir").string();
+        if (!target.is_none()) o.target_dir = as_path(target, "target").string();
+        o.window = as_int32(window, "window");
+        o.fp8 = as_bool(fp8, "fp8");
+        o.threads = as_int32(threads, "threads");
+        const std::string path = as_path(out, "out").string();
+        {
+          nb::gil_scoped_release release;
+          (void)tfe::convert_checkpoint(o, path);
+        }
+        return opened(path);
+      },
+      "eagle_dir"_a.none(), "out"_a.none(), nb::kw_only(), "target"_a.none() = nb::none(),
+      "window"_a.none() = tfe::kMaxWindow, "fp8"_a.none() = false, "threads"_a.none() = 0,
+      nb::sig("def convert(eagle_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, "
+              "target: str | os.PathLike[str] | None = None, window: int = 511, fp8: bool = False, threads: int = 0) "
+              "-> HeadFile"),
+      "`tfe-plan convert`: an EAGLE-3 checkpoint (config.json + safetensors) to a .tfe head, opened.");
+
+  m.def(
+      "plan_yaml",
+      [](nb::handle head, nb::handle plan, const nb::kwargs& kw) {
+        const tfe::PlanOptions o = plan_options_from(plan, kw, "plan_yaml").value_or(tfe::PlanOptions{});
+        const tfe::PlanSource source = plan_source(head);
+        nb::gil_scoped_release release;
+        return tfe::plan_yaml(source, o);
+      },
+      "head"_a.none(), nb::kw_only(), "plan"_a.none() = nb::none(), "options"_a,
+      nb::sig("def plan_yaml(head: str | os.PathLike[str] | HeadFile | Preset, *, plan: PlanOptions | None = None, "
+              "**options: object) -> str"),
+      "`tfe-plan dump`: the plan of a head as YAML.");
+
+  m.def(
+      "compile",
+      [](nb::handle head, nb::handle out_dir, nb::handle plan, nb::handle progress, const nb::kwargs& kw) {
+        const tfe::PlanOptions o = plan_options_from(plan, kw, "compile").value_or(tfe::PlanOptions{});
+        const std::string out = as_path(out_dir, "out_dir").string();
+        if (!progress.is_none() && !PyCallable_Check(progress.ptr()))
+          type_error(fmt::format("progress: expected a callable taking one str, got {}", py_type(progress)));
+        const tfe::PlanSource source = plan_source(head);
+        // The callback runs on compile workers: it takes the GIL, and a Python error it raises stops the
+        // compile and is raised here, on the caller's thread, where its traceback belongs.
+        std::optional<nb::python_error> raised;
+        tfe::ArtifactProgress report;
+        if (!progress.is_none())
+          report = [&](const std::string& line) {
+            nb::gil_scoped_acquire acquire;
+            if (raised) return;
+            try {
+              progress(line);
+            } catch (nb::python_error& e) {
+              raised.emplace(std::move(e));
+              throw tfe::Error("compile: the progress callback raised");
+            }
+          };
+        tfe::ArtifactSummary s;
+        try {
+          nb::gil_scoped_release release;
+          s = tfe::compile_artifact(source, o, out, report);
+        } catch (const tfe::Error&) {
+          if (raised) throw std::move(*raised);
+          throw;
+        }
+        nb::dict d;
+        d["specs"] = s.specs;
+        d["hits"] = s.hits;
+        d["misses"] = s.misses;
+        d["wall_ms"] = s.wall_ms;
+        d["out_dir"] = s.out_dir;
+        d["cache_dir"] = s.cache_dir;
+        return d;
+      },
+      "head"_a.none(), "out_dir"_a.none(), nb::kw_only(), "plan"_a.none() = nb::none(),
+      "progress"_a.none() = nb::none(), "options"_a,
+      nb::sig("def compile(head: str | os.PathLike[str] | HeadFile | Preset, out_dir: str | os.PathLike[str], *, "
+              "plan: PlanOptions | None = None, progress: Callable[[str], object] | None = None, **options: object) "
+              "-> dict[str, object]"),
+      "`tfe-plan compile`: plans the head and writes the deploy artifact (plan.yaml, cubins, manifest.json).");
+
+  // ------------------------------------------------------------------------------------------ reference
+  nb::class_<PyReference>(m, "Reference", "The CPU reference: what the kernels must compute, slot state included.")
+      .def(
+          "__init__",
+          [](PyReference* self, nb::handle head, nb::handle max_slots, nb::handle max_steps, nb::handle fp8,
+             nb::handle threads) {
+            tfe::ReferenceOptions o;
+            o.max_slots = as_int32(max_slots, "max_slots");
+            o.max_steps = as_int32(max_steps, "max_steps");
+            o.fp8 = as_fp8(fp8, "fp8");
+            o.threads = as_int32(threads, "threads");
+            if (o.max_slots < 1) fail("max_slots: {} must be >= 1", o.max_slots);
+            if (o.max_steps < 1 || o.max_steps > 16) fail("max_steps: {} is outside 1..16", o.max_steps);
+            if (o.threads < 0) fail("threads: {} must be >= 0 (0: every hardware thread)", o.threads);
+            auto file = head_arg(head, "head", false);
+            auto ref = std::make_unique<tfe::Reference>(*file, o);
+            new (self) PyReference{std::move(file), std::move(ref), {}};
+          },
+          "head"_a.none(), nb::kw_only(), "max_slots"_a.none() = 16, "max_steps"_a.none() = 8, "fp8"_a.none() = "auto",
+          "threads"_a.none() = 0,
+          nb::sig("def __init__(self, head: str | os.PathLike[str] | HeadFile, *, max_slots: int = 16, "
+                  "max_steps: int = 8, fp8: str = 'auto', threads: int = 0) -> None"))
+      .def(
+          "extend",
+          [](PyReference& r, nb::handle a, nb::handle first_pos, nb::handle taps, nb::handle tokens) {
+            std::vector<Array> arrays;
+            const auto requests = extend_args(a, first_pos, taps, tokens, row_width(r.ref->header()), arrays);
+            nb::gil_scoped_release release;
+            const std::lock_guard lock(r.mu);
+            r.ref->extend(requests);
+          },
+          "requests"_a.none(), "first_pos"_a.none() = nb::none(), "taps"_a.none() = nb::none(),
+          "tokens"_a.none() = nb::none())
+      .def(
+          "draft",
+          [](PyReference& r, nb::handle slots, nb::handle steps) {
+            const std::vector<int> s = check_slots(slots);
+            const int n = as_int32(steps, "steps");
+            tfe::DraftResult d;
+            {
+              nb::gil_scoped_release release;
+              const std::lock_guard lock(r.mu);
+              d = r.ref->draft(s, n);
+            }
+            return draft_result(std::move(d));
+          },
+          "slots"_a.none(), "steps"_a.none())
+      .def(
+          "reset",
+          [](PyReference& r, nb::handle slot) {
+            const int s = as_int32(slot, "slot");
+            const std::lock_guard lock(r.mu);
+            r.ref->reset(s);
+          },
+          "slot"_a.none())
+      .def_prop_ro("header", [](const PyReference& r) { return header_dict(r.ref->header()); })
+      .def_prop_ro("ring_rows", [](const PyReference& r) { return r.ref->ring_rows(); })
+      .def_prop_ro("max_slots", [](const PyReference& r) { return r.ref->options().max_slots; })
+      .def_prop_ro("max_steps", [](const PyReference& r) { return r.ref->options().max_steps; })
+      .def_prop_ro("fp8", [](const PyReference& r) { return std::string(tfe::fp8_mode_name(r.ref->options().fp8)); })
+      .def(
+          "uses_fp8", [](const PyReference& r, const std::string& linear) { return r.ref->uses_fp8(linear); },
+          "linear"_a);
+
+  // -------------------------------------------------------------------------------------------- runtime
+  m.def("cuda_device_count", &cuda_device_count, "CUDA devices visible to this process (0 without a driver).");
+
+  nb::class_<PyRuntime>(m, "Runtime", "One draft head on one GPU (tfe::Runtime).")
+      .def(
+          "__init__",
+          [](PyRuntime* self, nb::handle head, nb::handle artifact, nb::handle stream, nb::handle device,
+             nb::handle plan, nb::handle graphs, nb::handle capture, nb::handle verify, nb::handle recompile,
+             nb::handle graph_capacity, nb::handle l2_bytes, const nb::kwargs& kw) {
+            tfe::OpenOptions o;
+            if (kw.contains("arch"))
+              type_error("Runtime() takes no arch: the runtime plans for its device's architecture");
+            o.plan = plan_options_from(plan, kw, "Runtime");
+            if (!artifact.is_none()) o.artifact_dir = as_path(artifact, "artifact").string();
+            o.device = as_int32(device, "device");
+            o.stream = stream_arg(stream, o.device);
+            o.graphs = as_bool(graphs, "graphs");
+            const std::string cap = as_str(capture, "capture");
+            if (cap != "at_open" && cap != "lazy") fail("capture: `{}` is not one of at_open, lazy", cap);
+            o.capture = cap == "lazy" ? tfe::OpenOptions::Capture::lazy : tfe::OpenOptions::Capture::at_open;
+            o.verify_sha256 = as_bool(verify, "verify");
+            o.recompile_mismatched_artifact = as_bool(recompile, "recompile_mismatched_artifact");
+            o.graph_capacity = static_cast<size_t>(as_int(graph_capacity, "graph_capacity", 0));
+            o.l2_resident_weight_bytes = static_cast<size_t>(as_int(l2_bytes, "l2_resident_weight_bytes", 0));
+            std::shared_ptr<const tfe::HeadFile> file;
+            std::string path;
+            if (nb::isinstance<PyHead>(head))
+              file = nb::cast<PyHead&>(head).file;
+            else
+              path = as_path(head, "head").string();
+            require_cuda_device(o.device);
+            std::unique_ptr<tfe::Runtime> rt;
+            {
+              nb::gil_scoped_release release;
+              rt = std::make_unique<tfe::Runtime>(file ? tfe::Runtime::open(*file, o) : tfe::Runtime::open(path, o));
+            }
+            new (self) PyRuntime{std::move(rt), {}, {}};
+          },
+          "head"_a.none(), "artifact"_a.none() = nb::none(), nb::kw_only(), "stream"_a.none() = nb::none(),
+          "device"_a.none() = 0, "plan"_a.none() = nb::none(), "graphs"_a.none() = true, "capture"_a.none() = "at_open",
+          "verify"_a.none() = false, "recompile_mismatched_artifact"_a.none() = false, "graph_capacity"_a.none() = 0,
+          "l2_resident_weight_bytes"_a.none() = 0, "options"_a,
+          nb::sig("def __init__(self, head: str | os.PathLike[str] | HeadFile, artifact: str | os.PathLike[str] | None "
+                  "= None, *, stream: object = None, device: int = 0, plan: PlanOptions | None = None, "
+                  "graphs: bool = True, capture: str = 'at_open', verify: bool = False, "
+                  "recompile_mismatched_artifact: bool = False, graph_capacity: int = 0, "
+                  "l2_resident_weight_bytes: int = 0, **options: object) -> None"))
+      .def(
+          "extend",
+          [](PyRuntime& r, nb::handle a, nb::handle first_pos, nb::handle taps, nb::handle tokens) {
+            std::vector<Array> arrays;
+            const auto requests = extend_args(a, first_pos, taps, tokens,
+                                              r.read([](tfe::Runtime& rt) { return row_width(rt.header()); }), arrays);
+            r.run([&](tfe::Runtime& rt) { rt.extend(requests); });
+          },
+          "requests"_a.none(), "first_pos"_a.none() = nb::none(), "taps"_a.none() = nb::none(),
+          "tokens"_a.none() = nb::none())
+      .def(
+          "draft",
+          [](PyRuntime& r, nb::handle slots, nb::handle steps) {
+            const std::vector<int> s = check_slots(slots);
+            const int n = as_int32(steps, "steps");
+            return draft_result(r.run([&](tfe::Runtime& rt) { return rt.draft(s, n); }));
+          },
+          "slots"_a.none(), "steps"_a.none())
+      .def(
+          "reset",
+          [](PyRuntime& r, nb::handle slot) {
+            const int s = as_int32(slot, "slot");
+            r.run([&](tfe::Runtime& rt) { rt.reset(s); });
+          },
+          "slot"_a.none())
+      .def(
+          "device_outputs",
+          [](PyRuntime& r) {
+            const auto [o, device] = r.read([](tfe::Runtime& rt) {
+              return std::pair{rt.device_outputs(), rt.device()};
+            });
+            if (!o.tokens || o.rows < 1) fail("device_outputs: no draft has run yet");
+            const size_t shape[2] = {static_cast<size_t>(o.rows), static_cast<size_t>(o.steps)};
+            const int64_t strides[2] = {o.row_stride, 1};
+            // Views into the runtime's arena: the Runtime object stays alive while they do. Not flagged
+            // read-only, which some consumers' from_dlpack refuses; the next draft overwrites them anyway.
+            nb::object owner = nb::find(&r);
+            auto view = [&](const void* data, dl::dtype d) {
+              return nb::ndarray<>(const_cast<void*>(data), 2, shape, owner, strides, d, nb::device::cuda::value,
+                                   device)
+                  .cast();
+            };
+            return g_draft_result(view(o.tokens, nb::dtype<int32_t>()), view(o.confidences, nb::dtype<float>()));
+          },
+          "The last draft's tokens and confidences on the device, as DLPack arrays (torch.from_dlpack takes them):\n"
+          "[slots, steps] with a row stride of max_steps, written in the runtime's stream order, valid until the\n"
+          "next draft.")
+      .def("synchronize", [](PyRuntime& r) { r.run([](tfe::Runtime& rt) { rt.synchronize(); }); })
+      .def("stats", [](PyRuntime& r) { return stats_dict(r.read([](tfe::Runtime& rt) { return rt.stats(); })); })
+      .def_prop_ro("plan_options",
+                   [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return rt.plan_options(); }); })
+      .def_prop_ro("header",
+                   [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return header_dict(rt.header()); }); })
+      .def_prop_ro("fp8_in_use", [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return rt.fp8_in_use(); }); })
+      .def_prop_ro("ring_rows", [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return rt.ring_rows(); }); })
+      .def_prop_ro("device", [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return rt.device(); }); })
+      .def_prop_ro("stream",
+                   [](PyRuntime& r) {
+                     return r.read([](tfe::Runtime& rt) { return reinterpret_cast<uintptr_t>(rt.stream()); });
+                   })
+      .def_prop_ro("graphs_enabled",
+                   [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return rt.graphs_enabled(); }); })
+      .def_prop_ro("closed",
+                   [](PyRuntime& r) {
+                     const std::lock_guard lock(r.mu);
+                     return !r.rt;
+                   })
+      .def("close", &PyRuntime::close, "Releases the device memory, graphs and stream now; later calls are refused.")
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def(
+          "__exit__", [](PyRuntime& r, nb::handle, nb::handle, nb::handle) { r.close(); }, nb::arg().none(),
+          nb::arg().none(), nb::arg().none());
+}
