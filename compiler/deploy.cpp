@@ -62,12 +62,12 @@ PlanSource PlanSource::preset(std::string_view name, bool fp8) {
 }
 
 std::string plan_yaml(const PlanSource& source, const PlanOptions& options) {
-  return dump_plan_yaml(make_plan(source.header, options, source.header_sha256));
+  return dump_plan_yaml(make_plan(source.header, options, {}, source.header_sha256));
 }
 
 ArtifactSummary compile_artifact(const PlanSource& source, const PlanOptions& options, const std::string& out_dir,
                                  const ArtifactProgress& progress) {
-  const Plan plan = make_plan(source.header, options, source.header_sha256);
+  const Plan plan = make_plan(source.header, options, {}, source.header_sha256);
   const KernelCache cache = KernelCache::from_environment();
   ProgressFn report;
   if (progress) report = [&progress](const CompileProgress& p) { progress(format_progress(p)); };

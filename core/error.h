@@ -13,4 +13,10 @@ template <typename... Args>
   throw Error(fmt::format(f, std::forward<Args>(args)...));
 }
 
+// Throws tfe::CudaError: for a failure of the device, not of the caller's input.
+template <typename... Args>
+[[noreturn]] void fail_cuda(fmt::format_string<Args...> f, Args&&... args) {
+  throw CudaError(fmt::format(f, std::forward<Args>(args)...));
+}
+
 }  // namespace tfe

@@ -24,7 +24,7 @@ DeviceMemory allocate_device(size_t bytes, const char* what) {
     (void)cudaGetLastError();
     (void)cudaMemGetInfo(&free_bytes, &total_bytes);
     (void)cudaGetLastError();
-    fail("cudaMalloc of the {} ({} bytes) failed: {} ({}); the device has {} of {} bytes free", what, bytes,
+    fail_cuda("cudaMalloc of the {} ({} bytes) failed: {} ({}); the device has {} of {} bytes free", what, bytes,
          cudaGetErrorName(e), cudaGetErrorString(e), free_bytes, total_bytes);
   }
   return DeviceMemory(p, bytes);
@@ -35,7 +35,7 @@ PinnedMemory allocate_pinned(size_t bytes, const char* what) {
   const cudaError_t e = cudaMallocHost(&p, bytes);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    fail("cudaMallocHost of the {} ({} bytes) failed: {} ({})", what, bytes, cudaGetErrorName(e),
+    fail_cuda("cudaMallocHost of the {} ({} bytes) failed: {} ({})", what, bytes, cudaGetErrorName(e),
          cudaGetErrorString(e));
   }
   return PinnedMemory(p, bytes);
@@ -46,7 +46,7 @@ PinnedMemory allocate_mapped(size_t bytes, const char* what, std::byte** device)
   cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    fail("cudaHostAlloc (mapped) of the {} ({} bytes) failed: {} ({})", what, bytes, cudaGetErrorName(e),
+    fail_cuda("cudaHostAlloc (mapped) of the {} ({} bytes) failed: {} ({})", what, bytes, cudaGetErrorName(e),
          cudaGetErrorString(e));
   }
   PinnedMemory m(p, bytes);
@@ -54,7 +54,7 @@ PinnedMemory allocate_mapped(size_t bytes, const char* what, std::byte** device)
   e = cudaHostGetDevicePointer(&d, p, 0);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    fail("cudaHostGetDevicePointer of the {} failed: {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e));
+    fail_cuda("cudaHostGetDevicePointer of the {} failed: {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e));
   }
   *device = static_cast<std::byte*>(d);
   return m;
@@ -83,7 +83,7 @@ Library load_library(const void* image, const char* what) {
   const cudaError_t e = cudaLibraryLoadData(&lib, image, nullptr, nullptr, 0, nullptr, nullptr, 0);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    fail("loading the cubin of {} failed: {} ({}); was it compiled for this device's architecture?", what,
+    fail_cuda("loading the cubin of {} failed: {} ({}); was it compiled for this device's architecture?", what,
          cudaGetErrorName(e), cudaGetErrorString(e));
   }
   return Library(lib);

@@ -159,7 +159,7 @@ void KernelLaunch::launch(int64_t rows, cudaStream_t stream) const {
   const cudaError_t e = launch_kernel(kernel_, grid, shape_, slots.data(), stream, dependent_, window_);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    fail("launching node {} ({} x {} x {} blocks of {}, {} B shared, {} rows) failed: {} ({})", node_, grid.x, grid.y,
+    fail_cuda("launching node {} ({} x {} x {} blocks of {}, {} B shared, {} rows) failed: {} ({})", node_, grid.x, grid.y,
          grid.z, shape_.block, shape_.smem, rows, cudaGetErrorName(e), cudaGetErrorString(e));
   }
 }

@@ -35,7 +35,7 @@ cuda::Graph GraphCache::capture(const GraphKey& key, const Record& record) {
   cuda::Graph graph(g);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    fail("capturing the draft pass {} failed: {} ({}); the pass made a call that cannot be captured", key.str(),
+    fail_cuda("capturing the draft pass {} failed: {} ({}); the pass made a call that cannot be captured", key.str(),
          cudaGetErrorName(e), cudaGetErrorString(e));
   }
   return graph;

@@ -333,19 +333,8 @@ nb::object draft_result(tfe::DraftResult&& d) {
 // Plan options: one table of names for PlanOptions(**kw), compile, plan_yaml and Runtime.
 
 const std::vector<std::string>& plan_option_names() {
-  static const std::vector<std::string> names = {"buckets",
-                                                 "max_steps",
-                                                 "fp8",
-                                                 "arch",
-                                                 "max_slots",
-                                                 "extend_rows",
-                                                 "dependent_streams",
-                                                 "dependent_streams_fp8",
-                                                 "dependent_safe_nodes",
-                                                 "rope_in_wqkv",
-                                                 "gemv_cluster",
-                                                 "tiled_weights",
-                                                 "attention_split_per_bucket"};
+  static const std::vector<std::string> names = {"buckets",   "max_steps",   "fp8",           "arch",
+                                                 "max_slots", "extend_rows", "attention_split", "cand_k"};
   return names;
 }
 
@@ -367,20 +356,11 @@ bool set_plan_option(tfe::PlanOptions& o, const std::string& key, nb::handle v) 
     o.max_slots = as_int32(v, key);
   } else if (key == "extend_rows") {
     o.extend_rows = as_int32(v, key);
-  } else if (key == "dependent_streams") {
-    o.dependent_streams = as_int32(v, key);
-  } else if (key == "dependent_streams_fp8") {
-    o.dependent_streams_fp8 = as_int32(v, key);
-  } else if (key == "dependent_safe_nodes") {
-    o.dependent_safe_nodes = as_bool(v, key);
-  } else if (key == "rope_in_wqkv") {
-    o.rope_in_wqkv = as_bool(v, key);
-  } else if (key == "gemv_cluster") {
-    o.gemv_cluster = as_bool(v, key);
-  } else if (key == "tiled_weights") {
-    o.tiled_weights = as_bool(v, key);
-  } else if (key == "attention_split_per_bucket") {
-    o.attention_split_per_bucket = as_bool(v, key);
+  } else if (key == "attention_split") {
+    const std::string name = as_str(v, key);
+    o.attention_split = tfe::attention_split_from_name(name);
+  } else if (key == "cand_k") {
+    o.cand_k = as_int32(v, key);
   } else {
     return false;
   }
@@ -415,13 +395,8 @@ nb::dict plan_options_dict(const tfe::PlanOptions& o) {
   d["arch"] = o.arch;
   d["max_slots"] = o.max_slots;
   d["extend_rows"] = o.extend_rows;
-  d["dependent_streams"] = o.dependent_streams;
-  d["dependent_streams_fp8"] = o.dependent_streams_fp8;
-  d["dependent_safe_nodes"] = o.dependent_safe_nodes;
-  d["rope_in_wqkv"] = o.rope_in_wqkv;
-  d["gemv_cluster"] = o.gemv_cluster;
-  d["tiled_weights"] = o.tiled_weights;
-  d["attention_split_per_bucket"] = o.attention_split_per_bucket;
+  d["attention_split"] = std::string(tfe::attention_split_name(o.attention_split));
+  d["cand_k"] = o.cand_k;
   return d;
 }
 
@@ -682,26 +657,11 @@ NB_MODULE(_tfe, m) {
           "extend_rows", [](const tfe::PlanOptions& o) { return o.extend_rows; },
           [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "extend_rows", v); })
       .def_prop_rw(
-          "dependent_streams", [](const tfe::PlanOptions& o) { return o.dependent_streams; },
-          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "dependent_streams", v); })
+          "attention_split", [](const tfe::PlanOptions& o) { return std::string(tfe::attention_split_name(o.attention_split)); },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "attention_split", v); })
       .def_prop_rw(
-          "dependent_streams_fp8", [](const tfe::PlanOptions& o) { return o.dependent_streams_fp8; },
-          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "dependent_streams_fp8", v); })
-      .def_prop_rw(
-          "dependent_safe_nodes", [](const tfe::PlanOptions& o) { return o.dependent_safe_nodes; },
-          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "dependent_safe_nodes", v); })
-      .def_prop_rw(
-          "rope_in_wqkv", [](const tfe::PlanOptions& o) { return o.rope_in_wqkv; },
-          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "rope_in_wqkv", v); })
-      .def_prop_rw(
-          "gemv_cluster", [](const tfe::PlanOptions& o) { return o.gemv_cluster; },
-          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "gemv_cluster", v); })
-      .def_prop_rw(
-          "tiled_weights", [](const tfe::PlanOptions& o) { return o.tiled_weights; },
-          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "tiled_weights", v); })
-      .def_prop_rw(
-          "attention_split_per_bucket", [](const tfe::PlanOptions& o) { return o.attention_split_per_bucket; },
-          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "attention_split_per_bucket", v); })
+          "cand_k", [](const tfe::PlanOptions& o) { return o.cand_k; },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "cand_k", v); })
       .def("to_dict", &plan_options_dict, "The fields as a dict.")
       .def(
           "replace",

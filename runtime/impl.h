@@ -170,7 +170,7 @@ struct Runtime::Impl {
 
   void check_usable() const {
     if (!broken.empty())
-      fail("runtime: unusable after an earlier device failure ({}); destroy it and open a new one", broken);
+      fail_cuda("runtime: unusable after an earlier device failure ({}); destroy it and open a new one", broken);
   }
   // Runs device work; any failure marks the runtime unusable, since device state is then unknown.
   template <typename F>

@@ -166,7 +166,7 @@ void Runtime::Impl::load_kernels(const std::map<std::string, KernelImage>& image
     const cudaError_t e = cudaLibraryGetKernel(&k.kernel, libraries.back().get(), it->second.lowered_name.c_str());
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
-      fail("runtime: the cubin of {} has no kernel `{}`: {}", uri, it->second.lowered_name, cudaGetErrorName(e));
+      fail_cuda("runtime: the cubin of {} has no kernel `{}`: {}", uri, it->second.lowered_name, cudaGetErrorName(e));
     }
     // Also loads the kernel into this device's context now: a first load during capture would be an
     // unsafe call inside the captured region.
@@ -288,7 +288,7 @@ void Runtime::Impl::capture_all() {
 namespace {
 void check_device(int device) {
   const int count = cuda::device_count();
-  if (count == 0) fail("runtime: no CUDA device (cudaGetDeviceCount reports none or fails)");
+  if (count == 0) fail_cuda("runtime: no CUDA device (cudaGetDeviceCount reports none or fails)");
   if (device < 0 || device >= count) fail("runtime: device {} is outside 0..{}", device, count - 1);
 }
 }  // namespace

@@ -66,10 +66,11 @@ fi
 
 if [ -n "$test_deps" ] && command -v python3 >/dev/null; then
   # A system Python may refuse pip (PEP 668, "externally managed"): then install for this user only.
-  python3 -c 'import safetensors, numpy' 2>/dev/null ||
-    python3 -m pip install -q safetensors numpy >/dev/null 2>&1 ||
-    python3 -m pip install -q --user --break-system-packages safetensors numpy >/dev/null 2>&1 ||
-    echo "setup.sh: python safetensors/numpy unavailable; the interoperability test will report a skip" >&2
+  # safetensors: reading a .tfe from Python; nanobind and pytest: the Python package's build and suite.
+  python3 -c 'import safetensors, numpy, nanobind, pytest' 2>/dev/null ||
+    python3 -m pip install -q safetensors numpy nanobind pytest >/dev/null 2>&1 ||
+    python3 -m pip install -q --user --break-system-packages safetensors numpy nanobind pytest >/dev/null 2>&1 ||
+    echo "setup.sh: python safetensors/numpy/nanobind/pytest unavailable; the Python tests will report a skip" >&2
 fi
 
 if ! command -v nvcc >/dev/null && ! compgen -G '/usr/local/cuda*/include/nvrtc.h' >/dev/null &&

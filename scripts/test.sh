@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (CI runs it): set-up of what the tests need, then every check that runs on this
 # machine, each a stage of its own:
-#   build     the tree with warnings as errors, and every CPU test under ctest (GPU tests where a GPU is)
+#   build     the tree with warnings as errors (and the Python module), every CPU test under ctest, the
+#             Python suite (pytest), and the GPU tests where a GPU is
 #   format    clang-format over every C++, CUDA and header file (.clang-format)
 #   package   `cmake --install` into a prefix, and tests/consumer built against it with find_package(tfe)
 #   sanitize  the CPU tests again in a build with AddressSanitizer and UBSan
@@ -39,7 +40,10 @@ for stage in "${stages[@]}"; do
   echo "== $stage"
   case $stage in
     build)
-      if configure build && cmake --build build -j "$jobs"; then
+      # The Python package's module too, where nanobind is installed (else its suite reports a skip).
+      python_opt=()
+      python3 -c 'import nanobind' 2>/dev/null && python_opt=(-DTFE_PYTHON=ON)
+      if configure build "${python_opt[@]}" && cmake --build build -j "$jobs"; then
         run_ctest build build
       else
         fail_stage build "the build failed"

@@ -41,13 +41,8 @@ class PlanOptions:
     arch: str
     max_slots: int
     extend_rows: int
-    dependent_streams: int
-    dependent_streams_fp8: int
-    dependent_safe_nodes: bool
-    rope_in_wqkv: bool
-    gemv_cluster: bool
-    tiled_weights: bool
-    attention_split_per_bucket: bool
+    attention_split: str  # "per_bucket" or "same_drafts"
+    cand_k: int  # 0: the head's
     def __init__(self, **options: object) -> None: ...
     def to_dict(self) -> dict[str, object]: ...
     def replace(self, **options: object) -> PlanOptions: ...

@@ -284,8 +284,9 @@ def test_plan_options_fields():
     d = o.to_dict()
     assert d["buckets"] == [1, 2, 4, 8, 16] and d["max_steps"] == 8 and d["fp8"] == "auto" and d["arch"] == "sm_90"
     assert set(d) == set(tfe.plan_option_names())
-    p = tfe.PlanOptions(buckets=[1, 4], max_steps=4, fp8="off", max_slots=8, extend_rows=64, tiled_weights=False)
-    assert (p.buckets, p.max_steps, p.fp8, p.max_slots, p.extend_rows, p.tiled_weights) == ([1, 4], 4, "off", 8, 64, False)
+    p = tfe.PlanOptions(buckets=[1, 4], max_steps=4, fp8="off", max_slots=8, extend_rows=64, attention_split="same_drafts")
+    assert (p.buckets, p.max_steps, p.fp8, p.max_slots, p.extend_rows, p.attention_split) == (
+        [1, 4], 4, "off", 8, 64, "same_drafts")
     assert p == o.replace(**{k: v for k, v in p.to_dict().items()}) and p != o
     p.max_steps = 6
     assert p.max_steps == 6
@@ -303,8 +304,12 @@ def test_plan_options_refusals():
         tfe.PlanOptions(max_stepz=3)
     with pytest.raises(TypeError, match="max_steps"):
         tfe.PlanOptions(max_steps="8")
+    with pytest.raises(TypeError, match="attention_split"):
+        tfe.PlanOptions(attention_split=1)
+    with pytest.raises(tfe.Error, match="attention split `sometimes`"):
+        tfe.PlanOptions(attention_split="sometimes")
     with pytest.raises(TypeError, match="tiled_weights"):
-        tfe.PlanOptions(tiled_weights=1)
+        tfe.PlanOptions(tiled_weights=False)  # tuning is not a plan option
     with pytest.raises(tfe.Error, match="max_slots"):
         tfe.PlanOptions(max_slots=2**40)
 
@@ -312,8 +317,8 @@ def test_plan_options_refusals():
 def test_plan_yaml_equals_the_cli(heads, tmp_path):
     head = heads("tiny")
     args = ["--buckets", "1,2,4", "--max-steps", 4, "--fp8", "off", "--max-slots", 8, "--extend-rows", 64,
-            "--rope-in-wqkv", "false"]
-    opts = dict(buckets=[1, 2, 4], max_steps=4, fp8="off", max_slots=8, extend_rows=64, rope_in_wqkv=False)
+            "--attention-split", "same_drafts"]
+    opts = dict(buckets=[1, 2, 4], max_steps=4, fp8="off", max_slots=8, extend_rows=64, attention_split="same_drafts")
     assert tfe.plan_yaml(head, **opts) == tfe_plan("dump", head.path, *args)
     assert tfe.plan_yaml(head.path, plan=tfe.PlanOptions(**opts)) == tfe_plan("dump", head.path, *args)
     assert tfe.plan_yaml(tfe.Preset("tiny-two-stage", fp8=True)) == tfe_plan(
