@@ -99,7 +99,8 @@ std::optional<CompiledKernel> read_entry(const fs::path& dir, const std::string&
     k.lowered_name = meta.at("lowered_name").get<std::string>();
     k.cubin = std::move(*cubin);
     k.log = meta.value("log", "");
-    if (k.lowered_name.empty()) return std::nullopt;
+    // A recorded name the cubin does not define would fail only at load, on the GPU: a miss here.
+    if (k.lowered_name.empty() || !cubin_defines_symbol(k.cubin, k.lowered_name)) return std::nullopt;
     return k;
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;  // a field missing or of the wrong type: rewritten like any bad entry

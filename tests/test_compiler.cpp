@@ -315,6 +315,14 @@ TEST_CASE("cache: a corrupt entry is a miss and is rewritten") {
 
   fs::remove(cubin);
   expect_recompile("cubin missing");
+
+  // A recorded kernel name that the cubin does not define (it would fail only at load, on the GPU).
+  std::string meta = read_text(json);
+  const std::string name = good.kernel.lowered_name;
+  REQUIRE(meta.find(name) != std::string::npos);
+  meta.replace(meta.find(name), name.size(), name + "_other");
+  std::ofstream(json, std::ios::trunc) << meta;
+  expect_recompile("a lowered name the cubin does not define");
 }
 
 TEST_CASE("cache: concurrent lookups of one unit compile it once") {
