@@ -2,7 +2,7 @@
 // lr_a and lr_b), against the memory floor.
 //
 // Each specialization is compiled through tfe's compiler and kernel cache and launched as the runtime
-// launches it (compiler/launch_shapes.cpp, one 8-byte slot per registry parameter). Per (shape, weight
+// launches it (kernels/gemv.h, one 8-byte slot per described parameter). Per (shape, weight
 // kind, ROWS), with rows = ROWS:
 //   check   fresh random weights, row scales, x and residual; the output against an fp32 host computation
 //           of the same epilogue: max |y - ref| / max |ref| under 1e-2 (bf16 outputs) or 1e-4 (f32 logits).

@@ -1,15 +1,14 @@
-// Shared pieces of the tfe kernels: parameter slots, the enumerated constants, bf16 / fp8 unpacking and
-// fixed-order warp reductions. Compiled by NVRTC: only the CUDA headers and each other.
+// Shared pieces of the tfe kernels: parameter slots, bf16 / fp8 unpacking and fixed-order warp reductions
+// (the enumerated constants and the integer helpers are constants.h's, which the host reads too). Compiled
+// by NVRTC: only the CUDA headers and each other.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include "constants.h"
+
 namespace tfe {
 namespace kernels {
-
-// Mirrors tfe::kc in compiler/kernel_registry.h.
-constexpr long long kWeightBF16 = 0, kWeightFP8 = 1;
-constexpr long long kEpilogueBF16 = 0, kEpilogueF32 = 1, kEpilogueResidual = 2, kEpilogueSwiGLU = 3, kEpilogueTop1 = 4;
 
 // An f32 parameter in the low half of its 8-byte slot, so every slot of a params struct is 8 bytes and
 // the runtime packs them by index.
@@ -18,15 +17,6 @@ struct alignas(8) F32Slot {
 };
 
 typedef __nv_bfloat16 bf16;
-
-__host__ __device__ constexpr long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
-__host__ __device__ constexpr long long min_ll(long long a, long long b) { return a < b ? a : b; }
-__host__ __device__ constexpr long long max_ll(long long a, long long b) { return a > b ? a : b; }
-__host__ __device__ constexpr long long pow2_at_most(long long n) {  // n >= 1
-  long long p = 1;
-  while (p * 2 <= n) p *= 2;
-  return p;
-}
 
 // Programmatic dependent launch (sm_90). A kernel launched with the programmatic-serialization attribute
 // may start while its predecessor in the stream is still running; it must not read anything an earlier
@@ -209,13 +199,13 @@ __device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
 // One partial of a row's vocabulary top-1 (gemv's kEpilogueTop1 writes them, top1 joins them): over the
 // columns of one gemv CTA, the largest logit, the lowest column at it, and sum exp(l - max). One 16-byte
 // record, so that a partial is one store and one load; `pad` is written as zero.
-// Its size is mirrored by kc::kTop1PartBytes (compiler/kernel_registry.h), which sizes `top1_part`.
 struct alignas(16) Top1Part {
   float max;
   int idx;
   float sum;
   float pad;
 };
+static_assert(sizeof(Top1Part) == kTop1PartBytes, "kc::kTop1PartBytes sizes the planner's top1_part buffer");
 
 // RMSNorm scale of a row: 1 / sqrt(mean(x^2) + eps), with an IEEE square root and division (no rsqrt
 // approximation) so that it matches the CPU reference's rounding.

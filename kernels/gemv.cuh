@@ -1,7 +1,7 @@
 // Few-row GEMV on the tensor cores: y[r, j] = epilogue(sum_k w[j, k] x[r, k]) for up to ROWS input rows
 // per CTA (grid.y tiles larger row counts).
 //
-// Mapping (compiler/launch_shapes.cpp mirrors GemvShape): a column tile is COLS (16 or 32) output columns
+// Mapping (GemvShape, from gemv.h as the launch shape): a column tile is COLS (16 or 32) output columns
 // j0..j0+COLS-1 and KSPLIT warps; its warp kw takes the K steps kw, kw + KSPLIT, ... A CTA runs TILES
 // tiles side by side (one, unless K is too short to give each warp 4 steps). Each step is one mma.sync
 // m16n8k16 tile row per 16 weight rows: lane (g = lane / 4, t = lane % 4) loads one 16-byte chunk of
@@ -43,6 +43,7 @@
 // no-ops and the order is the plain one.
 #pragma once
 #include "common.cuh"
+#include "gemv.h"
 #include "rope.cuh"
 
 namespace tfe {
@@ -63,61 +64,32 @@ template <long long K, long long N, long long WEIGHT, long long EPILOGUE, long l
 struct GemvShape {
   static_assert(COLS == 16 || (COLS == 32 && EPILOGUE != kEpilogueSwiGLU),
                 "gemv: COLS is 16, or 32 without SwiGLU (whose two tiles are gate and up)");
-  static constexpr bool FP8 = WEIGHT == kWeightFP8;
-  static constexpr int WBYTES = FP8 ? 1 : 2;
-  static constexpr int E = FP8 ? 16 : 8;  // k elements in one lane's 16-byte weight chunk
-  static constexpr long long STEP = 4 * E;  // k covered by one warp step (4 lanes per weight row)
-  static constexpr long long STEPS = ceil_div(K, STEP);
-  static constexpr int MT = EPILOGUE == kEpilogueSwiGLU ? 2 : static_cast<int>(COLS / 16);  // 16-row weight tiles
-  static constexpr int NT = static_cast<int>(ceil_div(ROWS, 8));       // 8-row input tiles
-  // A narrow output (fewer than 64 tiles of 16 columns, e.g. two_stage's lr_a: 512 columns, 32 CTAs) leaves
-  // most SMs idle, and each CTA's K then streams at the rate of its own loads in flight. There a CTA takes
-  // 16 warps, twice the loads in flight (at 1024 threads the registers would not hold two weight tiles).
-  // The count depends on N alone, not on COLS, so that a column's sum stays the same at COLS 16 and 32.
-  // Mirrored by launch_shapes.cpp gemv_ksplit.
-  static constexpr bool NARROW = ceil_div(N, 16) < 64;
-  // Warps a column tile's K is split over, and column tiles a CTA. A tile's warps each take at least 4 K
-  // steps where K allows: with fewer, a CTA is over before its loads pipeline, and a short K (two_stage's
-  // lr_b: 512, 1 FP8 step a warp at KSPLIT 8) ran 2000 one-load CTAs in four waves at a third of the copy
-  // rate. There KSPLIT drops (a power of two) and the CTA's 8 warps take 8 / KSPLIT tiles instead, so the
-  // grid shrinks by as much. Like NARROW, this depends on K and N alone: a column's sum is the same at
-  // every row count. Mirrored by launch_shapes.cpp gemv_ksplit / gemv_tiles_per_cta.
-  static constexpr int KSPLIT =
-      static_cast<int>(NARROW ? min_ll(16, STEPS) : min_ll(8, pow2_at_most(max_ll(1, STEPS / 4))));
-  static constexpr int TILES = NARROW ? 1 : 8 / KSPLIT;  // column tiles a CTA
-  static constexpr int WARPS = KSPLIT * TILES;
-  static constexpr int XCHUNKS = E / 8;                                 // 16-byte x chunks per k0
-  static constexpr int MMAS = E / 4;                                    // k16 mmas per chunk
-  static constexpr bool W_VEC = (K * WBYTES) % 16 == 0;
-  static constexpr bool X_VEC = K % 8 == 0;
-  // The ring (below) serves every shape with 16-byte chunks that never straddle a row's end.
-  // A narrow output loads directly: UNROLL steps in flight per warp, more than the stages that fit in 48 KB
-  // beside 16 warps.
-  static constexpr bool RING = W_VEC && X_VEC && !NARROW;
-  // A ring slot is one 16-byte chunk per lane (a warp's 512 bytes); the rings of the WARPS warps share
-  // BUDGET bytes of shared memory. x goes through the ring too (its L2 latency then hides behind the
-  // weights') wherever two stages of weights and x fit; else x is loaded into registers one step ahead.
-  // Depth, measured (kernels/README.md, gemv performance): 3 steps at one weight tile, 2 at two (where more
-  // stages do not fit in 48 KB, or measured slower).
-  // Two weight tiles (SwiGLU or COLS 32) in bf16, or in FP8 above 8 input rows: a step's weights and x
-  // take 2.5-4 KB a warp, so 48 KB of static shared memory would hold 2 stages (one in flight) of the
-  // weights and x, or in FP8 of the weights alone. There the ring lives in dynamic shared memory
-  // (RING_BYTES, compiler/launch_shapes.cpp mirrors it): 3 stages of weights and x in at most 96 KB,
-  // so that MIN_CTAS (2) CTAs still fit an SM's 227 KB. Measured (bench_gemv, us): FP8 rows
-  // 16, w_down at COLS 32 31.3 -> 22.7, gate/up 48.0 -> 45.2, lm_head 48.2 -> 45.0; bf16 gate/up rows 1 /
-  // 16 64.0 / 71.4 -> 62.9 / 67.7 (the direct-load loop before), lm_head COLS 32 rows 16 72.3 -> 71.4. The
-  // same at one weight tile (FP8 rows 16: 72 KB for 3 stages, 3 CTAs an SM) measured slower (wqkv 19.8 ->
-  // 22.7 us), and so did FP8 SwiGLU at 1-8 rows (gate/up 34.9 -> 36.1 at one row, 2 CTAs an SM against
-  // the static ring's 4), so those keep the static ring.
-  static constexpr bool DYNAMIC = RING && MT == 2 && (NT == 2 || !FP8);
-  static constexpr long long BUDGET = (DYNAMIC ? 96 : 48) * 1024;
-  static constexpr int W_SLOTS = 2 * MT;
-  static constexpr bool X_RING = BUDGET / (WARPS * (W_SLOTS + NT * XCHUNKS) * 512) >= 2;
-  static constexpr int SLOTS = W_SLOTS + (X_RING ? NT * XCHUNKS : 0);
-  static constexpr int STAGES_WANTED = MT == 1 || DYNAMIC ? 3 : 2;
-  static constexpr int STAGES_FIT = static_cast<int>(BUDGET / (WARPS * SLOTS * 512));
-  static constexpr int STAGES = STAGES_WANTED < STAGES_FIT ? STAGES_WANTED : STAGES_FIT;
-  static constexpr long long RING_BYTES = static_cast<long long>(WARPS) * STAGES * SLOTS * 512;
+  // How K and the columns split over warps and CTAs, and the ring (gemv.h, which the launch shape reads too).
+  static constexpr GemvSplit SPLIT_SHAPE = gemv_split(K, N, WEIGHT);
+  static constexpr GemvRing RING_SHAPE = gemv_ring(K, N, WEIGHT, EPILOGUE, ROWS, COLS);
+  static constexpr bool FP8 = SPLIT_SHAPE.fp8;
+  static constexpr int WBYTES = static_cast<int>(SPLIT_SHAPE.wbytes);
+  static constexpr int E = static_cast<int>(SPLIT_SHAPE.e);  // k elements in one lane's 16-byte weight chunk
+  static constexpr long long STEP = SPLIT_SHAPE.step;        // k covered by one warp step (4 lanes per weight row)
+  static constexpr long long STEPS = SPLIT_SHAPE.steps;
+  static constexpr int MT = static_cast<int>(RING_SHAPE.mt);  // 16-row weight tiles
+  static constexpr int NT = static_cast<int>(RING_SHAPE.nt);  // 8-row input tiles
+  static constexpr bool NARROW = SPLIT_SHAPE.narrow;
+  static constexpr int KSPLIT = static_cast<int>(SPLIT_SHAPE.ksplit);
+  static constexpr int TILES = static_cast<int>(SPLIT_SHAPE.tiles);  // column tiles a CTA
+  static constexpr int WARPS = static_cast<int>(SPLIT_SHAPE.warps);
+  static constexpr int XCHUNKS = static_cast<int>(RING_SHAPE.xchunks);  // 16-byte x chunks per k0
+  static constexpr int MMAS = E / 4;                                     // k16 mmas per chunk
+  static constexpr bool W_VEC = RING_SHAPE.w_vec;
+  static constexpr bool X_VEC = RING_SHAPE.x_vec;
+  static constexpr bool RING = RING_SHAPE.ring;
+  static constexpr bool DYNAMIC = RING_SHAPE.dynamic;
+  static constexpr long long BUDGET = RING_SHAPE.budget;
+  static constexpr int W_SLOTS = static_cast<int>(RING_SHAPE.w_slots);
+  static constexpr bool X_RING = RING_SHAPE.x_ring;
+  static constexpr int SLOTS = static_cast<int>(RING_SHAPE.slots);
+  static constexpr int STAGES = static_cast<int>(RING_SHAPE.stages);
+  static constexpr long long RING_BYTES = RING_SHAPE.bytes;
   static_assert(!RING || STAGES >= 2, "the ring holds the step being computed and at least one in flight");
   // Steps per batch of the direct-load loop, measured: 4 for bf16 at one n tile; 2 for FP8 and for two n
   // tiles, where deeper unrolling costs occupancy and measured slower. A narrow output's few CTAs (one per
@@ -756,7 +728,7 @@ __global__ void TFE_CLUSTER(Cfg::CSPLIT)
 template <typename Cfg>
 struct GemvRopeKvShape {
   static constexpr long long HEAD_DIM = Cfg::HEAD_DIM, HALF = HEAD_DIM / 2;
-  static constexpr long long N = (Cfg::HEADS + 2 * Cfg::KV_HEADS) * HEAD_DIM;
+  static constexpr long long N = gemv_rope_kv_columns(Cfg::HEADS, Cfg::KV_HEADS, HEAD_DIM);
   static_assert(HEAD_DIM % 16 == 0, "gemv_rope_kv: a 16-column tile holds 8 rotate-half pairs of one head");
   using S = GemvShape<Cfg::K, N, Cfg::WEIGHT, kEpilogueBF16, Cfg::ROWS, Cfg::COLS>;
 };

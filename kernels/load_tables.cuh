@@ -13,6 +13,7 @@
 // read by one warp measured the same within 0.3 us a call: one warp's loads leave together.)
 #pragma once
 #include "common.cuh"
+#include "load_tables.h"
 
 namespace tfe {
 namespace kernels {
@@ -27,9 +28,11 @@ struct LoadTablesParams {
 };
 static_assert(sizeof(LoadTablesParams) == 8 * 6, "one 8-byte slot per registry parameter");
 
-// One CTA of 128 threads; thread i copies row i (rows <= 128: launch_shape refuses more).
+static_assert(kHostTableColumns == 4, "a host_tables row is one int4");
+
+// One CTA of kLoadTablesThreads; thread i copies row i (launch_shape refuses more rows).
 template <typename Cfg>
-__global__ void __launch_bounds__(128) load_tables(const LoadTablesParams p) {
+__global__ void __launch_bounds__(kLoadTablesThreads) load_tables(const LoadTablesParams p) {
   const long long i = threadIdx.x;
   int4 v = make_int4(0, 0, 0, 0);
   // Host memory is written before the launch, not by an earlier node: its load goes out before the wait.

@@ -1,7 +1,7 @@
 // Per row: qk_norm (if QK_NORM) and RoPE at position pos[r] + pos_offset on the q and k heads, then k
 // and v into the slot's ring row (position mod RING), q into q_out when WRITE_Q.
 //
-// Mapping (compiler/launch_shapes.cpp): grid (ceil(IN_HEADS / 4), rows), 128 threads; a warp per head
+// Mapping: grid (ceil(IN_HEADS / kQkRopeKvWarps), rows), kQkRopeKvWarps warps (qk_rope_kv.h); a warp per head
 // (q heads, then k heads, then v heads), so a row's heads run side by side on many SMs. A lane holds
 // rotate-half pairs (i, i + HEAD_DIM/2) for i = lane, lane + 32, ... so the norm's sum of squares is one
 // warp reduction and the rotation needs no exchange.
@@ -11,6 +11,7 @@
 // kernels/gemv.cuh), with the same bits.
 #pragma once
 #include "common.cuh"
+#include "qk_rope_kv.h"
 #include "rope.cuh"
 
 namespace tfe {
@@ -33,7 +34,7 @@ struct QkRopeKvParams {
 static_assert(sizeof(QkRopeKvParams) == 8 * 12, "one 8-byte slot per registry parameter");
 
 template <typename Cfg>
-__global__ void __launch_bounds__(128) qk_rope_kv(const QkRopeKvParams p) {
+__global__ void __launch_bounds__(32 * kQkRopeKvWarps) qk_rope_kv(const QkRopeKvParams p) {
   start_after_predecessors();
   constexpr long long HD = Cfg::HEAD_DIM, HALF = HD / 2, KVH = Cfg::KV_HEADS;
   constexpr long long QH = Cfg::WRITE_Q ? Cfg::HEADS : 0;

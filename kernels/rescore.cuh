@@ -2,7 +2,7 @@
 // target id) and the softmax over the CAND_K exact logits at it, in one kernel whose CTAs split the
 // candidate rows (CAND_K rows of HIDDEN weights per row: 512 KB at H 4096, cand_k 64, bf16) so that they
 // stream through many SMs. Grid (ceil(CAND_K / kRescoreWarps), rows), a warp per candidate
-// (compiler/launch_shapes.cpp mirrors it).
+// (kRescoreWarps: rescore.h, which the launch shape reads too).
 //   Each warp streams its candidate's target_head row with 16-byte loads, up to 16 in flight per lane (a
 //   row of HIDDEN bf16, or e4m3 widened exactly and times its row scale), against n[r] read through L1 (the
 //   CTA's warps share it), lanes over k, then the fixed warp tree; it writes exact [rows, CAND_K] in
@@ -13,6 +13,7 @@
 //   The join reads the logits in candidate order whichever CTA runs it.
 #pragma once
 #include "common.cuh"
+#include "rescore.h"
 
 namespace tfe {
 namespace kernels {
@@ -32,8 +33,6 @@ struct RescoreParams {
   long long rows;
 };
 static_assert(sizeof(RescoreParams) == 8 * 12, "one 8-byte slot per registry parameter");
-
-constexpr int kRescoreWarps = 4;  // candidates per CTA
 
 // A 16-byte weight chunk read once: no L1 allocation, so n keeps the L1.
 __device__ __forceinline__ uint4 rescore_stream(const unsigned char* p) {

@@ -6,7 +6,7 @@
 // portable cluster size) and each chunk gets a CTA of one cluster; the cluster joins its partials through
 // distributed shared memory, with no global scratch and no second launch.
 //
-// Mapping (compiler/launch_shapes.cpp mirrors AttnShape): grid (KV_HEADS * SPLIT, rows), clusters of
+// Mapping (AttnShape, from ring_attention.h as the launch shape): grid (KV_HEADS * SPLIT, rows), clusters of
 // (SPLIT, 1, 1), 128 threads. CTA rank c of cluster (kvh, r) runs the G = HEADS / KV_HEADS query heads of
 // kv head kvh over keys first + c * CHUNK .., where first = max(first_pos[r], p - WINDOW),
 // p = pos[r] + pos_offset, key t at ring row t % RING of slot[r]:
@@ -38,6 +38,7 @@
 // Numerics: s = (q . k) * scale in fp32; exponentials and sums in fp32; o rounded to bf16 once.
 #pragma once
 #include "common.cuh"
+#include "ring_attention.h"
 
 namespace tfe {
 namespace kernels {
@@ -56,44 +57,35 @@ struct RingAttentionParams {
 };
 static_assert(sizeof(RingAttentionParams) == 8 * 10, "one 8-byte slot per registry parameter");
 
-__host__ __device__ constexpr long long pow2_at_least(long long n) {
-  long long p = 1;
-  while (p < n) p *= 2;
-  return p;
-}
-
 template <long long HEADS, long long KV_HEADS, long long HEAD_DIM, long long WINDOW, long long SPLIT>
 struct AttnShape {
   static_assert(SPLIT >= 1 && SPLIT <= 8, "SPLIT is a portable cluster size");
-  static constexpr int THREADS = 128, WARPS = THREADS / 32;
-  static constexpr long long G = HEADS / KV_HEADS;
-  static constexpr long long KEYS = WINDOW + 1;
-  static constexpr long long CHUNK = ceil_div(KEYS, SPLIT);        // keys per CTA
-  static constexpr long long E = HEAD_DIM % 8 == 0 ? 8 : 2;        // K / V elements per load (16 or 4 bytes)
-  static constexpr long long KC = HEAD_DIM / E;                    // loads per K or V row
-  static constexpr long long LPK = min_ll(32, pow2_at_least(KC));  // lanes per key (a power of two)
-  static constexpr long long CPL = ceil_div(KC, LPK);              // loads per lane per row
-  static constexpr long long KPP = THREADS / LPK;                  // keys per pass
-  static constexpr long long PASSES = ceil_div(CHUNK, KPP);
-  // Passes a tile: 8, or 4 where a lane's G query heads times E elements exceed 32 (a tile's scores are
-  // TP * G registers a lane; 8 per GQA group at HEAD_DIM 256 would spill).
-  static constexpr long long TP = min_ll(PASSES, G * E > 32 ? 4 : 8);
-  static constexpr long long TILES = ceil_div(PASSES, TP);       // K tiles; as many V tiles follow
-  static constexpr long long TILE_SLOTS = TP * CPL * THREADS;    // 16-byte slots of one tile
-  // Tiles in flight: every tile of the chunk where it is short, else as many as 32 KB holds (at least 2).
-  // 32 KB leaves five CTAs an SM (with the scores and the partial, about 36 KB a CTA at 128 keys).
-  static constexpr long long STAGES = min_ll(2 * TILES, max_ll(2, (32 * 1024) / (TILE_SLOTS * 16)));
+  static constexpr AttnGeometry GEOMETRY = attn_geometry(HEADS, KV_HEADS, HEAD_DIM, WINDOW, SPLIT);
+  static constexpr int THREADS = kAttnThreads, WARPS = THREADS / 32;
+  static constexpr long long G = GEOMETRY.g;
+  static constexpr long long KEYS = GEOMETRY.keys;
+  static constexpr long long CHUNK = GEOMETRY.chunk;            // keys per CTA
+  static constexpr long long E = GEOMETRY.e;                    // K / V elements per load (16 or 4 bytes)
+  static constexpr long long KC = GEOMETRY.kc;                  // loads per K or V row
+  static constexpr long long LPK = GEOMETRY.lpk;                // lanes per key (a power of two)
+  static constexpr long long CPL = GEOMETRY.cpl;                // loads per lane per row
+  static constexpr long long KPP = GEOMETRY.kpp;                // keys per pass
+  static constexpr long long PASSES = GEOMETRY.passes;
+  static constexpr long long TP = GEOMETRY.tp;                  // passes a tile
+  static constexpr long long TILES = GEOMETRY.tiles;            // K tiles; as many V tiles follow
+  static constexpr long long TILE_SLOTS = GEOMETRY.tile_slots;  // 16-byte slots of one tile
+  static constexpr long long STAGES = GEOMETRY.stages;          // tiles in flight
   // Five CTAs an SM (at most 102 registers a thread) where the queries leave room for it and there is a
   // cluster (at SPLIT 1 a chunk is the whole window, and 102 registers spill). A cluster must fit within
   // one GPC: at four CTAs an SM an H200 holds only 124 clusters of 4 at once (496 CTAs, not 528), which
   // ran the 512 CTAs of a 16-stream llama3 step in two waves; at five, 512 are one wave.
   static constexpr int MIN_CTAS = G * E <= 32 && SPLIT > 1 ? 5 : 1;
-  static constexpr long long PART = G * (HEAD_DIM + 2);           // one partial: m[G], l[G], o_c[G][HD]
-  // Float offsets into dynamic shared memory (= launch_shapes.cpp attention_smem). The per-warp outputs
-  // os reuse the ring once the last V tile is read.
-  static constexpr long long RING_FLOATS = max_ll(STAGES * TILE_SLOTS * 4, WARPS * G * HEAD_DIM);
-  static constexpr long long O_AT = 0, E_AT = RING_FLOATS, P_AT = E_AT + G * CHUNK;
-  static constexpr long long SMEM_FLOATS = P_AT + PART;
+  static constexpr long long PART = GEOMETRY.part;  // one partial: m[G], l[G], o_c[G][HD]
+  // Float offsets into dynamic shared memory, and its size (the launch's). The per-warp outputs os reuse
+  // the ring once the last V tile is read.
+  static constexpr long long RING_FLOATS = GEOMETRY.ring_floats;
+  static constexpr long long O_AT = GEOMETRY.o_at, E_AT = GEOMETRY.e_at, P_AT = GEOMETRY.p_at;
+  static constexpr long long SMEM_FLOATS = GEOMETRY.smem_floats;
 };
 
 // The E elements of one K or V load, as floats.
@@ -125,7 +117,8 @@ __device__ __forceinline__ uint4 load_kv(const bf16* at) {
 
 template <typename Cfg>
 __global__ void TFE_CLUSTER(Cfg::SPLIT)
-    __launch_bounds__(128, (AttnShape<Cfg::HEADS, Cfg::KV_HEADS, Cfg::HEAD_DIM, Cfg::WINDOW, Cfg::SPLIT>::MIN_CTAS))
+    __launch_bounds__(kAttnThreads,
+                      (AttnShape<Cfg::HEADS, Cfg::KV_HEADS, Cfg::HEAD_DIM, Cfg::WINDOW, Cfg::SPLIT>::MIN_CTAS))
         ring_attention(const RingAttentionParams p) {
   using S = AttnShape<Cfg::HEADS, Cfg::KV_HEADS, Cfg::HEAD_DIM, Cfg::WINDOW, Cfg::SPLIT>;
   constexpr long long HD = Cfg::HEAD_DIM, KVH = Cfg::KV_HEADS, G = S::G, SPLIT = Cfg::SPLIT;

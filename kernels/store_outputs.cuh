@@ -12,6 +12,7 @@
 // so a host that reads 1 (with acquire) reads the whole outputs.
 #pragma once
 #include "common.cuh"
+#include "store_outputs.h"
 
 namespace tfe {
 namespace kernels {
@@ -26,12 +27,13 @@ struct StoreOutputsParams {
 };
 static_assert(sizeof(StoreOutputsParams) == 8 * 6, "one 8-byte slot per registry parameter");
 
-// One CTA; thread i copies entries i, i + 128, ... of both tables; thread 0 then sets host_done.
+// One CTA; thread i copies entries i, i + kStoreOutputsThreads, ... of both tables; thread 0 then sets
+// host_done.
 template <typename Cfg>
-__global__ void __launch_bounds__(128) store_outputs(const StoreOutputsParams p) {
+__global__ void __launch_bounds__(kStoreOutputsThreads) store_outputs(const StoreOutputsParams p) {
   start_after_predecessors();
   const long long n = p.rows * Cfg::MAX_STEPS;
-  for (long long i = threadIdx.x; i < n; i += 128) {
+  for (long long i = threadIdx.x; i < n; i += kStoreOutputsThreads) {
     p.host_token[i] = p.out_token[i];
     p.host_conf[i] = p.out_conf[i];
   }

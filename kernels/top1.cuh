@@ -16,6 +16,7 @@
 // reductions, which one CTA does with every load in flight at once.
 #pragma once
 #include "common.cuh"
+#include "top1.h"
 
 namespace tfe {
 namespace kernels {
@@ -51,10 +52,10 @@ __device__ __forceinline__ ArgMax block_argmax(ArgMax best, float* sv, int* si) 
 }
 
 template <typename Cfg>
-__global__ void __launch_bounds__(256) top1(const Top1Params p) {
+__global__ void __launch_bounds__(kTop1Threads) top1(const Top1Params p) {
   start_after_predecessors();
   constexpr long long PARTS = ceil_div(Cfg::VOCAB, Cfg::COLS);
-  constexpr long long THREADS = 256, PER = ceil_div(PARTS, THREADS);  // = launch_shapes.cpp (block 256)
+  constexpr long long THREADS = kTop1Threads, PER = ceil_div(PARTS, THREADS);
   __shared__ float sv[32], scratch[32];
   __shared__ int si[32];
   const int tid = threadIdx.x;

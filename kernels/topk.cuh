@@ -1,5 +1,5 @@
 // two_stage candidates: the CAND_K highest scores of a row, ties to the lower id, as draft ids ascending,
-// selected by one thread-block cluster per row (TopkShape; compiler/launch_shapes.cpp mirrors it).
+// selected by one thread-block cluster per row (TopkShape; the block, kTopkThreads, is topk.h's).
 //   Grid (SPLIT, rows), clusters of (SPLIT, 1, 1), 512 threads. CTA c of a row's cluster holds the positions
 //   [c * CHUNK, (c + 1) * CHUNK) of the row, CHUNK = 512 * PER_THREAD, and its thread t the PER_THREAD
 //   consecutive positions from c * CHUNK + t * PER_THREAD (positions past VOCAB hold nothing). A thread's
@@ -27,6 +27,7 @@
 // counts are integers, and nothing depends on the order in which CTAs or warps arrive.
 #pragma once
 #include "common.cuh"
+#include "topk.h"
 
 namespace tfe {
 namespace kernels {
@@ -38,7 +39,7 @@ struct TopkParams {
 };
 static_assert(sizeof(TopkParams) == 8 * 3, "one 8-byte slot per registry parameter");
 
-constexpr int kTopkThreads = 512, kTopkWarps = kTopkThreads / 32;
+constexpr int kTopkWarps = kTopkThreads / 32;
 static_assert(kTopkThreads == 2 * 256, "a thread zeroes one bin of the two histogram buffers");
 constexpr long long kTopkMaxSplit = 8;     // the portable cluster size
 constexpr long long kTopkRegisterKeys = 32;  // keys a thread holds in registers

@@ -173,27 +173,6 @@ int plan_cand_k(const HeadHeader& h, const PlanOptions& o) {
   return o.cand_k;
 }
 
-bool param_writes(std::string_view kernel, std::string_view param) {
-  static const std::map<std::string, std::set<std::string>, std::less<>> writes = {
-      {"rmsnorm", {"y"}},
-      {"prepare_x", {"x"}},
-      {"copy_rows", {"dst"}},
-      {"gemv", {"y"}},
-      {"gemv_cluster", {"y"}},
-      {"gemv_rope_kv", {"q_out", "ring_k", "ring_v"}},
-      {"qk_rope_kv", {"q_out", "ring_k", "ring_v"}},
-      {"ring_attention", {"o"}},
-      {"top1", {"out_token", "out_conf", "next_token"}},
-      {"topk", {"cand"}},
-      {"rescore", {"exact", "arrivals", "out_token", "out_conf", "next_token"}},
-      {"load_tables", {"slot", "pos", "first_pos", "tok"}},
-      {"store_outputs", {"host_token", "host_conf", "host_done"}},
-  };
-  const auto it = writes.find(kernel);
-  if (it == writes.end()) fail("param_writes: no kernel named `{}`", kernel);
-  return it->second.count(std::string(param)) != 0;
-}
-
 }  // namespace tfe
 
 namespace tfe {

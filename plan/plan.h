@@ -204,9 +204,4 @@ int64_t max_cluster_ctas(const PlanOptions& options);
 // Throws naming what is wrong.
 void validate(const Plan& plan);
 
-// Whether kernel `kernel` writes through its pointer parameter `param` (the rest are only read). The
-// registry lists parameters; their direction is the planner's knowledge, used by validate() (no
-// weight is written) and by the tests' data-flow checks.
-bool param_writes(std::string_view kernel, std::string_view param);
-
 }  // namespace tfe

@@ -159,9 +159,10 @@ cat >"$work/nvrtc_check.cpp" <<'EOF'
 int main(int argc, char** argv) {
   const std::string dir = argv[2], include = argv[3];
   std::vector<std::string> names, texts;
-  // Every header of kernels/, as the build embeds them (CMakeLists.txt globs kernels/*.cuh).
+  // Every header of kernels/, as the build embeds them (kernels/CMakeLists.txt: the .cuh files and the .h
+  // files they include; the host's .h files ride along unused).
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().extension() != ".cuh") continue;
+    if (entry.path().extension() != ".cuh" && entry.path().extension() != ".h") continue;
     std::ifstream in(entry.path());
     std::stringstream ss;
     ss << in.rdbuf();

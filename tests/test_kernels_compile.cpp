@@ -1,8 +1,10 @@
-// The real kernels (kernels/*.cuh) against the planner and the registry: every specialization any preset
-// plans, with FP8 forms and without, compiles for sm_90 into an artifact that loads back and defines its
-// lowered name; and every kernel's Params struct is the registry's slots, in order, 8 bytes each.
+// The real kernels (kernels/*.cuh) against the planner and their descriptions (kernels/<kernel>.h): every
+// specialization any preset plans, with FP8 forms and without, compiles for sm_90 into an artifact that
+// loads back and defines its lowered name; and every kernel's Params struct is its description's slots, in
+// order, 8 bytes each, each of the described kind and direction.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -44,8 +46,9 @@ std::vector<std::pair<std::string, Plan>> preset_plans() {
 }
 
 // A source that instantiates the declaration of each kernel (with a planned spec's constants; no body is
-// compiled) and checks its parameter struct against the registry: 8 bytes per slot, and each field by name
-// in the registry's order. A mismatch fails to compile with a log naming the kernel and the slot.
+// compiled) and checks its parameter struct against the description: 8 bytes per slot, each field by name
+// in the description's order, and of its kind: a pointer to const where the kernel only reads, to non-const
+// where it writes, long long, F32Slot. A mismatch fails to compile with a log naming the kernel and the slot.
 std::string params_probe_source(const std::vector<std::pair<KernelDef, KernelSpec>>& kernels) {
   std::string s;
   std::set<std::string> included;
@@ -55,7 +58,21 @@ std::string params_probe_source(const std::vector<std::pair<KernelDef, KernelSpe
 namespace tfe_probe {
 template <typename F> struct param_of;
 template <typename P> struct param_of<void (*)(P)> { using type = P; };
+template <typename T> struct slot_kind { static constexpr int value = 0; };
+template <typename T> struct slot_kind<T*> { static constexpr int value = 2; };
+template <typename T> struct slot_kind<const T*> { static constexpr int value = 1; };
+template <> struct slot_kind<long long> { static constexpr int value = 3; };
+template <> struct slot_kind<tfe::kernels::F32Slot> { static constexpr int value = 4; };
 )";
+  const auto kind_of = [](const KernelParam& p) {
+    switch (p.kind) {
+      case ParamKind::ptr: return p.writes ? std::pair{2, "a pointer to non-const (the kernel writes it)"}
+                                           : std::pair{1, "a pointer to const (the kernel only reads it)"};
+      case ParamKind::i64: return std::pair{3, "long long"};
+      case ParamKind::f32: return std::pair{4, "F32Slot"};
+    }
+    return std::pair{0, "?"};
+  };
   for (const auto& [def, spec] : kernels) {
     const std::string cfg = "Cfg_" + def.name, params = "Params_" + def.name;
     std::string config = config_struct_source(spec.constants);
@@ -65,7 +82,7 @@ template <typename P> struct param_of<void (*)(P)> { using type = P; };
     s += fmt::format("static_assert(sizeof({}) == 8 * {}, \"{}: the Params struct is not {} slots of 8 bytes\");\n", params,
                      def.params.size(), def.name, def.params.size());
     // A structured binding takes the fields in declaration order (and refuses a struct with another
-    // number of fields); binding i must be the field the registry names for slot i. (NVRTC has no
+    // number of fields); binding i must be the field the description names for slot i. (NVRTC has no
     // constant offsetof; with the size above, order and count fix every offset.)
     std::vector<std::string> bindings;
     for (size_t i = 0; i < def.params.size(); ++i) bindings.push_back(fmt::format("s{}", i));
@@ -76,6 +93,10 @@ template <typename P> struct param_of<void (*)(P)> { using type = P; };
           params, fmt::join(bindings, ", "), i, def.params[i].name);
       s += fmt::format("static_assert({}(), \"{}: field {} of the Params struct is not `{}`\");\n", fn, def.name, i,
                        def.params[i].name);
+      const auto [kind, kind_text] = kind_of(def.params[i]);
+      s += fmt::format("static_assert(slot_kind<decltype({}::{})>::value == {}, \"{}: field `{}` of the Params struct "
+                       "is not {}\");\n",
+                       params, def.params[i].name, kind, def.name, def.params[i].name, kind_text);
     }
   }
   s += "}  // namespace tfe_probe\n";
@@ -121,7 +142,7 @@ TEST_CASE("kernels: every planned specialization of every preset compiles for sm
   CHECK(fp8_specs > 0);  // the fp8 variants did plan FP8 GEMVs
 }
 
-TEST_CASE("kernels: every Params struct is the registry's 8-byte slots in order") {
+TEST_CASE("kernels: every Params struct is its description's 8-byte slots in order, of their kinds") {
   std::map<std::string, KernelSpec> spec_of_kernel;
   for (const auto& [name, plan] : preset_plans())
     for (const auto& s : plan.specs) spec_of_kernel.emplace(s.kernel, s);
@@ -146,14 +167,56 @@ TEST_CASE("kernels: every Params struct is the registry's 8-byte slots in order"
   const std::string order_msg = fmt::format("{}: field 0 of the Params struct is not `{}`", def.name, def.params[1].name);
   CHECK_THROWS_WITH_AS(check_compiles("params_probe_swapped", params_probe_source({{swapped, spec}}), CompileOptions{}),
                        doctest::Contains(order_msg.c_str()), Error);
+  // ... or a pointer it reads described as written, one it writes as read, a scalar of the other kind.
+  const auto caught = [&](const char* label, const KernelDef& wrong, const std::string& what) {
+    CAPTURE(label);
+    CHECK_THROWS_WITH_AS(check_compiles(label, params_probe_source({{wrong, spec}}), CompileOptions{}),
+                         doctest::Contains(what.c_str()), Error);
+  };
+  const auto flipped = [&](auto&& change) {
+    KernelDef d = def;
+    change(d);
+    return d;
+  };
+  const auto at = [&](std::string_view name) {
+    const auto it = std::find_if(def.params.begin(), def.params.end(), [&](const auto& p) { return p.name == name; });
+    REQUIRE(it != def.params.end());
+    return static_cast<size_t>(it - def.params.begin());
+  };
+  REQUIRE(def.name == "rmsnorm");
+  caught("params_probe_read_written", flipped([&](KernelDef& d) { d.params[at("x")].writes = true; }),
+         "rmsnorm: field `x` of the Params struct is not a pointer to non-const");
+  caught("params_probe_written_read", flipped([&](KernelDef& d) { d.params[at("y")].writes = false; }),
+         "rmsnorm: field `y` of the Params struct is not a pointer to const");
+  caught("params_probe_scalar", flipped([&](KernelDef& d) { d.params[at("eps")].kind = ParamKind::i64; }),
+         "rmsnorm: field `eps` of the Params struct is not long long");
 }
 
-// compiler/launch_shapes.cpp repeats, in host code, the block size and dynamic shared memory that gemv
-// (GemvShape) and ring_attention (AttnShape) compute for themselves (and gemv's column tiles a CTA), and the
-// block that topk and rescore size their reductions by. A launch with less shared memory than the kernel
-// uses corrupts its neighbours', so the two must agree for every shape, not only for the ones the GPU tests
-// launch: a probe states each host value as a static_assert on the kernel's own constants, over a sweep of
-// shapes, and NVRTC (no GPU) checks them.
+TEST_CASE("kernels: every description has a launch, a reach for each pointer and only for pointers") {
+  for (const auto& def : kernel_defs()) {
+    CAPTURE(def.name);
+    CHECK(def.launch);
+    for (const auto& p : def.params) {
+      CAPTURE(p.name);
+      CHECK(static_cast<bool>(p.reach) == (p.kind == ParamKind::ptr));
+      if (p.kind != ParamKind::ptr) CHECK_FALSE(p.writes);
+      CHECK(param_writes(def.name, p.name) == p.writes);
+    }
+  }
+  CHECK_FALSE(param_writes("rmsnorm", "no_such_param"));
+  CHECK_THROWS_AS(param_writes("no_such_kernel", "x"), Error);
+  const KernelSpec topk = make_spec("topk", {{"VOCAB", 300}, {"CAND_K", 16}, {"SPLIT", 1}});
+  CHECK_THROWS_WITH_AS(param_reach(topk, "rows", Reach{}), doctest::Contains("topk has no pointer parameter `rows`"),
+                       Error);
+  CHECK(param_alignment(make_spec("load_tables", {}), "host_tables") == kc::kHostTableColumns * 4);
+}
+
+// The launch shapes (kernels/<kernel>.h) read the same shape functions and constants as the kernels do
+// (gemv_split / gemv_ring for GemvShape, attn_geometry for AttnShape, kTopkThreads, kRescoreWarps), but
+// combine them into a grid, a block and dynamic shared memory on their own. A launch with less shared memory
+// than the kernel uses corrupts its neighbours', so the two must agree for every shape, not only for the
+// ones the GPU tests launch: a probe states each host value as a static_assert on the kernel's own
+// constants, over a sweep of shapes, and NVRTC (no GPU) checks them.
 namespace {
 
 struct ShapeProbe {

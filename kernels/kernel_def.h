@@ -1,0 +1,122 @@
+// What a kernel is to the host: its description (KernelDef), a specialization of it (KernelSpec), and the
+// registry's functions over them. Each kernel's description is written once, in kernels/<kernel>.h: its
+// source and template, its constants, its parameters in the order of its Params struct (kind, direction,
+// what a launch may reach through each pointer), and its launch shape. The registry
+// (kernels/registry.cpp), plan validation, the planner and the runtime's packing all read it from there;
+// tests/test_kernels_compile.cpp checks it against the kernels through NVRTC.
+//
+// Every kernel takes one parameter: a struct of 8-byte slots in the order listed (pointers, int64, or an
+// f32 in the low half of its slot). The planner binds each slot by name; the runtime packs them.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kernels/constants.h"
+
+namespace tfe {
+
+enum class ParamKind : uint8_t { ptr, i64, f32 };
+std::string_view param_kind_name(ParamKind k);
+
+// A specialization: a kernel with every constant fixed.
+struct KernelSpec {
+  std::string kernel;
+  std::vector<std::pair<std::string, int64_t>> constants;  // in the KernelDef's order
+  int64_t constant(std::string_view name) const;
+  // Readable, unique id: "<kernel>__<const>_<value>__..." (lower-case constant names).
+  std::string uri() const;
+  bool operator==(const KernelSpec&) const = default;
+};
+
+// Launch shape of a specialization for `rows` rows (the grid may depend on rows; block and shared
+// memory do not).
+struct LaunchShape {
+  int64_t grid[3] = {1, 1, 1};
+  int64_t block = 128;
+  int64_t smem = 0;
+  int rows_axis = -1;           // grid axis that scales with rows (-1: none)
+  int64_t rows_per_block = 1;   // rows covered by one step along rows_axis
+  bool operator==(const LaunchShape&) const = default;
+};
+
+// What a launch of a specialization for `rows` rows may touch through each pointer parameter: bytes from
+// the argument's offset (0: the parameter is not read, and may be null). Operands addressed through an id
+// rather than by row are sized by the id's domain. Plan validation checks every argument against it, so
+// that a plan whose buffers are smaller than its kernels reach is refused before a launch.
+struct Reach {
+  int64_t rows = 0;         // the launch's rows: a bucket's streams, or the most rows or slots a chunk takes
+  int64_t slots = 0;        // slot ids (ring_k, ring_v, slot_g rows): max_slots + 1, with the scratch slot
+  int64_t vocab = 0;        // target ids (embed, target_head rows)
+  int64_t draft_vocab = 0;  // draft ids (d2t entries)
+  std::function<int64_t(std::string_view)> i64;          // an i64 argument's value (rmsnorm's strides)
+  std::function<int64_t(std::string_view)> index_rows;   // copy_rows: ids an index argument may hold (0: null)
+};
+
+// Bytes a launch of `spec` may touch through a pointer parameter (products saturate at INT64_MAX).
+using ReachFn = std::function<int64_t(const KernelSpec& spec, const Reach& r)>;
+
+struct KernelParam {
+  std::string name;
+  ParamKind kind = ParamKind::ptr;
+  bool writes = false;     // ptr: the kernel writes through it (and may read it too); every other is only read
+  ReachFn reach = nullptr;  // ptr: what a launch may touch through it
+  // ptr: the alignment in bytes that the kernel's loads need of the argument's address (buffer offset +
+  // byte_offset; every arena's base is at least 256-byte aligned): 1 where the kernel checks at run time
+  // or loads bytewise.
+  int64_t alignment = 1;
+};
+
+struct KernelDef {
+  std::string name;      // registry name, e.g. "gemv"
+  std::string source;    // file under kernels/, e.g. "gemv.cuh"
+  std::string function;  // template, e.g. "tfe::kernels::gemv"; instantiated as function<Config>
+  std::vector<std::string> constants;  // names of the config's constexpr int64 members, in order
+  std::vector<KernelParam> params;     // the parameter struct's slots, in order
+  std::function<LaunchShape(const KernelSpec& spec, int64_t rows)> launch = nullptr;  // rows >= 1
+};
+
+// The registry (kernels/registry.cpp): every kernel's description, in a fixed order.
+const std::vector<KernelDef>& kernel_defs();
+const KernelDef& kernel_def(std::string_view name);  // throws tfe::Error for an unknown kernel
+
+// Builds a spec, checking that exactly the kernel's constants are given.
+KernelSpec make_spec(std::string_view kernel, std::vector<std::pair<std::string, int64_t>> constants);
+
+// The description's launch shape; throws for rows < 1 and for a shape the kernel cannot run.
+LaunchShape launch_shape(const KernelSpec& spec, int64_t rows);
+// The description's reach of a pointer parameter; throws for a name that is not one.
+int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach& r);
+// The description's alignment of a pointer parameter (plan validation refuses an argument that breaks it).
+int64_t param_alignment(const KernelSpec& spec, std::string_view param);
+// Whether kernel `kernel` writes through its parameter `param` (false for a name it does not have): plan
+// validation refuses a node that writes a weight, and the tests' data-flow checks follow it.
+bool param_writes(std::string_view kernel, std::string_view param);
+
+// The vocabulary of the descriptions in kernels/<kernel>.h.
+namespace kernel_desc {
+
+inline constexpr int64_t kBf16 = 2, kF32 = 4, kI32 = 4;  // element bytes
+
+// The product of non-negative factors, saturating at INT64_MAX: a reach past any buffer then fails the
+// size check it feeds instead of wrapping around.
+int64_t product(std::initializer_list<int64_t> factors);
+int64_t saturating_add(int64_t a, int64_t b);
+
+// Parameters: a pointer the kernel only reads, one it writes, and the scalars.
+inline KernelParam in(std::string name, ReachFn reach, int64_t alignment = 1) {
+  return {.name = std::move(name), .kind = ParamKind::ptr, .reach = std::move(reach), .alignment = alignment};
+}
+inline KernelParam out(std::string name, ReachFn reach) {
+  return {.name = std::move(name), .kind = ParamKind::ptr, .writes = true, .reach = std::move(reach)};
+}
+inline KernelParam i64(std::string name) { return {.name = std::move(name), .kind = ParamKind::i64}; }
+inline KernelParam f32(std::string name) { return {.name = std::move(name), .kind = ParamKind::f32}; }
+
+}  // namespace kernel_desc
+
+}  // namespace tfe
