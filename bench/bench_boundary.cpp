@@ -224,8 +224,8 @@ int main(int argc, char** argv) {
             if (with_consumer) {
               LaunchShape consumer_shape;
               consumer_shape.block = 256;
-              TFE_CUDA(cuda::launch_kernel(kernels[mode][1].kernel, dim3(1), consumer_shape, slots.data(),
-                                           stream.get(), dependent));
+              TFE_CUDA(cuda::launch_kernel(kernels[mode][1].kernel, dim3(1), consumer_shape, slots.data(), stream.get(),
+                                           dependent));
             }
           }
           TFE_CUDA(cudaStreamEndCapture(stream.get(), &raw));

@@ -58,12 +58,9 @@ struct Shape {
 // The linears of a llama3-8b-eagle3 draft step (N = output columns; SwiGLU reads 2N weight rows), and
 // the low-rank scorer of tfe-two-stage (lr_a, lr_b), which --linears may add.
 const std::vector<Shape> kCatalog = {
-    {"wqkv", 8192, 6144, kc::kEpilogueBF16},
-    {"wo", 4096, 4096, kc::kEpilogueResidual},
-    {"w_gate_up", 4096, 14336, kc::kEpilogueSwiGLU},
-    {"w_down", 14336, 4096, kc::kEpilogueResidual},
-    {"lm_head", 4096, 32000, kc::kEpilogueF32},
-    {"lr_a", 4096, 512, kc::kEpilogueBF16},
+    {"wqkv", 8192, 6144, kc::kEpilogueBF16},         {"wo", 4096, 4096, kc::kEpilogueResidual},
+    {"w_gate_up", 4096, 14336, kc::kEpilogueSwiGLU}, {"w_down", 14336, 4096, kc::kEpilogueResidual},
+    {"lm_head", 4096, 32000, kc::kEpilogueF32},      {"lr_a", 4096, 512, kc::kEpilogueBF16},
     {"lr_b", 512, 32000, kc::kEpilogueF32},
 };
 
@@ -211,8 +208,13 @@ struct Bench {
 
   Result run(const Shape& s, int64_t weight, int64_t rows_tile, int64_t cols, const CachedKernel& compiled) {
     const bool fp8 = weight == kc::kWeightFP8;
-    const KernelSpec spec = make_spec("gemv", {{"ROWS", rows_tile}, {"K", s.k}, {"N", s.n}, {"WEIGHT", weight},
-                                               {"EPILOGUE", s.epilogue}, {"COLS", cols}, {"TILED", tiled}});
+    const KernelSpec spec = make_spec("gemv", {{"ROWS", rows_tile},
+                                               {"K", s.k},
+                                               {"N", s.n},
+                                               {"WEIGHT", weight},
+                                               {"EPILOGUE", s.epilogue},
+                                               {"COLS", cols},
+                                               {"TILED", tiled}});
     const int64_t rows = rows_tile;
     const Weights& host = weights(s, fp8);
     const std::vector<float>& w = host.w;
@@ -263,8 +265,10 @@ struct Bench {
     const dim3 grid = cuda::grid_for_rows(shape, rows);
     auto launch = [&](int64_t copy) {
       uint64_t slots[6] = {reinterpret_cast<uint64_t>(w_dev[static_cast<size_t>(copy)].data()),
-                           reinterpret_cast<uint64_t>(scale_dev.data()), reinterpret_cast<uint64_t>(x_dev.data()),
-                           reinterpret_cast<uint64_t>(y_dev.data()), reinterpret_cast<uint64_t>(residual_dev.data()),
+                           reinterpret_cast<uint64_t>(scale_dev.data()),
+                           reinterpret_cast<uint64_t>(x_dev.data()),
+                           reinterpret_cast<uint64_t>(y_dev.data()),
+                           reinterpret_cast<uint64_t>(residual_dev.data()),
                            static_cast<uint64_t>(rows)};
       TFE_CUDA(cuda::launch_kernel(kernel, grid, shape, slots, stream, dependent));
     };
@@ -352,7 +356,8 @@ int main(int argc, char** argv) {
                  "NAME:K:N:EPILOGUE: a linear of that shape (EPILOGUE: bf16, f32, residual, swiglu), timed with "
                  "--linears'");
   app.add_flag("--dependent", dependent, "launch with programmatic dependent launch, as a pass's nodes are");
-  app.add_option("--layout", layout, "the weights' layout: tiled (as the planner stores a matrix only GEMVs read) "
+  app.add_option("--layout", layout,
+                 "the weights' layout: tiled (as the planner stores a matrix only GEMVs read) "
                  "or rows (row-major)");
   app.add_option("--source", sources, "NAME=FILE: replace the embedded kernel source NAME with FILE's text");
   app.add_option("--label", label, "names this run in the summary lines");
@@ -392,9 +397,12 @@ int main(int argc, char** argv) {
       if (c != 16 && c != 32) fail("--cols: COLS {} is neither 16 nor 32", c);
     std::vector<int64_t> weights;
     for (const std::string& item : split_list(weights_text)) {
-      if (item == "bf16") weights.push_back(kc::kWeightBF16);
-      else if (item == "fp8") weights.push_back(kc::kWeightFP8);
-      else fail("--weights: `{}` is neither bf16 nor fp8", item);
+      if (item == "bf16")
+        weights.push_back(kc::kWeightBF16);
+      else if (item == "fp8")
+        weights.push_back(kc::kWeightFP8);
+      else
+        fail("--weights: `{}` is neither bf16 nor fp8", item);
     }
     if (layout != "tiled" && layout != "rows") fail("--layout: `{}` is neither tiled nor rows", layout);
     const bool tiled = layout == "tiled";
@@ -443,8 +451,13 @@ int main(int argc, char** argv) {
         for (int64_t rows : row_tiles)
           for (int64_t cols : col_tiles) {
             if (cols != cols_of(s, cols)) continue;
-            const KernelSpec spec = make_spec("gemv", {{"ROWS", rows}, {"K", s.k}, {"N", s.n}, {"WEIGHT", weight},
-                                                       {"EPILOGUE", s.epilogue}, {"COLS", cols}, {"TILED", tiled}});
+            const KernelSpec spec = make_spec("gemv", {{"ROWS", rows},
+                                                       {"K", s.k},
+                                                       {"N", s.n},
+                                                       {"WEIGHT", weight},
+                                                       {"EPILOGUE", s.epilogue},
+                                                       {"COLS", cols},
+                                                       {"TILED", tiled}});
             jobs.push_back({&s, weight, rows, cols, std::async(std::launch::async, [&bench, spec] {
                               return bench.cache.get(make_compile_unit(spec), bench.options);
                             })});

@@ -72,8 +72,8 @@ struct Options {
   std::string artifact;
   std::string fp8 = "auto";
   std::string dependent_launch = "plan";
-  tfe::PlanOptions plan;  // when planning here (no --artifact): its attention split; fp8 from --fp8
-  tfe::Tuning tuning;     // when planning here (testing::Hooks::tuning)
+  tfe::PlanOptions plan;               // when planning here (no --artifact): its attention split; fp8 from --fp8
+  tfe::Tuning tuning;                  // when planning here (testing::Hooks::tuning)
   std::vector<std::string> knock_out;  // draft nodes left out (testing::Hooks::knock_out): timing only
   int l2_resident_mb = 0;              // OpenOptions::l2_resident_weight_bytes, in MiB
   std::string streams = "1,2,4,8,16";
@@ -141,7 +141,9 @@ Stats stats_of(std::vector<double> v) {
   return s;
 }
 
-json to_json(const Stats& s) { return {{"median", s.median}, {"p10", s.p10}, {"p90", s.p90}, {"min", s.min}, {"n", s.n}}; }
+json to_json(const Stats& s) {
+  return {{"median", s.median}, {"p10", s.p10}, {"p90", s.p90}, {"min", s.min}, {"n", s.n}};
+}
 
 // Runs one part of the benchmark; a failure is printed and recorded, and the run goes on.
 class Parts {
@@ -227,9 +229,7 @@ CallFloor call_floor(size_t upload_bytes, size_t download_bytes, int reps) {
   auto* h = static_cast<std::byte*>(host.data());
   auto* d = static_cast<std::byte*>(dev.data());
   const size_t half = download_bytes / 2;
-  const auto upload = [&] {
-    TFE_CUDA(cudaMemcpyAsync(d, h, upload_bytes, cudaMemcpyHostToDevice, stream.get()));
-  };
+  const auto upload = [&] { TFE_CUDA(cudaMemcpyAsync(d, h, upload_bytes, cudaMemcpyHostToDevice, stream.get())); };
   const auto launch = [&] { TFE_CUDA(cudaGraphLaunch(exec.get(), stream.get())); };
   const auto download = [&] {
     TFE_CUDA(cudaMemcpyAsync(h + upload_bytes, d + upload_bytes, half, cudaMemcpyDeviceToHost, stream.get()));
@@ -286,7 +286,8 @@ struct Prefix {
   std::vector<int32_t> tokens;
 
   std::span<const tfe::bf16_bits> slot_taps(int s, int64_t first, int64_t n) const {
-    return std::span(taps).subspan(static_cast<size_t>((s * rows + first) * row_width), static_cast<size_t>(n * row_width));
+    return std::span(taps).subspan(static_cast<size_t>((s * rows + first) * row_width),
+                                   static_cast<size_t>(n * row_width));
   }
   std::span<const int32_t> slot_tokens(int s, int64_t first, int64_t n) const {
     return std::span(tokens).subspan(static_cast<size_t>(s * rows + first), static_cast<size_t>(n));
@@ -313,7 +314,8 @@ void extend_prefix(Engine& engine, const Prefix& p) {
   for (int64_t first = 0; first < p.rows; first += engine.ring_rows()) {
     const int64_t n = std::min<int64_t>(engine.ring_rows(), p.rows - first);
     std::vector<tfe::ExtendRequest> requests;
-    for (int s = 0; s < p.slots; ++s) requests.push_back({s, first, n, p.slot_taps(s, first, n), p.slot_tokens(s, first, n)});
+    for (int s = 0; s < p.slots; ++s)
+      requests.push_back({s, first, n, p.slot_taps(s, first, n), p.slot_tokens(s, first, n)});
     engine.extend(requests);
   }
   if constexpr (requires { engine.synchronize(); }) engine.synchronize();
@@ -417,8 +419,8 @@ int run_reference(const Options& o, const std::vector<int>& streams) {
                 {"tfe.fp8", std::string(tfe::fp8_mode_name(ro.fp8))},
                 {"tfe.fp8_linears", fmt::format("{}", fmt::join(fp8, ","))},
                 {"tfe.ring_rows", std::to_string(ref.ring_rows())}});
-  fmt::print("{}: {} slots x {} rows, {} steps through the CPU reference in {:.0f} ms; slot 0 drafts {}\n", o.drafts_out,
-             prefix.slots, prefix.rows, d.steps, ms_since(t0),
+  fmt::print("{}: {} slots x {} rows, {} steps through the CPU reference in {:.0f} ms; slot 0 drafts {}\n",
+             o.drafts_out, prefix.slots, prefix.rows, d.steps, ms_since(t0),
              fmt::join(std::span<const int32_t>(d.tokens).first(static_cast<size_t>(d.steps)), " "));
   return 0;
 }
@@ -462,8 +464,8 @@ int run(const Options& o) {
   parts.run("copy bandwidth", [&] {
     const CopyBandwidth c = copy_bandwidth(o.copy_gib, 10);
     bandwidth_gbps = c.gbps;
-    out["copy_bandwidth"] = {{"gbps", c.gbps}, {"bytes_per_copy", c.bytes}, {"ms", to_json(c.ms)},
-                             {"counts", "bytes read + bytes written"}};
+    out["copy_bandwidth"] = {
+        {"gbps", c.gbps}, {"bytes_per_copy", c.bytes}, {"ms", to_json(c.ms)}, {"counts", "bytes read + bytes written"}};
   });
 
   parts.run("call floor", [&] {
@@ -498,9 +500,10 @@ int run(const Options& o) {
   hooks.tuning = o.tuning;
   open.l2_resident_weight_bytes = static_cast<size_t>(o.l2_resident_mb) << 20;
   if (!o.knock_out.empty())
-    fmt::print("knock-out: {} left out of every draft pass; the drafts are wrong, the times are what the rest "
-               "costs\n",
-               fmt::join(o.knock_out, ", "));
+    fmt::print(
+        "knock-out: {} left out of every draft pass; the drafts are wrong, the times are what the rest "
+        "costs\n",
+        fmt::join(o.knock_out, ", "));
 
   std::optional<tfe::Runtime> rt;
   parts.run("open", [&] {
@@ -513,9 +516,10 @@ int run(const Options& o) {
     out["l2_resident_mb"] = o.l2_resident_mb;
     out["l2_set_aside_bytes"] = rt->stats().l2_set_aside;
     if (o.l2_resident_mb > 0)
-      fmt::print("L2: {:.1f} MiB set aside for weights kept from one step to the next (asked {} MiB); the floor "
-                 "still counts every weight byte from HBM\n",
-                 static_cast<double>(rt->stats().l2_set_aside) / (1 << 20), o.l2_resident_mb);
+      fmt::print(
+          "L2: {:.1f} MiB set aside for weights kept from one step to the next (asked {} MiB); the floor "
+          "still counts every weight byte from HBM\n",
+          static_cast<double>(rt->stats().l2_set_aside) / (1 << 20), o.l2_resident_mb);
     const tfe::Tuning& t = tfe::testing::plan(*rt).tuning;
     out["dependent_streams"] = t.dependent_streams;
     out["dependent_streams_fp8"] = t.dependent_streams_fp8;
@@ -550,8 +554,9 @@ int run(const Options& o) {
 
   const int max_bucket = plan.options.buckets.back();
   if (max_streams > max_bucket || max_streams + 1 > plan.options.max_slots)
-    tfe::fail("--streams {} exceeds the plan: largest bucket {}, max_slots {} (one more slot is used for extend timing)",
-              max_streams, max_bucket, plan.options.max_slots);
+    tfe::fail(
+        "--streams {} exceeds the plan: largest bucket {}, max_slots {} (one more slot is used for extend timing)",
+        max_streams, max_bucket, plan.options.max_slots);
   for (int s : steps)
     if (s > plan.options.max_steps) tfe::fail("--steps {} exceeds the plan's max_steps {}", s, plan.options.max_steps);
 
@@ -642,7 +647,8 @@ int run(const Options& o) {
           pos += n;
         }
         json e = {{"rows", n}, {"us", to_json(stats_of(us))}};
-        if (n != want) e["note"] = fmt::format("{} rows asked; the ring holds {} rows, the most one extend takes", want, ring);
+        if (n != want)
+          e["note"] = fmt::format("{} rows asked; the ring holds {} rows, the most one extend takes", want, ring);
         ext.push_back(std::move(e));
       }
       out["extend"] = ext;
@@ -668,8 +674,11 @@ int run(const Options& o) {
         for (int i = 0; i < b; ++i)
           for (int s = 1; s <= S; ++s)
             if (db.token(i, s) != d.token(i, s)) {
-              differences.push_back({{"streams", b}, {"slot", i}, {"step", s},
-                                     {"token", db.token(i, s)}, {"confidence", db.confidence(i, s)},
+              differences.push_back({{"streams", b},
+                                     {"slot", i},
+                                     {"step", s},
+                                     {"token", db.token(i, s)},
+                                     {"confidence", db.confidence(i, s)},
                                      {"token_at_max_streams", d.token(i, s)},
                                      {"confidence_at_max_streams", d.confidence(i, s)}});
               break;
@@ -679,7 +688,8 @@ int run(const Options& o) {
       if (!differences.empty()) out["bucket_draft_differences"] = std::move(differences);
       if (o.drafts_out.empty()) return;
       write_drafts(o.drafts_out, prefix, d,
-                   {{"tfe.source", rt->graphs_enabled() ? "tfe-bench: GPU runtime, graph replay" : "tfe-bench: GPU runtime, eager"},
+                   {{"tfe.source",
+                     rt->graphs_enabled() ? "tfe-bench: GPU runtime, graph replay" : "tfe-bench: GPU runtime, eager"},
                     {"tfe.head_sha256", plan.head_sha256},
                     {"tfe.seed", std::to_string(o.seed)},
                     {"tfe.fp8", std::string(tfe::fp8_mode_name(plan.options.fp8))},
@@ -748,7 +758,8 @@ int run(const Options& o) {
 
   json draft = json::array();
   for (const auto& r : rows) {
-    json j = {{"streams", r.streams}, {"steps", r.steps}, {"step_bytes", r.step_bytes}, {"floor_us_per_step", r.floor_us}};
+    json j = {
+        {"streams", r.streams}, {"steps", r.steps}, {"step_bytes", r.step_bytes}, {"floor_us_per_step", r.floor_us}};
     if (r.graph) {
       j["graph_call_us"] = to_json(*r.graph);
       j["graph_us_per_step"] = r.graph->median / r.steps;
@@ -788,15 +799,17 @@ int run(const Options& o) {
   for (const auto& l : lines)
     fmt::print("streams {:>2}: graph call = {:.1f} us + {:.1f} us/step{}\n", l["streams"].get<int>(),
                l["graph_call_fixed_us"].get<double>(), l["graph_step_us"].get<double>(),
-               l.contains("graph_step_ratio") ? fmt::format(" (marginal step / floor = {:.2f})", l["graph_step_ratio"].get<double>())
-                                              : std::string());
+               l.contains("graph_step_ratio")
+                   ? fmt::format(" (marginal step / floor = {:.2f})", l["graph_step_ratio"].get<double>())
+                   : std::string());
   if (out.contains("call_floor")) {
     const json& f = out["call_floor"];
-    fmt::print("a call without kernels (an empty graph's launch and wait): {:.1f} us; with a copy-engine upload "
-               "and two downloads, which a call does not make: {:.1f} us (each alone with its wait: upload {:.1f}, "
-               "downloads {:.1f})\n",
-               f["empty_graph_launch_us"]["median"].get<double>(), f["launch_with_copies_us"]["median"].get<double>(),
-               f["copy_upload_us"]["median"].get<double>(), f["copy_download_us"]["median"].get<double>());
+    fmt::print(
+        "a call without kernels (an empty graph's launch and wait): {:.1f} us; with a copy-engine upload "
+        "and two downloads, which a call does not make: {:.1f} us (each alone with its wait: upload {:.1f}, "
+        "downloads {:.1f})\n",
+        f["empty_graph_launch_us"]["median"].get<double>(), f["launch_with_copies_us"]["median"].get<double>(),
+        f["copy_upload_us"]["median"].get<double>(), f["copy_download_us"]["median"].get<double>());
   }
   if (out.contains("extend"))
     for (const auto& e : out["extend"])
@@ -822,13 +835,14 @@ int run(const Options& o) {
          "step_bytes\n";
     for (const auto& r : rows) {
       auto num = [](bool have, double v) { return have ? fmt::format("{:.3f}", v) : std::string(); };
-      f << fmt::format("{},{},{},{},{},{},{},{},{:.3f},{},{}\n", h.name, out["dtype"].get<std::string>(), r.streams,
-                       r.steps, num(bool(r.graph), r.graph ? r.graph->median : 0),
-                       num(bool(r.graph), r.graph ? r.graph->median / r.steps : 0),
-                       num(bool(r.eager), r.eager ? r.eager->median : 0),
-                       num(bool(r.eager), r.eager ? r.eager->median / r.steps : 0), r.floor_us,
-                       num(r.graph && r.floor_us > 0, r.graph && r.floor_us > 0 ? r.graph->median / r.steps / r.floor_us : 0),
-                       r.step_bytes);
+      f << fmt::format(
+          "{},{},{},{},{},{},{},{},{:.3f},{},{}\n", h.name, out["dtype"].get<std::string>(), r.streams, r.steps,
+          num(bool(r.graph), r.graph ? r.graph->median : 0),
+          num(bool(r.graph), r.graph ? r.graph->median / r.steps : 0),
+          num(bool(r.eager), r.eager ? r.eager->median : 0),
+          num(bool(r.eager), r.eager ? r.eager->median / r.steps : 0), r.floor_us,
+          num(r.graph && r.floor_us > 0, r.graph && r.floor_us > 0 ? r.graph->median / r.steps / r.floor_us : 0),
+          r.step_bytes);
     }
     if (!f) std::fprintf(stderr, "tfe-bench: cannot write %s\n", o.csv_out.c_str());
   }
@@ -839,11 +853,12 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app{"tfe-bench: draft-pass time per (streams, steps) against the memory floor, eager vs graph, extend, "
-               "open and capture"};
+  CLI::App app{
+      "tfe-bench: draft-pass time per (streams, steps) against the memory floor, eager vs graph, extend, "
+      "open and capture"};
   app.add_option("--head", o.head, "head file (.tfe)")->required();
-  CLI::Option* artifact =
-      app.add_option("--artifact", o.artifact, "deploy artifact directory (tfe-plan compile); else plan and compile now");
+  CLI::Option* artifact = app.add_option("--artifact", o.artifact,
+                                         "deploy artifact directory (tfe-plan compile); else plan and compile now");
   app.add_option("--fp8", o.fp8, "FP8 mode without an artifact: auto, off, require")
       ->check(CLI::IsMember({"auto", "off", "require"}));
   app.add_option("--dependent-launch", o.dependent_launch,

@@ -73,8 +73,8 @@ void check_output_dir(const fs::path& dir) {
     const std::string name = e.path().filename().string();
     if (name == kManifest) has_manifest = true;
     if (name != kManifest && name != kPlanFile && name != kKernelsDir)
-      fail("artifact: {} holds `{}`, which is not part of an artifact; give an empty or new directory",
-           dir.string(), name);
+      fail("artifact: {} holds `{}`, which is not part of an artifact; give an empty or new directory", dir.string(),
+           name);
   }
   if (ec) fail("artifact: cannot list {}: {}", dir.string(), ec.message());
   if (!empty && !has_manifest)

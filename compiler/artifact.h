@@ -33,7 +33,7 @@ struct Artifact {
   Plan plan;
   std::string arch;
   std::string nvrtc_version;
-  std::vector<ArtifactKernel> kernels;  // in plan.specs order
+  std::vector<ArtifactKernel> kernels;                       // in plan.specs order
   const ArtifactKernel& kernel(std::string_view uri) const;  // throws naming the uri
 };
 

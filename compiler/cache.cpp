@@ -79,7 +79,6 @@ std::optional<std::string> read_whole(const fs::path& p) {
   return files::read_regular(p, "kernel cache entry", kMaxEntryBytes);
 }
 
-
 // The entry for `key`, or nothing when it is absent or does not read back whole.
 std::optional<CompiledKernel> read_entry(const fs::path& dir, const std::string& key, const CompileUnit& unit) {
   const auto meta_text = read_whole(dir / (key + ".json"));
@@ -112,9 +111,15 @@ void write_entry(const fs::path& dir, const std::string& key, const std::string&
   // none) sees a mismatch and recompiles rather than loading the wrong image.
   files::write_atomic(dir / (key + ".cubin"), k.cubin, "kernel cache entry");
   const nlohmann::json meta = {
-      {"schema", kCacheSchemaVersion}, {"key", key},       {"uri", k.uri},
-      {"lowered_name", k.lowered_name}, {"arch", arch},    {"nvrtc", nvrtc_version().str()},
-      {"cubin_bytes", k.cubin.size()}, {"cubin_sha256", cubin_sha256(k.cubin)}, {"log", k.log},
+      {"schema", kCacheSchemaVersion},
+      {"key", key},
+      {"uri", k.uri},
+      {"lowered_name", k.lowered_name},
+      {"arch", arch},
+      {"nvrtc", nvrtc_version().str()},
+      {"cubin_bytes", k.cubin.size()},
+      {"cubin_sha256", cubin_sha256(k.cubin)},
+      {"log", k.log},
   };
   files::write_atomic(dir / (key + ".json"), meta.dump(2) + "\n", "kernel cache entry");
 }
@@ -180,12 +185,14 @@ CachedKernel KernelCache::get(const CompileUnit& unit, const CompileOptions& opt
   };
   if (auto k = read_entry(d, r.key, unit)) return hit(std::move(*k));
   if (!jit_)
-    fail("kernel cache: {} is not cached (key {} under {}) and TFE_JIT=off forbids compiling it; compile it with "
-         "TFE_JIT=on or ship an artifact from `tfe-plan compile`",
-         unit.uri, r.key, d.string());
+    fail(
+        "kernel cache: {} is not cached (key {} under {}) and TFE_JIT=off forbids compiling it; compile it with "
+        "TFE_JIT=on or ship an artifact from `tfe-plan compile`",
+        unit.uri, r.key, d.string());
   std::error_code ec;
   fs::create_directories(d, ec);
-  if (ec) fail("kernel cache: cannot create {}: {}; set TFE_CACHE_DIR to a writable directory", d.string(), ec.message());
+  if (ec)
+    fail("kernel cache: cannot create {}: {}; set TFE_CACHE_DIR to a writable directory", d.string(), ec.message());
   const files::FileLock lock(d / (r.key + ".lock"), "kernel cache");
   // Another writer may have stored it while this one waited for the lock.
   if (auto k = read_entry(d, r.key, unit)) return hit(std::move(*k));

@@ -67,8 +67,8 @@ Program compile_program(const std::string& label, const std::string& source, con
   const nvrtcResult r = nvrtcCompileProgram(prog.get(), static_cast<int>(argv.size()), argv.data());
   std::string log = program_log(prog.get(), label);
   if (r != NVRTC_SUCCESS)
-    fail("nvrtc: compiling {} failed ({})\n  constants: {}\n  options: {}\n  log:\n{}", label,
-         nvrtcGetErrorString(r), constants_text(constants), fmt::join(opts, " "), log);
+    fail("nvrtc: compiling {} failed ({})\n  constants: {}\n  options: {}\n  log:\n{}", label, nvrtcGetErrorString(r),
+         constants_text(constants), fmt::join(opts, " "), log);
   if (log_out) *log_out = std::move(log);
   return prog;
 }

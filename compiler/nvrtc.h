@@ -19,9 +19,9 @@ namespace tfe {
 
 // One NVRTC translation unit.
 struct CompileUnit {
-  std::string uri;              // names the unit in progress lines, errors and cache entries
-  std::string source;           // the generated translation unit
-  std::string name_expression;  // e.g. "tfe::kernels::gemv<TfeConfig>"
+  std::string uri;                                         // names the unit in progress lines, errors and cache entries
+  std::string source;                                      // the generated translation unit
+  std::string name_expression;                             // e.g. "tfe::kernels::gemv<TfeConfig>"
   std::vector<std::pair<std::string, int64_t>> constants;  // for error messages
 };
 

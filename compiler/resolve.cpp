@@ -32,9 +32,8 @@ Resolved plan_and_compile(const HeadHeader& header, const std::string& header_sh
   // Specializations compile independently; the cache serializes writers of one key.
   std::vector<std::future<CachedKernel>> jobs;
   for (const KernelSpec& spec : out.plan.specs)
-    jobs.push_back(std::async(std::launch::async, [&cache, &copt, spec] {
-      return cache.get(make_compile_unit(spec), copt);
-    }));
+    jobs.push_back(
+        std::async(std::launch::async, [&cache, &copt, spec] { return cache.get(make_compile_unit(spec), copt); }));
   std::optional<Error> first;
   for (size_t i = 0; i < jobs.size(); ++i) {
     try {
@@ -61,14 +60,14 @@ Resolved resolve(const HeadFile& file, const ResolveRequest& rq) {
                            file.file().path(), sha);
   else if (art.arch != rq.arch || art.plan.options.arch != rq.arch)
     mismatch = fmt::format("it was compiled for {}, but device {} is {}", art.arch, rq.device, rq.arch);
-  else if (const std::string d = rq.options ? differences_except_arch(*rq.options, art.plan.options) : "";
-           !d.empty())
+  else if (const std::string d = rq.options ? differences_except_arch(*rq.options, art.plan.options) : ""; !d.empty())
     mismatch = fmt::format("its plan options differ from those asked (the artifact's against the asked): {}", d);
   if (!mismatch.empty()) {
     if (!rq.recompile_mismatched_artifact)
-      fail("artifact {}: {}; compile one for this head and device (tfe-plan compile), or open with "
-           "recompile_mismatched_artifact",
-           rq.artifact_dir, mismatch);
+      fail(
+          "artifact {}: {}; compile one for this head and device (tfe-plan compile), or open with "
+          "recompile_mismatched_artifact",
+          rq.artifact_dir, mismatch);
     if (!rq.options) wanted = art.plan.options, wanted.arch = rq.arch;
     return plan_and_compile(file.header(), sha, wanted, rq.tuning);
   }

@@ -23,12 +23,12 @@ struct Resolved {
 };
 
 struct ResolveRequest {
-  std::string artifact_dir;                   // empty: plan and compile now
-  std::optional<PlanOptions> options;         // empty: the defaults, or the artifact's
-  Tuning tuning;                              // when planning anew; an artifact's plan keeps its own
-  bool recompile_mismatched_artifact = false; // else a mismatched artifact is refused, naming the mismatch
-  std::string arch;                           // the device's, e.g. "sm_90"; always wins over options.arch
-  int device = 0;                             // for messages
+  std::string artifact_dir;                    // empty: plan and compile now
+  std::optional<PlanOptions> options;          // empty: the defaults, or the artifact's
+  Tuning tuning;                               // when planning anew; an artifact's plan keeps its own
+  bool recompile_mismatched_artifact = false;  // else a mismatched artifact is refused, naming the mismatch
+  std::string arch;                            // the device's, e.g. "sm_90"; always wins over options.arch
+  int device = 0;                              // for messages
 };
 
 // Plans `options` and `tuning` for `header` and compiles every kernel specialization through the cache

@@ -46,8 +46,7 @@ Fd open_regular(const fs::path& path, std::string_view what, uint64_t* size) {
   if (fd.get() < 0) fail("{} {}: cannot open: {}", what, path.string(), std::strerror(errno));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) fail("{} {}: cannot stat: {}", what, path.string(), std::strerror(errno));
-  if (!S_ISREG(st.st_mode))
-    fail("{} {}: is {}; give a regular file", what, path.string(), kind_of(st.st_mode));
+  if (!S_ISREG(st.st_mode)) fail("{} {}: is {}; give a regular file", what, path.string(), kind_of(st.st_mode));
   const int flags = ::fcntl(fd.get(), F_GETFL);
   if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0)
     fail("{} {}: fcntl: {}", what, path.string(), std::strerror(errno));
@@ -66,7 +65,8 @@ std::string read_regular(const fs::path& path, std::string_view what, uint64_t m
   while (done < out.size()) {
     const ssize_t n = ::read(fd.get(), out.data() + done, out.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail("{} {}: reading failed after {} of {} bytes: {}", what, path.string(), done, size, std::strerror(errno));
+    if (n < 0)
+      fail("{} {}: reading failed after {} of {} bytes: {}", what, path.string(), done, size, std::strerror(errno));
     if (n == 0) break;  // shrank while read: what is there is what the file now holds
     done += static_cast<size_t>(n);
   }

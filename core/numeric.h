@@ -47,8 +47,8 @@ inline uint8_t float_to_fp8_e4m3(float f) {
   if (a >= 448.0f) return sign | 0x7e;  // saturate (448 = 0x7e)
   // Smallest subnormal step is 2^-9; values are multiples of 2^(e-3) within each binade.
   int e;
-  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  int exp_unbiased = e - 1;  // a in [2^exp_unbiased, 2^(exp_unbiased+1))
+  std::frexp(a, &e);                         // a = m * 2^e, m in [0.5, 1)
+  int exp_unbiased = e - 1;                  // a in [2^exp_unbiased, 2^(exp_unbiased+1))
   if (exp_unbiased < -6) exp_unbiased = -6;  // subnormal range shares the step of binade -6
   const float step = std::ldexp(1.0f, exp_unbiased - 3);
   float q = std::nearbyint(a / step);  // default rounding mode: nearest even

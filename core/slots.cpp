@@ -22,7 +22,6 @@ void check_extend_requests(const SlotTable& slots, std::span<const ExtendRequest
   }
 }
 
-
 SlotTable::SlotTable(const SlotLimits& limits) : limits_(limits) {
   if (limits.max_slots < 1) fail("slot table: max_slots = {} must be >= 1", limits.max_slots);
   if (limits.max_steps < 1) fail("slot table: max_steps = {} must be >= 1", limits.max_steps);
@@ -58,13 +57,14 @@ void SlotTable::check_extend(int slot, int64_t first_pos, int64_t n_rows, std::s
   if (first_pos < 0) fail("extend of slot {}: first position {} is negative", slot, first_pos);
   const int64_t last = first_pos + n_rows - 1;
   if (last > max_position(limits_.max_steps))
-    fail("extend of slot {}: last position {} exceeds {} (int32 positions with {} draft steps after it)", slot,
-         last, max_position(limits_.max_steps), limits_.max_steps);
+    fail("extend of slot {}: last position {} exceeds {} (int32 positions with {} draft steps after it)", slot, last,
+         max_position(limits_.max_steps), limits_.max_steps);
   const auto& s = slots_[static_cast<size_t>(slot)];
   if (s && first_pos != int64_t{s->last_pos} + 1)
-    fail("extend of slot {}: first position {} does not continue the slot (expected {}; {}reset the slot to "
-         "start over)",
-         slot, first_pos, int64_t{s->last_pos} + 1, first_pos <= s->last_pos ? "a step back; " : "a gap; ");
+    fail(
+        "extend of slot {}: first position {} does not continue the slot (expected {}; {}reset the slot to "
+        "start over)",
+        slot, first_pos, int64_t{s->last_pos} + 1, first_pos <= s->last_pos ? "a step back; " : "a gap; ");
   for (size_t i = 0; i < tokens.size(); ++i)
     if (tokens[i] < 0 || tokens[i] >= limits_.vocab)
       fail("extend of slot {}: tokens[{}] = {} is outside [0, {})", slot, i, tokens[i], limits_.vocab);
@@ -93,8 +93,7 @@ void SlotTable::check_draft(std::span<const int> slots, int steps) const {
     check_slot(slots[i]);
     for (size_t j = 0; j < i; ++j)
       if (slots[j] == slots[i]) fail("draft: slot {} appears twice (slots[{}] and slots[{}])", slots[i], j, i);
-    if (!slots_[static_cast<size_t>(slots[i])])
-      fail("draft: slot {} is empty (extend it before drafting)", slots[i]);
+    if (!slots_[static_cast<size_t>(slots[i])]) fail("draft: slot {} is empty (extend it before drafting)", slots[i]);
   }
 }
 

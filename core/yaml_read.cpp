@@ -16,11 +16,16 @@ int line_of(const YAML::Node& n) {
 
 std::string kind_of(const YAML::Node& n) {
   switch (n.Type()) {
-    case YAML::NodeType::Null: return "null";
-    case YAML::NodeType::Scalar: return fmt::format("scalar `{}`", n.Scalar());
-    case YAML::NodeType::Sequence: return "a sequence";
-    case YAML::NodeType::Map: return "a mapping";
-    case YAML::NodeType::Undefined: return "undefined";
+    case YAML::NodeType::Null:
+      return "null";
+    case YAML::NodeType::Scalar:
+      return fmt::format("scalar `{}`", n.Scalar());
+    case YAML::NodeType::Sequence:
+      return "a sequence";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Undefined:
+      return "undefined";
   }
   return "?";
 }

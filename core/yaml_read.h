@@ -17,8 +17,8 @@
 namespace tfe::yaml {
 
 struct Context {
-  std::string doc;                     // "plan YAML", "header YAML": the start of every message
-  int64_t budget = int64_t{1} << 22;   // nodes a reader may visit
+  std::string doc;                    // "plan YAML", "header YAML": the start of every message
+  int64_t budget = int64_t{1} << 22;  // nodes a reader may visit
 };
 
 class Map;
@@ -34,7 +34,7 @@ struct Field {
   int64_t i64() const;
   int64_t i64(int64_t lo, int64_t hi) const;  // refused outside lo..hi, naming the limits
   int i32(int lo, int hi) const;
-  float f32() const;  // finite only: plans and headers never hold NaN or infinities
+  float f32() const;     // finite only: plans and headers never hold NaN or infinities
   bool boolean() const;  // `true` or `false`
   std::string str() const;
   Map map() const;
@@ -57,7 +57,7 @@ class Map {
     bool read = false;
   };
   Field self_;
-  std::vector<Entry> entries_;                           // in document order, for messages
+  std::vector<Entry> entries_;                     // in document order, for messages
   std::unordered_map<std::string, size_t> index_;  // key -> entries_ index, so a map reads in linear time
 };
 

@@ -18,8 +18,8 @@ uint32_t alignment_of(const void* p) {
 
 MatrixLayout bf16_layout(int64_t rows, int64_t cols, int64_t ld) {
   cublasLtMatrixLayout_t l = nullptr;
-  TFE_CUBLASLT(cublasLtMatrixLayoutCreate(&l, CUDA_R_16BF, static_cast<uint64_t>(rows),
-                                          static_cast<uint64_t>(cols), ld));
+  TFE_CUBLASLT(
+      cublasLtMatrixLayoutCreate(&l, CUDA_R_16BF, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
   return MatrixLayout(l);
 }
 
@@ -72,8 +72,8 @@ GemmRunner::Config& GemmRunner::config(int id, int64_t rows) {
   c.c = bf16_layout(e.op.n, rows, e.op.ldy);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  TFE_CUBLASLT(cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc_.get(), e.a.get(), c.b.get(), c.c.get(),
-                                              c.c.get(), e.preference.get(), 1, &result, &found));
+  TFE_CUBLASLT(cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc_.get(), e.a.get(), c.b.get(), c.c.get(), c.c.get(),
+                                              e.preference.get(), 1, &result, &found));
   if (found < 1)
     fail("gemm {}: cuBLASLt has no algorithm for y[{}, {}] = x[{}, {}] w^T in bf16 with {} bytes of workspace",
          e.op.name, rows, e.op.n, rows, e.op.k, workspace_bytes_);
@@ -87,9 +87,9 @@ void GemmRunner::run(int id, int64_t rows, cudaStream_t stream) {
   Config& c = config(id, rows);
   const GemmOperands& op = gemms_[static_cast<size_t>(id)].op;
   const float alpha = 1.0f, beta = 0.0f;
-  TFE_CUBLASLT(cublasLtMatmul(handle_.get(), desc_.get(), &alpha, op.w, gemms_[static_cast<size_t>(id)].a.get(),
-                              op.x, c.b.get(), &beta, op.y, c.c.get(), op.y, c.c.get(), &c.algo, workspace_,
-                              workspace_bytes_, stream));
+  TFE_CUBLASLT(cublasLtMatmul(handle_.get(), desc_.get(), &alpha, op.w, gemms_[static_cast<size_t>(id)].a.get(), op.x,
+                              c.b.get(), &beta, op.y, c.c.get(), op.y, c.c.get(), &c.algo, workspace_, workspace_bytes_,
+                              stream));
 }
 
 size_t GemmRunner::configs() const {

@@ -25,7 +25,7 @@ DeviceMemory allocate_device(size_t bytes, const char* what) {
     (void)cudaMemGetInfo(&free_bytes, &total_bytes);
     (void)cudaGetLastError();
     fail_cuda("cudaMalloc of the {} ({} bytes) failed: {} ({}); the device has {} of {} bytes free", what, bytes,
-         cudaGetErrorName(e), cudaGetErrorString(e), free_bytes, total_bytes);
+              cudaGetErrorName(e), cudaGetErrorString(e), free_bytes, total_bytes);
   }
   return DeviceMemory(p, bytes);
 }
@@ -36,7 +36,7 @@ PinnedMemory allocate_pinned(size_t bytes, const char* what) {
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     fail_cuda("cudaMallocHost of the {} ({} bytes) failed: {} ({})", what, bytes, cudaGetErrorName(e),
-         cudaGetErrorString(e));
+              cudaGetErrorString(e));
   }
   return PinnedMemory(p, bytes);
 }
@@ -47,7 +47,7 @@ PinnedMemory allocate_mapped(size_t bytes, const char* what, std::byte** device)
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     fail_cuda("cudaHostAlloc (mapped) of the {} ({} bytes) failed: {} ({})", what, bytes, cudaGetErrorName(e),
-         cudaGetErrorString(e));
+              cudaGetErrorString(e));
   }
   PinnedMemory m(p, bytes);
   void* d = nullptr;
@@ -84,7 +84,7 @@ Library load_library(const void* image, const char* what) {
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     fail_cuda("loading the cubin of {} failed: {} ({}); was it compiled for this device's architecture?", what,
-         cudaGetErrorName(e), cudaGetErrorString(e));
+              cudaGetErrorName(e), cudaGetErrorString(e));
   }
   return Library(lib);
 }

@@ -80,8 +80,8 @@ namespace {
 constexpr size_t kMaxParams = 16;  // the largest registry kernel has 12 slots
 }
 
-KernelLaunch::KernelLaunch(const Node& node, const LoadedKernel& kernel, const ArenaBases& bases,
-                           int64_t max_rows, bool dependent, L2Window window)
+KernelLaunch::KernelLaunch(const Node& node, const LoadedKernel& kernel, const ArenaBases& bases, int64_t max_rows,
+                           bool dependent, L2Window window)
     : node_(node.name),
       kernel_(kernel.kernel),
       shape_(node.launch),
@@ -102,8 +102,7 @@ KernelLaunch::KernelLaunch(const Node& node, const LoadedKernel& kernel, const A
     const KernelParam& p = def.params[i];
     const Arg& a = node.args[i];
     if (a.param != p.name)
-      fail("node {}: argument {} binds `{}`, kernel {} expects `{}` there", node.name, i, a.param, spec.kernel,
-           p.name);
+      fail("node {}: argument {} binds `{}`, kernel {} expects `{}` there", node.name, i, a.param, spec.kernel, p.name);
     auto kind_error = [&] {
       fail("node {}: parameter `{}` of kind {} cannot take an argument of kind {}", node.name, p.name,
            param_kind_name(p.kind), static_cast<int>(a.kind));
@@ -135,10 +134,10 @@ KernelLaunch::KernelLaunch(const Node& node, const LoadedKernel& kernel, const A
 
   if (max_rows < 1) fail("node {}: planned for {} rows", node.name, max_rows);
   if (shape_.rows_axis > 2 || shape_.rows_per_block < 1)
-    fail("node {}: rows_axis {} / rows_per_block {} out of range", node.name, shape_.rows_axis,
-         shape_.rows_per_block);
+    fail("node {}: rows_axis {} / rows_per_block {} out of range", node.name, shape_.rows_axis, shape_.rows_per_block);
   LaunchShape widest = shape_;
-  if (widest.rows_axis >= 0) widest.grid[widest.rows_axis] = (max_rows + shape_.rows_per_block - 1) / shape_.rows_per_block;
+  if (widest.rows_axis >= 0)
+    widest.grid[widest.rows_axis] = (max_rows + shape_.rows_per_block - 1) / shape_.rows_per_block;
   const int64_t grid_limit[3] = {std::numeric_limits<int32_t>::max(), 65535, 65535};
   for (int d = 0; d < 3; ++d)
     if (widest.grid[d] < 1 || widest.grid[d] > grid_limit[d])
@@ -159,8 +158,8 @@ void KernelLaunch::launch(int64_t rows, cudaStream_t stream) const {
   const cudaError_t e = launch_kernel(kernel_, grid, shape_, slots.data(), stream, dependent_, window_);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    fail_cuda("launching node {} ({} x {} x {} blocks of {}, {} B shared, {} rows) failed: {} ({})", node_, grid.x, grid.y,
-         grid.z, shape_.block, shape_.smem, rows, cudaGetErrorName(e), cudaGetErrorString(e));
+    fail_cuda("launching node {} ({} x {} x {} blocks of {}, {} B shared, {} rows) failed: {} ({})", node_, grid.x,
+              grid.y, grid.z, shape_.block, shape_.smem, rows, cudaGetErrorName(e), cudaGetErrorString(e));
   }
 }
 

@@ -75,9 +75,7 @@ struct Pending {
   int64_t first_pos = 0;
   std::vector<tfe::bf16_bits> taps;
   std::vector<int32_t> tokens;
-  tfe::ExtendRequest request() const {
-    return {slot, first_pos, static_cast<int64_t>(tokens.size()), taps, tokens};
-  }
+  tfe::ExtendRequest request() const { return {slot, first_pos, static_cast<int64_t>(tokens.size()), taps, tokens}; }
 };
 
 // A prompt of `len` rows, extended in pieces no longer than the ring.
@@ -227,8 +225,9 @@ int main(int argc, char** argv) {
   const int devices = tfe::cuda::device_count();
   if (o.probe) return devices > 0 ? 0 : 1;
   if (devices == 0) {
-    std::fprintf(stderr, "draft_loop: no CUDA device found; the engine loop needs a GPU (the CPU reference is "
-                         "`tfe-plan reference`)\n");
+    std::fprintf(stderr,
+                 "draft_loop: no CUDA device found; the engine loop needs a GPU (the CPU reference is "
+                 "`tfe-plan reference`)\n");
     return 2;
   }
   if (o.head.empty()) {

@@ -36,14 +36,12 @@ cuda::Graph GraphCache::capture(const GraphKey& key, const Record& record) {
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     fail_cuda("capturing the draft pass {} failed: {} ({}); the pass made a call that cannot be captured", key.str(),
-         cudaGetErrorName(e), cudaGetErrorString(e));
+              cudaGetErrorName(e), cudaGetErrorString(e));
   }
   return graph;
 }
 
-void GraphCache::touch(Entry& e) {
-  lru_.splice(lru_.begin(), lru_, e.lru);
-}
+void GraphCache::touch(Entry& e) { lru_.splice(lru_.begin(), lru_, e.lru); }
 
 void GraphCache::prepare(const GraphKey& key, const Bindings& live, const Record& record) {
   if (auto it = execs_.find(key); it != execs_.end()) {
@@ -87,9 +85,10 @@ void GraphCache::replay(const GraphKey& key, const Bindings& live) {
   if (it == execs_.end()) fail("graph {} has not been captured", key.str());
   Entry& e = it->second;
   if (check_bindings_ && !(e.bindings == live))
-    fail("graph {} was captured with arena {}, tables {} and host arena {}, but they now live at {}, {} and {}: "
-         "replaying it would touch memory the runtime no longer owns",
-         key.str(), e.bindings.arena, e.bindings.tables, e.bindings.host, live.arena, live.tables, live.host);
+    fail(
+        "graph {} was captured with arena {}, tables {} and host arena {}, but they now live at {}, {} and {}: "
+        "replaying it would touch memory the runtime no longer owns",
+        key.str(), e.bindings.arena, e.bindings.tables, e.bindings.host, live.arena, live.tables, live.host);
   touch(e);
   TFE_CUDA(cudaGraphLaunch(e.exec.get(), stream_));
   ++counters_.replays;

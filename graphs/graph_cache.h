@@ -32,9 +32,9 @@ struct Bindings {
 };
 
 struct GraphCounters {
-  uint64_t captures = 0;       // captures that made a new executor
-  uint64_t updates = 0;        // re-captures applied with cudaGraphExecUpdate
-  uint64_t reinstantiated = 0; // re-captures whose update was refused and were instantiated anew
+  uint64_t captures = 0;        // captures that made a new executor
+  uint64_t updates = 0;         // re-captures applied with cudaGraphExecUpdate
+  uint64_t reinstantiated = 0;  // re-captures whose update was refused and were instantiated anew
   uint64_t evictions = 0;
   uint64_t replays = 0;
 };

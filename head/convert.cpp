@@ -57,8 +57,8 @@ void check_inside(const fs::path& dir, const fs::path& file) {
   if (ec) fail("{}: cannot resolve: {}", file.string(), ec.message());
   const auto [d, f] = std::mismatch(real_dir.begin(), real_dir.end(), real_file.begin(), real_file.end());
   if (d != real_dir.end())
-    fail("{} leads outside the checkpoint directory {} (to {}); copy the file in instead of linking it",
-         file.string(), dir.string(), real_file.string());
+    fail("{} leads outside the checkpoint directory {} (to {}); copy the file in instead of linking it", file.string(),
+         dir.string(), real_file.string());
 }
 
 // One config file and the fields read from it; every message names the file and the field.

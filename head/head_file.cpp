@@ -53,9 +53,8 @@ std::string to_hex(const unsigned char* p, size_t n) {
 }
 
 bool is_sha256_hex(const std::string& s) {
-  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
+  return s.size() == 64 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -92,8 +91,8 @@ std::string safetensors_header(const std::map<std::string, std::string>& metadat
     if (!names.insert(e.name).second) fail("safetensors writer: tensor `{}` is given twice", e.name);
     const int64_t bytes = checked_bytes(e.shape, e.dtype, e.name);
     if (static_cast<uint64_t>(bytes) != e.bytes.size())
-      fail("safetensors writer: tensor `{}` has {} bytes; {} {} needs {}", e.name, e.bytes.size(),
-           dtype_name(e.dtype), fmt::join(e.shape, "x"), bytes);
+      fail("safetensors writer: tensor `{}` has {} bytes; {} {} needs {}", e.name, e.bytes.size(), dtype_name(e.dtype),
+           fmt::join(e.shape, "x"), bytes);
     ordered_json t;
     t["dtype"] = dtype_name(e.dtype);
     t["shape"] = e.shape;
@@ -151,8 +150,7 @@ class AtomicFile {
     const int rc = ::close(fd_);
     fd_ = -1;
     if (rc != 0) fail("closing {}: {}", tmp_, std::strerror(errno));
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
-      fail("renaming {} to {}: {}", tmp_, path_, std::strerror(errno));
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("renaming {} to {}: {}", tmp_, path_, std::strerror(errno));
     committed_ = true;
   }
 
@@ -222,8 +220,7 @@ RawEntry parse_entry(const std::string& name, const json& v, const std::string& 
   if (!off->is_array() || off->size() != 2)
     fail("{}: tensor `{}`: data_offsets must be an array of 2 integers (got {})", label, name, describe(*off));
   auto b = as_u64((*off)[0]), e = as_u64((*off)[1]);
-  if (!b || !e)
-    fail("{}: tensor `{}`: data_offsets {} must be non-negative integers", label, name, off->dump());
+  if (!b || !e) fail("{}: tensor `{}`: data_offsets {} must be non-negative integers", label, name, off->dump());
   if (*b > *e) fail("{}: tensor `{}`: data_offsets [{}, {}] are reversed (begin > end)", label, name, *b, *e);
   r.begin = *b;
   r.end = *e;
@@ -240,8 +237,7 @@ std::string sha256_hex(std::span<const std::byte> bytes) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1 ||
-      EVP_DigestUpdate(ctx.get(), bytes.data(), bytes.size()) != 1 ||
-      EVP_DigestFinal_ex(ctx.get(), digest, &len) != 1)
+      EVP_DigestUpdate(ctx.get(), bytes.data(), bytes.size()) != 1 || EVP_DigestFinal_ex(ctx.get(), digest, &len) != 1)
     fail("sha256: OpenSSL digest failed");
   return to_hex(digest, len);
 }
@@ -293,8 +289,8 @@ void check_d2t(std::span<const std::byte> bytes, int64_t vocab, const std::strin
     std::memcpy(&off, bytes.data() + i * sizeof(int32_t), sizeof off);
     const int64_t target = static_cast<int64_t>(i) + off;
     if (target < 0 || target >= vocab)
-      fail("{}: d2t[{}] = {} maps draft id {} to target id {}, outside the vocabulary 0..{}", where, i, off, i,
-           target, vocab - 1);
+      fail("{}: d2t[{}] = {} maps draft id {} to target id {}, outside the vocabulary 0..{}", where, i, off, i, target,
+           vocab - 1);
   }
 }
 
@@ -319,8 +315,7 @@ void HeadWriter::add(const std::string& name, DType dtype, std::vector<int64_t> 
   add(name, dtype, std::move(shape), std::vector<std::byte>(bytes.begin(), bytes.end()));
 }
 
-void HeadWriter::add(const std::string& name, DType dtype, std::vector<int64_t> shape,
-                     std::vector<std::byte>&& bytes) {
+void HeadWriter::add(const std::string& name, DType dtype, std::vector<int64_t> shape, std::vector<std::byte>&& bytes) {
   const auto specs = expected_tensors(header_);
   const TensorSpec* spec = find_spec(specs, name);
   if (!spec) fail("head writer: tensor `{}` is not part of a head with this header", name);
@@ -333,8 +328,8 @@ void HeadWriter::add(const std::string& name, DType dtype, std::vector<int64_t> 
          fmt::join(spec->shape, ", "));
   const int64_t expected = checked_bytes(shape, dtype, name);
   if (static_cast<uint64_t>(expected) != bytes.size())
-    fail("head writer: tensor `{}` has {} bytes; shape [{}] of {} needs {}", name, bytes.size(),
-         fmt::join(shape, ", "), dtype_name(dtype), expected);
+    fail("head writer: tensor `{}` has {} bytes; shape [{}] of {} needs {}", name, bytes.size(), fmt::join(shape, ", "),
+         dtype_name(dtype), expected);
   if (name == "d2t") check_d2t(bytes, header_.vocab, "head writer");
   if (dtype == DType::F8_E4M3) check_e4m3_finite(bytes, name, "head writer");
   entries_.push_back({name, dtype, std::move(shape), std::move(bytes)});
@@ -363,8 +358,8 @@ std::vector<SafetensorsEntry> complete_entries(const HeadHeader& h, const Entrie
     // The reader refuses a tensor not aligned to its element size (it is read in place); the data section
     // starts 8-aligned, so the order added decides. Adding larger elements first always works.
     if (offset % static_cast<uint64_t>(dtype_size(e.dtype)) != 0)
-      fail("head writer: tensor `{}` ({}) would start at data offset {}, not a multiple of {}; add it earlier",
-           e.name, dtype_name(e.dtype), offset, dtype_size(e.dtype));
+      fail("head writer: tensor `{}` ({}) would start at data offset {}, not a multiple of {}; add it earlier", e.name,
+           dtype_name(e.dtype), offset, dtype_size(e.dtype));
     offset += e.bytes.size();
     entries.push_back({e.name, e.dtype, e.shape, e.bytes});
   }
@@ -382,7 +377,6 @@ void HeadWriter::write(const std::string& path) const {
   const auto entries = complete_entries(header_, entries_);
   write_safetensors(path, head_metadata(header_, entries), entries);
 }
-
 
 // ---------------------------------------------------------------------------------------------------
 // Safetensors reader
@@ -410,21 +404,20 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   uint64_t size = 0;
   files::Fd file = files::open_regular(path, "safetensors file", &size);
   if (size < kLengthBytes)
-    fail("{} is not a safetensors file: it is {} bytes; a safetensors file starts with an {}-byte header length",
-         path, size, kLengthBytes);
+    fail("{} is not a safetensors file: it is {} bytes; a safetensors file starts with an {}-byte header length", path,
+         size, kLengthBytes);
   // Read into anonymous memory rather than mapped: a file truncated while in use is then a read error
   // here, where a mapping of it would kill the process with SIGBUS at the first touch of a lost page.
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED)
-    fail("{}: cannot allocate {} bytes to read it into: {}", path, size, std::strerror(errno));
+  if (p == MAP_FAILED) fail("{}: cannot allocate {} bytes to read it into: {}", path, size, std::strerror(errno));
   SafetensorsFile f;  // owns the memory from here, so a refusal below releases it
   f.base_ = static_cast<const std::byte*>(p);
   f.size_ = size;
   f.mapped_ = true;
   auto* dst = static_cast<char*>(p);
   for (uint64_t done = 0; done < size;) {
-    const ssize_t n = ::pread(file.get(), dst + done, std::min<uint64_t>(size - done, uint64_t{1} << 30),
-                              static_cast<off_t>(done));
+    const ssize_t n =
+        ::pread(file.get(), dst + done, std::min<uint64_t>(size - done, uint64_t{1} << 30), static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) fail("{}: reading failed after {} of {} bytes: {}", path, done, size, std::strerror(errno));
     if (n == 0) fail("{}: the file shrank from {} to {} bytes while it was read", path, size, done);
@@ -448,8 +441,8 @@ SafetensorsFile SafetensorsFile::from_bytes(std::span<const std::byte> bytes, st
 void SafetensorsFile::parse() {
   const std::string& label = path_;
   if (size_ < kLengthBytes)
-    fail("{} is not a safetensors file: it is {} bytes; a safetensors file starts with an {}-byte header length",
-         label, size_, kLengthBytes);
+    fail("{} is not a safetensors file: it is {} bytes; a safetensors file starts with an {}-byte header length", label,
+         size_, kLengthBytes);
   uint64_t n = 0;
   for (size_t i = 0; i < kLengthBytes; ++i) n |= static_cast<uint64_t>(base_[i]) << (8 * i);
   if (n > kMaxHeaderBytes) {
@@ -465,9 +458,10 @@ void SafetensorsFile::parse() {
          text.size() == kLengthBytes ? fmt::format(" (the file begins with the text \"{}\")", text) : "");
   }
   if (n > size_ - kLengthBytes)
-    fail("{} is not a safetensors file (or is truncated): header length {} exceeds the {} bytes that follow the "
-         "length field",
-         label, n, size_ - kLengthBytes);
+    fail(
+        "{} is not a safetensors file (or is truncated): header length {} exceeds the {} bytes that follow the "
+        "length field",
+        label, n, size_ - kLengthBytes);
   // The safetensors format requires this first byte; a file without it is something else.
   if (n == 0 || base_[kLengthBytes] != std::byte{'{'})
     fail("{} is not a safetensors file: its header does not begin with `{{`", label);
@@ -483,8 +477,7 @@ void SafetensorsFile::parse() {
     if (key == kMetadataKey) {
       if (!value.is_object()) fail("{}: __metadata__ must be an object (got {})", label, value.type_name());
       for (const auto& [mk, mv] : value.items()) {
-        if (!mv.is_string())
-          fail("{}: __metadata__[\"{}\"] must be a string (got {})", label, mk, describe(mv));
+        if (!mv.is_string()) fail("{}: __metadata__[\"{}\"] must be a string (got {})", label, mk, describe(mv));
         metadata_[mk] = mv.get<std::string>();
       }
       continue;
@@ -499,8 +492,8 @@ void SafetensorsFile::parse() {
   std::string previous = "the start of the data section";
   for (auto& e : entries) {
     if (e.end > data_size)
-      fail("{}: tensor `{}`: data_offsets [{}, {}] are out of range: the data section has {} bytes", label,
-           e.view.name, e.begin, e.end, data_size);
+      fail("{}: tensor `{}`: data_offsets [{}, {}] are out of range: the data section has {} bytes", label, e.view.name,
+           e.begin, e.end, data_size);
     if (e.begin > expected)
       fail("{}: tensor `{}`: gap of {} bytes before it (it begins at {}; {} ends at {})", label, e.view.name,
            e.begin - expected, e.begin, previous, expected);

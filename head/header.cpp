@@ -56,12 +56,9 @@ void validate(const HeadHeader& h) {
   check_dim("vocab", h.vocab);
   check_dim("draft_vocab", h.draft_vocab);
   if (h.head_dim % 2 != 0) fail("head header: head_dim = {} must be even (RoPE rotates pairs)", h.head_dim);
-  if (h.heads % h.kv_heads != 0)
-    fail("head header: heads = {} is not divisible by kv_heads = {}", h.heads, h.kv_heads);
-  if (h.draft_vocab > h.vocab)
-    fail("head header: draft_vocab = {} exceeds vocab = {}", h.draft_vocab, h.vocab);
-  if (h.window < 1 || h.window > kMaxWindow)
-    fail("head header: window = {} is outside 1..{}", h.window, kMaxWindow);
+  if (h.heads % h.kv_heads != 0) fail("head header: heads = {} is not divisible by kv_heads = {}", h.heads, h.kv_heads);
+  if (h.draft_vocab > h.vocab) fail("head header: draft_vocab = {} exceeds vocab = {}", h.draft_vocab, h.vocab);
+  if (h.window < 1 || h.window > kMaxWindow) fail("head header: window = {} is outside 1..{}", h.window, kMaxWindow);
   if (!(std::isfinite(h.rms_eps) && h.rms_eps > 0.0f))
     fail("head header: rms_eps = {} must be finite and > 0", h.rms_eps);
   if (!(std::isfinite(h.rope.theta) && h.rope.theta > 1.0f))
@@ -77,10 +74,8 @@ void validate(const HeadHeader& h) {
       fail("head header: rope.original_max_positions = {} must be >= 1", h.rope.original_max_positions);
   }
   if (h.head_type == HeadType::two_stage) {
-    if (h.cand_k < 1 || h.cand_k > kMaxCandK)
-      fail("head header: cand_k = {} is outside 1..{}", h.cand_k, kMaxCandK);
-    if (h.cand_k > h.draft_vocab)
-      fail("head header: cand_k = {} exceeds draft_vocab = {}", h.cand_k, h.draft_vocab);
+    if (h.cand_k < 1 || h.cand_k > kMaxCandK) fail("head header: cand_k = {} is outside 1..{}", h.cand_k, kMaxCandK);
+    if (h.cand_k > h.draft_vocab) fail("head header: cand_k = {} exceeds draft_vocab = {}", h.cand_k, h.draft_vocab);
     check_dim("lowrank", h.lowrank);
   } else {
     if (h.cand_k != 0) fail("head header: cand_k = {} is set but head_type is dense (must be 0)", h.cand_k);

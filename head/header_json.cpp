@@ -88,9 +88,7 @@ class FieldReader {
     return *it;
   }
 
-  int64_t integer(const std::string& key, int64_t lo, int64_t hi) {
-    return integer_value(at(key), path(key), lo, hi);
-  }
+  int64_t integer(const std::string& key, int64_t lo, int64_t hi) { return integer_value(at(key), path(key), lo, hi); }
 
   float number(const std::string& key) {
     const json& v = at(key);
@@ -191,8 +189,7 @@ struct JsonReader {
     const json& taps = f.array(key);
     for (size_t i = 0; i < taps.size(); ++i) {
       const std::string where = fmt::format("{}[{}]", f.path(key), i);
-      if (!taps[i].is_object())
-        fail("head header: field `{}` must be an object (got {})", where, taps[i].type_name());
+      if (!taps[i].is_object()) fail("head header: field `{}` must be an object (got {})", where, taps[i].type_name());
       FieldReader t(taps[i], where);
       Tap tap;
       const json& layer = t.at("layer");

@@ -118,8 +118,9 @@ HeadHeader header_from_yaml(const yaml::Field& f) {
   HeadHeader h;
   h.format_version = m.at("format_version").i32(kIntMin, kIntMax);
   if (h.format_version != kHeadFormatVersion)
-    m.at("format_version").fail(fmt::format("format_version {} is not supported (this build reads {})",
-                                            h.format_version, kHeadFormatVersion));
+    m.at("format_version")
+        .fail(fmt::format("format_version {} is not supported (this build reads {})", h.format_version,
+                          kHeadFormatVersion));
   YamlReader read{m};
   visit_header_fields(read, h);
   m.done();

@@ -8,8 +8,7 @@ std::vector<float> rope_inv_freq(const HeadHeader& h) {
   const int64_t hd = h.head_dim;
   std::vector<float> inv(static_cast<size_t>(hd / 2));
   for (int64_t i = 0; i < hd / 2; ++i)
-    inv[static_cast<size_t>(i)] =
-        1.0f / std::pow(h.rope.theta, static_cast<float>(2 * i) / static_cast<float>(hd));
+    inv[static_cast<size_t>(i)] = 1.0f / std::pow(h.rope.theta, static_cast<float>(2 * i) / static_cast<float>(hd));
   if (!h.rope.llama3) return inv;
   const Rope& r = h.rope;
   const float old_len = static_cast<float>(r.original_max_positions);

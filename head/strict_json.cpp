@@ -53,8 +53,7 @@ class Checker final : public nlohmann::json_sax<json> {
 
  private:
   void open(bool object) {
-    if (static_cast<int>(objects_.size()) >= max_depth_)
-      fail("{} nests deeper than {} levels", label_, max_depth_);
+    if (static_cast<int>(objects_.size()) >= max_depth_) fail("{} nests deeper than {} levels", label_, max_depth_);
     objects_.push_back(object);
     if (object) keys_.emplace_back();
   }

@@ -14,11 +14,11 @@ namespace tfe {
 
 namespace kc {
 constexpr long long kWeightBF16 = 0, kWeightFP8 = 1;
-constexpr long long kEpilogueBF16 = 0,  // y = bf16(acc)
-    kEpilogueF32 = 1,                   // y = acc (fp32 logits / scores)
-    kEpilogueResidual = 2,              // y = bf16(residual + acc): the add rounded once
-    kEpilogueSwiGLU = 3,                // rows j and N+j of w: y = bf16(bf16(silu(gate)) * up)
-    kEpilogueTop1 = 4;                  // y = per row, one top1 partial of the CTA's COLS columns
+constexpr long long kEpilogueBF16 = 0,      // y = bf16(acc)
+    kEpilogueF32 = 1,                       // y = acc (fp32 logits / scores)
+    kEpilogueResidual = 2,                  // y = bf16(residual + acc): the add rounded once
+    kEpilogueSwiGLU = 3,                    // rows j and N+j of w: y = bf16(bf16(silu(gate)) * up)
+    kEpilogueTop1 = 4;                      // y = per row, one top1 partial of the CTA's COLS columns
 constexpr long long kTop1PartBytes = 16;    // one top1 partial (kernels/common.cuh Top1Part asserts it)
 constexpr long long kHostTableColumns = 4;  // a host_tables row: slot, pos, first_pos, tok (load_tables.cuh)
 }  // namespace kc

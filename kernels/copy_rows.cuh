@@ -26,8 +26,8 @@ __global__ void __launch_bounds__(Cfg::THREADS) copy_rows(const CopyRowsParams p
   const bf16* src = p.src + s * W;
   bf16* dst = p.dst + d * W;
   // 16-byte copies when both rows start 16-byte aligned (a bound slice may start anywhere).
-  const bool vec = W % 8 == 0 && ((reinterpret_cast<unsigned long long>(src) |
-                                   reinterpret_cast<unsigned long long>(dst)) & 15) == 0;
+  const bool vec =
+      W % 8 == 0 && ((reinterpret_cast<unsigned long long>(src) | reinterpret_cast<unsigned long long>(dst)) & 15) == 0;
   if (vec) {
     for (long long c = threadIdx.x; c < W / 8; c += blockDim.x)
       reinterpret_cast<uint4*>(dst)[c] = reinterpret_cast<const uint4*>(src)[c];

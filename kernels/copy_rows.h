@@ -24,9 +24,10 @@ inline KernelDef copy_rows() {
       .constants = {"WIDTH", "THREADS"},
       .params = {in("src", rows("src_index")), in("src_index", index("src_index")), out("dst", rows("dst_index")),
                  in("dst_index", index("dst_index")), i64("rows")},
-      .launch = [](const KernelSpec& s, int64_t rows) {
-        return LaunchShape{.grid = {rows, 1, 1}, .block = s.constant("THREADS"), .rows_axis = 0};
-      },
+      .launch =
+          [](const KernelSpec& s, int64_t rows) {
+            return LaunchShape{.grid = {rows, 1, 1}, .block = s.constant("THREADS"), .rows_axis = 0};
+          },
   };
 }
 

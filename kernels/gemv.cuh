@@ -30,11 +30,11 @@
 // through L2 only, cp.async.cg: they stream once; x through L1, cp.async.ca) into a ring of STAGES steps
 // in shared memory (static, or dynamic where the ring is larger than 48 KB: see DYNAMIC), one commit group
 // per step, while it computes step i. x rides in the ring so that its L2 latency hides behind the
-// weights'; where two stages of both do not fit, x is loaded into registers one step ahead. A lane reads back only the chunks its own copies wrote, so cp.async.wait_group alone
-// orders the ring, with no barrier, and the slot layout [stage][chunk][lane] makes every 16-byte shared
-// access of a warp 4 wavefronts. Rows that are not 16-byte aligned at run time go through the same ring
-// with plain loads. Shapes whose chunks straddle a row's end, and narrow outputs (see RING), use the
-// direct-load loop instead: UNROLL steps of loads into registers, then their mmas. Both loops run the
+// weights'; where two stages of both do not fit, x is loaded into registers one step ahead. A lane reads back only the
+// chunks its own copies wrote, so cp.async.wait_group alone orders the ring, with no barrier, and the slot layout
+// [stage][chunk][lane] makes every 16-byte shared access of a warp 4 wavefronts. Rows that are not 16-byte aligned at
+// run time go through the same ring with plain loads. Shapes whose chunks straddle a row's end, and narrow outputs (see
+// RING), use the direct-load loop instead: UNROLL steps of loads into registers, then their mmas. Both loops run the
 // same per-step arithmetic in the same per-warp step order, so they give the same bits.
 //
 // Dependent launch: the ring's first weight stages, or the direct-load loop's first batch of weights, are
@@ -79,7 +79,7 @@ struct GemvShape {
   static constexpr int TILES = static_cast<int>(SPLIT_SHAPE.tiles);  // column tiles a CTA
   static constexpr int WARPS = static_cast<int>(SPLIT_SHAPE.warps);
   static constexpr int XCHUNKS = static_cast<int>(RING_SHAPE.xchunks);  // 16-byte x chunks per k0
-  static constexpr int MMAS = E / 4;                                     // k16 mmas per chunk
+  static constexpr int MMAS = E / 4;                                    // k16 mmas per chunk
   static constexpr bool W_VEC = RING_SHAPE.w_vec;
   static constexpr bool X_VEC = RING_SHAPE.x_vec;
   static constexpr bool RING = RING_SHAPE.ring;
@@ -175,7 +175,7 @@ __device__ __forceinline__ void fp8x4_widen(unsigned u, unsigned& lo, unsigned& 
 // registers are at its cap it would spill: there the f16 path stays.
 enum class Widen { f16, bits };
 template <typename S, Widen W>
-constexpr float kAccUnscale = S::FP8 && W == Widen::bits ? 0x1p56f : 1.0f;
+constexpr float kAccUnscale = S::FP8&& W == Widen::bits ? 0x1p56f : 1.0f;
 
 // One lane's weight chunk as bf16x2 words, low k first: 4 words (bf16) or 8 words (e4m3 widened).
 template <bool FP8, Widen W>
@@ -199,8 +199,8 @@ __device__ __forceinline__ void widen(const uint4 c, unsigned (&out)[FP8 ? 8 : 4
   }
 }
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                         unsigned b0, unsigned b1) {
+__device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                         unsigned b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};"
@@ -255,9 +255,8 @@ __device__ __forceinline__ void gemv_step(float (&acc)[S::MT][S::NT][4], const u
 // commutes), so every lane ends with the same bits whatever the scheduling. Columns past N (the tail tile)
 // are left out; rows past nrows are computed (the shuffles need every lane) but not stored.
 template <typename S, long long N, long long COLS>
-__device__ __forceinline__ void write_top1_parts(const float (&acc)[S::MT][S::NT][4], const float* scale,
-                                                 Top1Part* out, long long tile, long long row0, long long nrows,
-                                                 int g, int t) {
+__device__ __forceinline__ void write_top1_parts(const float (&acc)[S::MT][S::NT][4], const float* scale, Top1Part* out,
+                                                 long long tile, long long row0, long long nrows, int g, int t) {
   static_assert(S::MT == COLS / 16, "one weight tile per 16 columns (not SwiGLU)");
   constexpr long long PARTS = ceil_div(N, COLS);
   const long long j0 = tile * COLS;
@@ -336,14 +335,15 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
   // Widen::bits needs a register more than the f16 path (x's scale). Two weight tiles (COLS 32, SwiGLU) at
   // one input tile are at their cap of 64 registers and spill with it, except on tiled weights with a plain
   // epilogue (nvcc -Xptxas -v, scripts/check_kernels.sh): those keep the f16 path, the same sums.
-  constexpr bool AT_CAP = S::FP8 && S::NT == 1 && S::MT == 2 &&
-                          (!TILED || EPI == kEpilogueSwiGLU || EPI == kEpilogueTop1);
+  constexpr bool AT_CAP =
+      S::FP8 && S::NT == 1 && S::MT == 2 && (!TILED || EPI == kEpilogueSwiGLU || EPI == kEpilogueTop1);
   constexpr Widen W = AT_CAP ? Widen::f16 : Widen::bits;
   constexpr long long W_ROW_BYTES = K * S::WBYTES, X_ROW_BYTES = K * 2;
   // The cluster split serves narrow outputs, which run the direct-load loop at one tile a CTA.
   static_assert(CSPLIT == 1 || (S::NARROW && S::TILES == 1), "gemv: a cluster split needs a narrow output");
   // A tiled matrix is whole tiles of 16 rows and 64-byte steps; every chunk is then inside its row.
-  static_assert(!TILED || (W_ROW_BYTES % 64 == 0 && N % 16 == 0), "gemv: tiled weights need K steps of 64 bytes "
+  static_assert(!TILED || (W_ROW_BYTES % 64 == 0 && N % 16 == 0),
+                "gemv: tiled weights need K steps of 64 bytes "
                 "and whole 16-row tiles");
   constexpr long long KSTRIDE = S::KSPLIT * CSPLIT;  // K splits of a column tile, over its cluster
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -483,8 +483,8 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
     // partial tiles for the join (ACC x 128 bytes, less than two stages).
     __shared__ uint4 static_ring[S::DYNAMIC ? 1 : S::RING_BYTES / 16];
     extern __shared__ uint4 dynamic_ring[];
-    uint4 (&ring)[S::WARPS][S::STAGES][S::SLOTS][32] =
-        *reinterpret_cast<uint4 (*)[S::WARPS][S::STAGES][S::SLOTS][32]>(S::DYNAMIC ? dynamic_ring : static_ring);
+    uint4(&ring)[S::WARPS][S::STAGES][S::SLOTS][32] =
+        *reinterpret_cast<uint4(*)[S::WARPS][S::STAGES][S::SLOTS][32]>(S::DYNAMIC ? dynamic_ring : static_ring);
     static_assert(ACC * 32 * 4 <= S::STAGES * S::SLOTS * 32 * 16, "a warp's partial tiles fit its ring");
     const int nsteps = static_cast<int>((S::STEPS - kw + S::KSPLIT - 1) / S::KSPLIT);  // >= 1: kw < STEPS
     const unsigned ring_lane = static_cast<unsigned>(__cvta_generic_to_shared(&ring[warp][0][0][lane]));
@@ -529,10 +529,9 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
           if (slot < S::W_SLOTS) {
             const int m = slot >> 1, h = slot & 1;
             if (column(m, h) < N)
-              v = load_chunk<S::W_VEC, S::WBYTES, true>(
-                  w + weight_row_offset<TILED, W_ROW_BYTES>(weight_row(m, h)) +
-                      (weight_at_offset<TILED>(k0 * S::WBYTES) - k0 * S::WBYTES),
-                  k0 * S::WBYTES, W_ROW_BYTES, w_vec);
+              v = load_chunk<S::W_VEC, S::WBYTES, true>(w + weight_row_offset<TILED, W_ROW_BYTES>(weight_row(m, h)) +
+                                                            (weight_at_offset<TILED>(k0 * S::WBYTES) - k0 * S::WBYTES),
+                                                        k0 * S::WBYTES, W_ROW_BYTES, w_vec);
           } else {
             const int n = (slot - S::W_SLOTS) / S::XCHUNKS, c = (slot - S::W_SLOTS) % S::XCHUNKS;
             const long long r = n * 8 + g;
@@ -544,7 +543,7 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
       }
     };
     // This lane's x chunks of step i; zeros past the row's end or past the input rows.
-    auto load_x = [&](int i, uint4 (&xc)[S::NT][S::XCHUNKS]) {
+    auto load_x = [&](int i, uint4(&xc)[S::NT][S::XCHUNKS]) {
       const long long k0 = (kw + static_cast<long long>(i) * S::KSPLIT) * S::STEP + t * S::E;
 #pragma unroll
       for (int n = 0; n < S::NT; ++n)
@@ -576,7 +575,7 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
     // One step: wait for its chunks, refill the stage freed by the previous step, compute (x from the
     // ring, or from registers loaded a step ahead: the two buffers alternate so that no register copy
     // waits on a load in flight).
-    auto step = [&](int i, const uint4 (&xc)[S::NT][S::XCHUNKS], uint4 (&x_next)[S::NT][S::XCHUNKS]) {
+    auto step = [&](int i, const uint4(&xc)[S::NT][S::XCHUNKS], uint4(&x_next)[S::NT][S::XCHUNKS]) {
       copy_async_wait<S::STAGES - 2>();
       if (i + S::STAGES - 1 < nsteps) fill(i + S::STAGES - 1, write);
       copy_async_commit();
@@ -663,7 +662,7 @@ template <typename Cfg, long long CSPLIT>
 __device__ __forceinline__ void gemv_elementwise(const GemvParams& p) {
   using S = GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>;
   constexpr long long N = Cfg::N, EPI = Cfg::EPILOGUE, COLS = Cfg::COLS;
-  auto epilogue = [&](const float (&acc)[S::MT][S::NT][4], long long tile, long long row0, long long nrows, int g,
+  auto epilogue = [&](const float(&acc)[S::MT][S::NT][4], long long tile, long long row0, long long nrows, int g,
                       int t) {
     constexpr int OUT_TILES = EPI == kEpilogueSwiGLU ? 1 : S::MT;
 #pragma unroll
@@ -694,13 +693,13 @@ __device__ __forceinline__ void gemv_elementwise(const GemvParams& p) {
         }
   };
   gemv_run<Cfg::K, N, Cfg::WEIGHT, EPI, Cfg::ROWS, COLS, 0, CSPLIT, Cfg::TILED != 0>(p.w, p.scale, p.x, p.y, p.rows,
-                                                                                   epilogue);
+                                                                                     epilogue);
 }
 
 template <typename Cfg>
-__global__ void __launch_bounds__(32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::WARPS,
-                                  GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::MIN_CTAS)
-    gemv(const GemvParams p) {
+__global__ void __launch_bounds__(
+    32 * GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::WARPS,
+    GemvShape<Cfg::K, Cfg::N, Cfg::WEIGHT, Cfg::EPILOGUE, Cfg::ROWS, Cfg::COLS>::MIN_CTAS) gemv(const GemvParams p) {
   gemv_elementwise<Cfg, 1>(p);
 }
 
@@ -741,8 +740,8 @@ struct GemvRopeKvParams {
   const int* slot;        // [rows]
   const int* pos;         // [rows]
   long long pos_offset;
-  bf16* q_out;            // [rows, HEADS, HEAD_DIM]
-  bf16* ring_k;           // [slots, RING, KV_HEADS, HEAD_DIM]
+  bf16* q_out;   // [rows, HEADS, HEAD_DIM]
+  bf16* ring_k;  // [slots, RING, KV_HEADS, HEAD_DIM]
   bf16* ring_v;
   long long rows;
 };
@@ -754,7 +753,7 @@ __global__ void __launch_bounds__(32 * GemvRopeKvShape<Cfg>::S::WARPS, GemvRopeK
   using R = GemvRopeKvShape<Cfg>;
   using S = typename R::S;
   constexpr long long HD = R::HEAD_DIM, HALF = R::HALF, N = R::N, QH = Cfg::HEADS, KVH = Cfg::KV_HEADS;
-  auto epilogue = [&](const float (&acc)[S::MT][S::NT][4], long long tile, long long row0, long long nrows, int g,
+  auto epilogue = [&](const float(&acc)[S::MT][S::NT][4], long long tile, long long row0, long long nrows, int g,
                       int t) {
 #pragma unroll
     for (int m = 0; m < S::MT; ++m) {

@@ -187,24 +187,31 @@ inline KernelDef gemv() {
       .source = "gemv.cuh",
       .function = "tfe::kernels::gemv",
       .constants = {"ROWS", "K", "N", "WEIGHT", "EPILOGUE", "COLS", "TILED"},
-      .params = {in("w", [=](const KernelSpec& s, const Reach&) {
-                   return product({w_rows(s), s.constant("K"), fp8(s) ? 1 : kBf16});
-                 }),
+      .params = {in("w",
+                    [=](const KernelSpec& s, const Reach&) {
+                      return product({w_rows(s), s.constant("K"), fp8(s) ? 1 : kBf16});
+                    }),
                  in("scale",
-                    [=](const KernelSpec& s, const Reach&) { return fp8(s) ? product({w_rows(s), kF32}) : 0; }),
+                    [=](const KernelSpec& s, const Reach&) {
+                      return fp8(s) ? product({w_rows(s), kF32}) : 0;
+                    }),
                  in("x",
-                    [](const KernelSpec& s, const Reach& r) { return product({r.rows, s.constant("K"), kBf16}); }),
-                 out("y", [](const KernelSpec& s, const Reach& r) {
-                   const int64_t n = s.constant("N"), epi = s.constant("EPILOGUE");
-                   if (epi == kc::kEpilogueF32) return product({r.rows, n, kF32});
-                   if (epi == kc::kEpilogueTop1)  // one record a column tile
-                     return product({r.rows, kernels::ceil_div(n, s.constant("COLS")), kc::kTop1PartBytes});
-                   return product({r.rows, n, kBf16});
-                 }),
-                 in("residual", [](const KernelSpec& s, const Reach& r) {
-                   const bool residual = s.constant("EPILOGUE") == kc::kEpilogueResidual;
-                   return residual ? product({r.rows, s.constant("N"), kBf16}) : 0;
-                 }),
+                    [](const KernelSpec& s, const Reach& r) {
+                      return product({r.rows, s.constant("K"), kBf16});
+                    }),
+                 out("y",
+                     [](const KernelSpec& s, const Reach& r) {
+                       const int64_t n = s.constant("N"), epi = s.constant("EPILOGUE");
+                       if (epi == kc::kEpilogueF32) return product({r.rows, n, kF32});
+                       if (epi == kc::kEpilogueTop1)  // one record a column tile
+                         return product({r.rows, kernels::ceil_div(n, s.constant("COLS")), kc::kTop1PartBytes});
+                       return product({r.rows, n, kBf16});
+                     }),
+                 in("residual",
+                    [](const KernelSpec& s, const Reach& r) {
+                      const bool residual = s.constant("EPILOGUE") == kc::kEpilogueResidual;
+                      return residual ? product({r.rows, s.constant("N"), kBf16}) : 0;
+                    }),
                  i64("rows")},
       .launch = gemv_launch,
   };
@@ -253,11 +260,12 @@ inline KernelDef gemv_rope_kv() {
       .source = "gemv.cuh",
       .function = "tfe::kernels::gemv_rope_kv",
       .constants = {"ROWS", "K", "WEIGHT", "COLS", "HEADS", "KV_HEADS", "HEAD_DIM", "RING", "TILED"},
-      .params = {gemv_param("w"), gemv_param("scale"), gemv_param("x"), in("inv_freq", inv_freq),
-                 in("slot", rows_i32), in("pos", rows_i32), i64("pos_offset"),
-                 out("q_out", [](const KernelSpec& s, const Reach& r) {
-                   return product({r.rows, s.constant("HEADS"), s.constant("HEAD_DIM"), kBf16});
-                 }),
+      .params = {gemv_param("w"), gemv_param("scale"), gemv_param("x"), in("inv_freq", inv_freq), in("slot", rows_i32),
+                 in("pos", rows_i32), i64("pos_offset"),
+                 out("q_out",
+                     [](const KernelSpec& s, const Reach& r) {
+                       return product({r.rows, s.constant("HEADS"), s.constant("HEAD_DIM"), kBf16});
+                     }),
                  out("ring_k", ring), out("ring_v", ring), i64("rows")},
       .launch = gemv_launch,  // its GEMV's
   };

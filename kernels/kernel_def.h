@@ -39,8 +39,8 @@ struct LaunchShape {
   int64_t grid[3] = {1, 1, 1};
   int64_t block = 128;
   int64_t smem = 0;
-  int rows_axis = -1;           // grid axis that scales with rows (-1: none)
-  int64_t rows_per_block = 1;   // rows covered by one step along rows_axis
+  int rows_axis = -1;          // grid axis that scales with rows (-1: none)
+  int64_t rows_per_block = 1;  // rows covered by one step along rows_axis
   bool operator==(const LaunchShape&) const = default;
 };
 
@@ -53,8 +53,8 @@ struct Reach {
   int64_t slots = 0;        // slot ids (ring_k, ring_v, slot_g rows): max_slots + 1, with the scratch slot
   int64_t vocab = 0;        // target ids (embed, target_head rows)
   int64_t draft_vocab = 0;  // draft ids (d2t entries)
-  std::function<int64_t(std::string_view)> i64;          // an i64 argument's value (rmsnorm's strides)
-  std::function<int64_t(std::string_view)> index_rows;   // copy_rows: ids an index argument may hold (0: null)
+  std::function<int64_t(std::string_view)> i64;         // an i64 argument's value (rmsnorm's strides)
+  std::function<int64_t(std::string_view)> index_rows;  // copy_rows: ids an index argument may hold (0: null)
 };
 
 // Bytes a launch of `spec` may touch through a pointer parameter (products saturate at INT64_MAX).
@@ -63,7 +63,7 @@ using ReachFn = std::function<int64_t(const KernelSpec& spec, const Reach& r)>;
 struct KernelParam {
   std::string name;
   ParamKind kind = ParamKind::ptr;
-  bool writes = false;     // ptr: the kernel writes through it (and may read it too); every other is only read
+  bool writes = false;      // ptr: the kernel writes through it (and may read it too); every other is only read
   ReachFn reach = nullptr;  // ptr: what a launch may touch through it
   // ptr: the alignment in bytes that the kernel's loads need of the argument's address (buffer offset +
   // byte_offset; every arena's base is at least 256-byte aligned): 1 where the kernel checks at run time
@@ -72,9 +72,9 @@ struct KernelParam {
 };
 
 struct KernelDef {
-  std::string name;      // registry name, e.g. "gemv"
-  std::string source;    // file under kernels/, e.g. "gemv.cuh"
-  std::string function;  // template, e.g. "tfe::kernels::gemv"; instantiated as function<Config>
+  std::string name;                    // registry name, e.g. "gemv"
+  std::string source;                  // file under kernels/, e.g. "gemv.cuh"
+  std::string function;                // template, e.g. "tfe::kernels::gemv"; instantiated as function<Config>
   std::vector<std::string> constants;  // names of the config's constexpr int64 members, in order
   std::vector<KernelParam> params;     // the parameter struct's slots, in order
   std::function<LaunchShape(const KernelSpec& spec, int64_t rows)> launch = nullptr;  // rows >= 1

@@ -27,16 +27,20 @@ inline KernelDef load_tables() {
       .source = "load_tables.cuh",
       .function = "tfe::kernels::load_tables",
       .constants = {},
-      .params = {in("host_tables",
-                    [](const KernelSpec&, const Reach& r) { return product({r.rows, kc::kHostTableColumns, kI32}); },
-                    kc::kHostTableColumns * kI32),  // a row is one 16-byte load
+      .params = {in(
+                     "host_tables",
+                     [](const KernelSpec&, const Reach& r) {
+                       return product({r.rows, kc::kHostTableColumns, kI32});
+                     },
+                     kc::kHostTableColumns * kI32),  // a row is one 16-byte load
                  out("slot", table), out("pos", table), out("first_pos", table), out("tok", table), i64("rows")},
-      .launch = [](const KernelSpec& s, int64_t rows) {
-        if (rows > kernels::kLoadTablesThreads)
-          fail("launch_shape {}: rows is {}; load_tables copies at most {} rows a table", s.uri(), rows,
-               kernels::kLoadTablesThreads);
-        return LaunchShape{.block = kernels::kLoadTablesThreads};
-      },
+      .launch =
+          [](const KernelSpec& s, int64_t rows) {
+            if (rows > kernels::kLoadTablesThreads)
+              fail("launch_shape {}: rows is {}; load_tables copies at most {} rows a table", s.uri(), rows,
+                   kernels::kLoadTablesThreads);
+            return LaunchShape{.block = kernels::kLoadTablesThreads};
+          },
   };
 }
 

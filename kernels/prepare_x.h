@@ -13,21 +13,28 @@ inline KernelDef prepare_x() {
       .source = "prepare_x.cuh",
       .function = "tfe::kernels::prepare_x",
       .constants = {"HIDDEN", "THREADS"},
-      .params = {in("embed", [](const KernelSpec& s, const Reach& r) {
-                   return product({r.vocab, s.constant("HIDDEN"), kBf16});
-                 }),
+      .params = {in("embed",
+                    [](const KernelSpec& s, const Reach& r) {
+                      return product({r.vocab, s.constant("HIDDEN"), kBf16});
+                    }),
                  in("input_norm", norm), in("hidden_norm", norm),
-                 in("tokens", [](const KernelSpec&, const Reach& r) { return product({r.rows, kI32}); }),
-                 in("g", [](const KernelSpec& s, const Reach& r) {
-                   return product({r.rows, s.constant("HIDDEN"), kBf16});
-                 }),
-                 out("x", [](const KernelSpec& s, const Reach& r) {
-                   return product({r.rows, 2, s.constant("HIDDEN"), kBf16});
-                 }),
+                 in("tokens",
+                    [](const KernelSpec&, const Reach& r) {
+                      return product({r.rows, kI32});
+                    }),
+                 in("g",
+                    [](const KernelSpec& s, const Reach& r) {
+                      return product({r.rows, s.constant("HIDDEN"), kBf16});
+                    }),
+                 out("x",
+                     [](const KernelSpec& s, const Reach& r) {
+                       return product({r.rows, 2, s.constant("HIDDEN"), kBf16});
+                     }),
                  i64("rows"), f32("eps")},
-      .launch = [](const KernelSpec& s, int64_t rows) {
-        return LaunchShape{.grid = {2, rows, 1}, .block = s.constant("THREADS"), .rows_axis = 1};
-      },
+      .launch =
+          [](const KernelSpec& s, int64_t rows) {
+            return LaunchShape{.grid = {2, rows, 1}, .block = s.constant("THREADS"), .rows_axis = 1};
+          },
   };
 }
 

@@ -25,8 +25,8 @@ struct QkRopeKvParams {
   const int* slot;        // [rows]
   const int* pos;         // [rows]
   long long pos_offset;
-  bf16* q_out;            // [rows, HEADS, HEAD_DIM] when WRITE_Q
-  bf16* ring_k;           // [slots, RING, KV_HEADS, HEAD_DIM]
+  bf16* q_out;   // [rows, HEADS, HEAD_DIM] when WRITE_Q
+  bf16* ring_k;  // [slots, RING, KV_HEADS, HEAD_DIM]
   bf16* ring_v;
   long long rows;
   F32Slot eps;

@@ -10,9 +10,12 @@ namespace tfe {
 
 std::string_view param_kind_name(ParamKind k) {
   switch (k) {
-    case ParamKind::ptr: return "ptr";
-    case ParamKind::i64: return "i64";
-    case ParamKind::f32: return "f32";
+    case ParamKind::ptr:
+      return "ptr";
+    case ParamKind::i64:
+      return "i64";
+    case ParamKind::f32:
+      return "f32";
   }
   return "?";
 }

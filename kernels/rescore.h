@@ -33,22 +33,31 @@ inline KernelDef rescore() {
       .source = "rescore.cuh",
       .function = "tfe::kernels::rescore",
       .constants = {"HIDDEN", "CAND_K", "WEIGHT", "MAX_STEPS"},
-      .params = {in("target_head", [=](const KernelSpec& s, const Reach& r) {
-                   return product({r.vocab, s.constant("HIDDEN"), fp8(s) ? 1 : kBf16});
-                 }),
+      .params = {in("target_head",
+                    [=](const KernelSpec& s, const Reach& r) {
+                      return product({r.vocab, s.constant("HIDDEN"), fp8(s) ? 1 : kBf16});
+                    }),
                  in("scale",
-                    [=](const KernelSpec& s, const Reach& r) { return fp8(s) ? product({r.vocab, kF32}) : 0; }),
+                    [=](const KernelSpec& s, const Reach& r) {
+                      return fp8(s) ? product({r.vocab, kF32}) : 0;
+                    }),
                  in("n",
-                    [](const KernelSpec& s, const Reach& r) { return product({r.rows, s.constant("HIDDEN"), kBf16}); }),
+                    [](const KernelSpec& s, const Reach& r) {
+                      return product({r.rows, s.constant("HIDDEN"), kBf16});
+                    }),
                  in("cand", candidates),
-                 in("d2t", [](const KernelSpec&, const Reach& r) { return product({r.draft_vocab, kI32}); }),
+                 in("d2t",
+                    [](const KernelSpec&, const Reach& r) {
+                      return product({r.draft_vocab, kI32});
+                    }),
                  out("exact", candidates), out("arrivals", rows_i32), out("out_token", steps), out("out_conf", steps),
                  out("next_token", rows_i32), i64("step"), i64("rows")},
-      .launch = [](const KernelSpec& s, int64_t rows) {
-        return LaunchShape{.grid = {kernels::ceil_div(s.constant("CAND_K"), kernels::kRescoreWarps), rows, 1},
-                           .block = 32 * kernels::kRescoreWarps,
-                           .rows_axis = 1};
-      },
+      .launch =
+          [](const KernelSpec& s, int64_t rows) {
+            return LaunchShape{.grid = {kernels::ceil_div(s.constant("CAND_K"), kernels::kRescoreWarps), rows, 1},
+                               .block = 32 * kernels::kRescoreWarps,
+                               .rows_axis = 1};
+          },
   };
 }
 

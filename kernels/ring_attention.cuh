@@ -44,16 +44,16 @@ namespace tfe {
 namespace kernels {
 
 struct RingAttentionParams {
-  const bf16* q;         // [rows, HEADS, HEAD_DIM]
-  const bf16* ring_k;    // [slots, RING, KV_HEADS, HEAD_DIM]
+  const bf16* q;       // [rows, HEADS, HEAD_DIM]
+  const bf16* ring_k;  // [slots, RING, KV_HEADS, HEAD_DIM]
   const bf16* ring_v;
   const int* slot;       // [rows]
   const int* pos;        // [rows]
   const int* first_pos;  // [rows]: the slot's first real position (no keys exist before it)
   long long pos_offset;
-  bf16* o;               // [rows, HEADS, HEAD_DIM]
+  bf16* o;  // [rows, HEADS, HEAD_DIM]
   long long rows;
-  F32Slot scale;         // usually 1 / sqrt(HEAD_DIM)
+  F32Slot scale;  // usually 1 / sqrt(HEAD_DIM)
 };
 static_assert(sizeof(RingAttentionParams) == 8 * 10, "one 8-byte slot per registry parameter");
 
@@ -64,12 +64,12 @@ struct AttnShape {
   static constexpr int THREADS = kAttnThreads, WARPS = THREADS / 32;
   static constexpr long long G = GEOMETRY.g;
   static constexpr long long KEYS = GEOMETRY.keys;
-  static constexpr long long CHUNK = GEOMETRY.chunk;            // keys per CTA
-  static constexpr long long E = GEOMETRY.e;                    // K / V elements per load (16 or 4 bytes)
-  static constexpr long long KC = GEOMETRY.kc;                  // loads per K or V row
-  static constexpr long long LPK = GEOMETRY.lpk;                // lanes per key (a power of two)
-  static constexpr long long CPL = GEOMETRY.cpl;                // loads per lane per row
-  static constexpr long long KPP = GEOMETRY.kpp;                // keys per pass
+  static constexpr long long CHUNK = GEOMETRY.chunk;  // keys per CTA
+  static constexpr long long E = GEOMETRY.e;          // K / V elements per load (16 or 4 bytes)
+  static constexpr long long KC = GEOMETRY.kc;        // loads per K or V row
+  static constexpr long long LPK = GEOMETRY.lpk;      // lanes per key (a power of two)
+  static constexpr long long CPL = GEOMETRY.cpl;      // loads per lane per row
+  static constexpr long long KPP = GEOMETRY.kpp;      // keys per pass
   static constexpr long long PASSES = GEOMETRY.passes;
   static constexpr long long TP = GEOMETRY.tp;                  // passes a tile
   static constexpr long long TILES = GEOMETRY.tiles;            // K tiles; as many V tiles follow
@@ -106,13 +106,17 @@ __device__ __forceinline__ void unpack(const uint4 u, float (&out)[E]) {
 template <long long E>
 __device__ __forceinline__ void copy_kv_async(uint4* slot, const bf16* at, bool live) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(slot));
-  if constexpr (E == 8) copy_async_16<false>(dst, at, live ? 16u : 0u);
-  else copy_async_4(dst, at, live ? 4u : 0u);
+  if constexpr (E == 8)
+    copy_async_16<false>(dst, at, live ? 16u : 0u);
+  else
+    copy_async_4(dst, at, live ? 4u : 0u);
 }
 template <long long E>
 __device__ __forceinline__ uint4 load_kv(const bf16* at) {
-  if constexpr (E == 8) return *reinterpret_cast<const uint4*>(at);
-  else return make_uint4(*reinterpret_cast<const unsigned*>(at), 0u, 0u, 0u);
+  if constexpr (E == 8)
+    return *reinterpret_cast<const uint4*>(at);
+  else
+    return make_uint4(*reinterpret_cast<const unsigned*>(at), 0u, 0u, 0u);
 }
 
 template <typename Cfg>
@@ -215,8 +219,8 @@ __global__ void TFE_CLUSTER(Cfg::SPLIT)
       unpack<S::E>(ch < S::KC ? load_kv<S::E>(q + g * HD + ch * S::E) : make_uint4(0u, 0u, 0u, 0u), qf[g][j]);
     }
 
-  // Scores, a K tile at a time: per (pass b, head g) this lane's partial dot product over its columns.
-  // Tile loops unroll up to 4 tiles (fewer registers: the ring stages become constants), else stay rolled.
+    // Scores, a K tile at a time: per (pass b, head g) this lane's partial dot product over its columns.
+    // Tile loops unroll up to 4 tiles (fewer registers: the ring stages become constants), else stay rolled.
 #pragma unroll(S::TILES <= 4 ? S::TILES : 1)
   for (int tile = 0; tile < S::TILES; ++tile) {
     copy_async_wait<S::STAGES - 1>();  // this thread's slots of item `tile` have landed

@@ -12,14 +12,14 @@ constexpr int kAttnThreads = 128;
 // A CTA's share of the window and its shared memory: the ring of K/V tiles (reused for the per-warp
 // partial outputs), the chunk's scores and the chunk's partial for the join.
 struct AttnGeometry {
-  long long g = 0;           // query heads of a kv head
-  long long keys = 0;        // WINDOW + 1
-  long long chunk = 0;       // keys per CTA
-  long long e = 0;           // K / V elements per load (16 or 4 bytes)
-  long long kc = 0;          // loads per K or V row
-  long long lpk = 0;         // lanes per key (a power of two)
-  long long cpl = 0;         // loads per lane per row
-  long long kpp = 0;         // keys per pass
+  long long g = 0;      // query heads of a kv head
+  long long keys = 0;   // WINDOW + 1
+  long long chunk = 0;  // keys per CTA
+  long long e = 0;      // K / V elements per load (16 or 4 bytes)
+  long long kc = 0;     // loads per K or V row
+  long long lpk = 0;    // lanes per key (a power of two)
+  long long cpl = 0;    // loads per lane per row
+  long long kpp = 0;    // keys per pass
   long long passes = 0;
   long long tp = 0;          // passes a tile
   long long tiles = 0;       // K tiles; as many V tiles follow
@@ -88,15 +88,16 @@ inline KernelDef ring_attention() {
       .constants = {"HEADS", "KV_HEADS", "HEAD_DIM", "WINDOW", "RING", "SPLIT"},
       .params = {in("q", heads), in("ring_k", ring), in("ring_v", ring), in("slot", rows_i32), in("pos", rows_i32),
                  in("first_pos", rows_i32), i64("pos_offset"), out("o", heads), i64("rows"), f32("scale")},
-      .launch = [](const KernelSpec& s, int64_t rows) {
-        const kernels::AttnGeometry a = kernels::attn_geometry(s.constant("HEADS"), s.constant("KV_HEADS"),
-                                                               s.constant("HEAD_DIM"), s.constant("WINDOW"),
-                                                               s.constant("SPLIT"));
-        return LaunchShape{.grid = {s.constant("KV_HEADS") * s.constant("SPLIT"), rows, 1},
-                           .block = kernels::kAttnThreads,
-                           .smem = 4 * a.smem_floats,
-                           .rows_axis = 1};
-      },
+      .launch =
+          [](const KernelSpec& s, int64_t rows) {
+            const kernels::AttnGeometry a =
+                kernels::attn_geometry(s.constant("HEADS"), s.constant("KV_HEADS"), s.constant("HEAD_DIM"),
+                                       s.constant("WINDOW"), s.constant("SPLIT"));
+            return LaunchShape{.grid = {s.constant("KV_HEADS") * s.constant("SPLIT"), rows, 1},
+                               .block = kernels::kAttnThreads,
+                               .smem = 4 * a.smem_floats,
+                               .rows_axis = 1};
+          },
   };
 }
 

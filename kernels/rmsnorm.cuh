@@ -26,7 +26,7 @@ static_assert(sizeof(RmsnormParams) == 8 * 7, "one 8-byte slot per registry para
 // below, so the bits do not depend on which form ran.
 template <long long WIDTH, int THREADS>
 struct RmsRow {
-  static constexpr long long CHUNKS = WIDTH / 8;                   // 16-byte chunks of a row
+  static constexpr long long CHUNKS = WIDTH / 8;                                  // 16-byte chunks of a row
   static constexpr int PER = static_cast<int>((CHUNKS + THREADS - 1) / THREADS);  // a thread's chunks
   static constexpr bool HOLD = WIDTH % 8 == 0 && PER <= 8;
   uint4 w[HOLD ? PER : 1];

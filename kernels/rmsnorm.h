@@ -20,11 +20,15 @@ inline KernelDef rmsnorm() {
       .function = "tfe::kernels::rmsnorm",
       .constants = {"WIDTH", "THREADS"},
       .params = {in("x", strided_rows("x_stride")), i64("x_stride"),
-                 in("w", [](const KernelSpec& s, const Reach&) { return product({s.constant("WIDTH"), kBf16}); }),
+                 in("w",
+                    [](const KernelSpec& s, const Reach&) {
+                      return product({s.constant("WIDTH"), kBf16});
+                    }),
                  out("y", strided_rows("y_stride")), i64("y_stride"), i64("rows"), f32("eps")},
-      .launch = [](const KernelSpec& s, int64_t rows) {
-        return LaunchShape{.grid = {rows, 1, 1}, .block = s.constant("THREADS"), .rows_axis = 0};
-      },
+      .launch =
+          [](const KernelSpec& s, int64_t rows) {
+            return LaunchShape{.grid = {rows, 1, 1}, .block = s.constant("THREADS"), .rows_axis = 0};
+          },
   };
 }
 

@@ -29,17 +29,25 @@ inline KernelDef top1() {
       .source = "top1.cuh",
       .function = "tfe::kernels::top1",
       .constants = {"VOCAB", "COLS", "MAX_STEPS"},
-      .params = {in("part", [](const KernelSpec& s, const Reach& r) {  // the lm_head gemv's records
-                   const int64_t parts = kernels::ceil_div(s.constant("VOCAB"), s.constant("COLS"));
-                   return product({r.rows, parts, kc::kTop1PartBytes});
-                 }),
-                 in("d2t", [](const KernelSpec&, const Reach& r) { return product({r.draft_vocab, kI32}); }),
+      .params = {in("part",
+                    [](const KernelSpec& s, const Reach& r) {  // the lm_head gemv's records
+                      const int64_t parts = kernels::ceil_div(s.constant("VOCAB"), s.constant("COLS"));
+                      return product({r.rows, parts, kc::kTop1PartBytes});
+                    }),
+                 in("d2t",
+                    [](const KernelSpec&, const Reach& r) {
+                      return product({r.draft_vocab, kI32});
+                    }),
                  out("out_token", steps), out("out_conf", steps),
-                 out("next_token", [](const KernelSpec&, const Reach& r) { return product({r.rows, kI32}); }),
+                 out("next_token",
+                     [](const KernelSpec&, const Reach& r) {
+                       return product({r.rows, kI32});
+                     }),
                  i64("step"), i64("rows")},
-      .launch = [](const KernelSpec&, int64_t rows) {
-        return LaunchShape{.grid = {rows, 1, 1}, .block = kernels::kTop1Threads, .rows_axis = 0};
-      },
+      .launch =
+          [](const KernelSpec&, int64_t rows) {
+            return LaunchShape{.grid = {rows, 1, 1}, .block = kernels::kTop1Threads, .rows_axis = 0};
+          },
   };
 }
 

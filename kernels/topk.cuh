@@ -41,13 +41,13 @@ static_assert(sizeof(TopkParams) == 8 * 3, "one 8-byte slot per registry paramet
 
 constexpr int kTopkWarps = kTopkThreads / 32;
 static_assert(kTopkThreads == 2 * 256, "a thread zeroes one bin of the two histogram buffers");
-constexpr long long kTopkMaxSplit = 8;     // the portable cluster size
+constexpr long long kTopkMaxSplit = 8;       // the portable cluster size
 constexpr long long kTopkRegisterKeys = 32;  // keys a thread holds in registers
 
 template <typename Cfg>
 struct TopkShape {
   static constexpr long long VOCAB = Cfg::VOCAB, CAND_K = Cfg::CAND_K, SPLIT = Cfg::SPLIT;
-  static constexpr long long PER_THREAD = ceil_div(VOCAB, SPLIT * kTopkThreads);
+  static constexpr long long PER_THREAD = ceil_div(VOCAB, SPLIT* kTopkThreads);
   static constexpr long long CHUNK = PER_THREAD * kTopkThreads;  // positions of a CTA
   static constexpr bool IN_REGISTERS = PER_THREAD <= kTopkRegisterKeys;
   // 16-byte loads of a thread's scores: its first position and the row are then multiples of four, so a
@@ -108,8 +108,10 @@ struct ThreadKeys {
     }
   }
   __device__ __forceinline__ unsigned operator[](int j) const {
-    if constexpr (S::IN_REGISTERS) return reg[j];
-    else return order_key(at[j]);
+    if constexpr (S::IN_REGISTERS)
+      return reg[j];
+    else
+      return order_key(at[j]);
   }
 };
 
@@ -122,7 +124,7 @@ template <typename S>
 __device__ __forceinline__ void cluster_bound(const ThreadKeys<S>& keys, unsigned& lo, unsigned& hi, TopkSmem& sm) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   unsigned t_hi = 0, t_lo = ~0u;  // no key maps to 0 (that is a NaN's key)
-#pragma unroll kTopkUnroll<S>
+#pragma unroll kTopkUnroll < S>
   for (int j = 0; j < S::PER_THREAD; ++j) {
     if (j < keys.n) {
       const unsigned k = keys[j];
@@ -177,15 +179,17 @@ __device__ __forceinline__ void cluster_radix_bucket(const ThreadKeys<S>& keys, 
   prefix = lo & mask;
   for (int pass = 0;; ++pass) {
     unsigned* hist = sm.hist[pass & 1];
-#pragma unroll kTopkUnroll<S>
+#pragma unroll kTopkUnroll < S>
     for (int j = 0; j < S::PER_THREAD; ++j) {
       if (j < keys.n) {
         const unsigned k = keys[j];
         if (in_bound(k, lo) && (k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1u);
       }
     }
-    if constexpr (S::SPLIT > 1) cluster_barrier();  // every CTA's histogram of this pass is complete
-    else __syncthreads();
+    if constexpr (S::SPLIT > 1)
+      cluster_barrier();  // every CTA's histogram of this pass is complete
+    else
+      __syncthreads();
     // The other buffer was last read in the previous pass, before every CTA arrived at this barrier.
     if (tid < 256) sm.hist[(pass + 1) & 1][tid] = 0;
     if (tid < 32) {
@@ -260,7 +264,7 @@ __global__ void TFE_CLUSTER(Cfg::SPLIT) __launch_bounds__(kTopkThreads, TopkShap
   // Keys above the bucket and in it, before this thread's first position: a scan over the CTA's warps in
   // order, then the lower-ranked CTAs' totals.
   unsigned gt = 0, eq = 0;
-#pragma unroll kTopkUnroll<S>
+#pragma unroll kTopkUnroll < S>
   for (int j = 0; j < S::PER_THREAD; ++j) {
     if (j < keys.n && in_bound(keys[j], lo)) {
       const unsigned k = keys[j] & mask;
@@ -289,7 +293,7 @@ __global__ void TFE_CLUSTER(Cfg::SPLIT) __launch_bounds__(kTopkThreads, TopkShap
   }
 
   int* out = p.cand + r * S::CAND_K;
-#pragma unroll kTopkUnroll<S>
+#pragma unroll kTopkUnroll < S>
   for (int j = 0; j < S::PER_THREAD; ++j) {
     if (j < keys.n && in_bound(keys[j], lo)) {
       const unsigned k = keys[j] & mask;

@@ -26,13 +26,18 @@ inline KernelDef topk() {
       .function = "tfe::kernels::topk",
       .constants = {"VOCAB", "CAND_K", "SPLIT"},
       .params = {in("scores",
-                    [](const KernelSpec& s, const Reach& r) { return product({r.rows, s.constant("VOCAB"), kF32}); }),
+                    [](const KernelSpec& s, const Reach& r) {
+                      return product({r.rows, s.constant("VOCAB"), kF32});
+                    }),
                  out("cand",
-                     [](const KernelSpec& s, const Reach& r) { return product({r.rows, s.constant("CAND_K"), kI32}); }),
+                     [](const KernelSpec& s, const Reach& r) {
+                       return product({r.rows, s.constant("CAND_K"), kI32});
+                     }),
                  i64("rows")},
-      .launch = [](const KernelSpec& s, int64_t rows) {
-        return LaunchShape{.grid = {s.constant("SPLIT"), rows, 1}, .block = kernels::kTopkThreads, .rows_axis = 1};
-      },
+      .launch =
+          [](const KernelSpec& s, int64_t rows) {
+            return LaunchShape{.grid = {s.constant("SPLIT"), rows, 1}, .block = kernels::kTopkThreads, .rows_axis = 1};
+          },
   };
 }
 

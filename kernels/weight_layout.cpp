@@ -15,8 +15,7 @@ int64_t tiled_offset(int64_t row, int64_t at, int64_t row_bytes) {
          ((row / 8) % 2) * 8 * kTileStepBytes + (row % 8) * kTileStepBytes + at % kTileStepBytes;
 }
 
-void tile_rows(const std::function<const std::byte*(int64_t)>& row, int64_t rows, int64_t row_bytes,
-               std::byte* out) {
+void tile_rows(const std::function<const std::byte*(int64_t)>& row, int64_t rows, int64_t row_bytes, std::byte* out) {
   if (!tileable(rows, row_bytes))
     fail("tile_rows: {} rows of {} bytes are not whole tiles of {} rows and {}-byte K steps", rows, row_bytes,
          kTileRows, kTileStepBytes);

@@ -28,8 +28,7 @@ int64_t tiled_offset(int64_t row, int64_t at, int64_t row_bytes);
 
 // Writes the tiled form of rows 0..rows-1 (row r's bytes at row(r)) into out (rows * row_bytes bytes).
 // The matrix must be tileable.
-void tile_rows(const std::function<const std::byte*(int64_t)>& row, int64_t rows, int64_t row_bytes,
-               std::byte* out);
+void tile_rows(const std::function<const std::byte*(int64_t)>& row, int64_t rows, int64_t row_bytes, std::byte* out);
 // The same for a row-major matrix held in one piece.
 void tile_rows(const void* matrix, int64_t rows, int64_t row_bytes, void* out);
 

@@ -14,9 +14,12 @@ namespace tfe {
 
 std::string_view fp8_mode_name(Fp8Mode m) {
   switch (m) {
-    case Fp8Mode::automatic: return "auto";
-    case Fp8Mode::off: return "off";
-    case Fp8Mode::require: return "require";
+    case Fp8Mode::automatic:
+      return "auto";
+    case Fp8Mode::off:
+      return "off";
+    case Fp8Mode::require:
+      return "require";
   }
   return "?";
 }
@@ -40,29 +43,40 @@ AttentionSplit attention_split_from_name(std::string_view s) {
 
 std::string_view buffer_role_name(BufferRole r) {
   switch (r) {
-    case BufferRole::weight: return "weight";
-    case BufferRole::state: return "state";
-    case BufferRole::table: return "table";
-    case BufferRole::activation: return "activation";
-    case BufferRole::output: return "output";
-    case BufferRole::host: return "host";
+    case BufferRole::weight:
+      return "weight";
+    case BufferRole::state:
+      return "state";
+    case BufferRole::table:
+      return "table";
+    case BufferRole::activation:
+      return "activation";
+    case BufferRole::output:
+      return "output";
+    case BufferRole::host:
+      return "host";
   }
   return "?";
 }
 
 std::string_view layout_name(Layout l) {
   switch (l) {
-    case Layout::rows: return "rows";
-    case Layout::tiled: return "tiled";
+    case Layout::rows:
+      return "rows";
+    case Layout::tiled:
+      return "tiled";
   }
   return "?";
 }
 
 std::string_view node_rows_name(Node::Rows r) {
   switch (r) {
-    case Node::Rows::fixed: return "fixed";
-    case Node::Rows::chunk_rows: return "chunk_rows";
-    case Node::Rows::chunk_slots: return "chunk_slots";
+    case Node::Rows::fixed:
+      return "fixed";
+    case Node::Rows::chunk_rows:
+      return "chunk_rows";
+    case Node::Rows::chunk_slots:
+      return "chunk_slots";
   }
   return "?";
 }
@@ -101,9 +115,10 @@ void check_knock_out(const Plan& plan, const std::vector<std::string>& names) {
     }
   for (const std::string& name : names) {
     if (needed.contains(name))
-      fail("knock_out: `{}` cannot be left out: every draft pass needs it (a pass's first node, which brings the "
-           "call's tables, or its final node, which writes the word the host waits for)",
-           name);
+      fail(
+          "knock_out: `{}` cannot be left out: every draft pass needs it (a pass's first node, which brings the "
+          "call's tables, or its final node, which writes the word the host waits for)",
+          name);
     if (!known.contains(name))
       fail("knock_out: no draft node is named `{}` (the draft nodes: {})", name, fmt::join(known, ", "));
   }
@@ -183,7 +198,8 @@ constexpr int64_t kMaxPlanBytes = int64_t{1} << 50;
 constexpr int64_t kMaxSpecConstant = int64_t{1} << 24;
 
 int64_t buffer_bytes(const Buffer& b) {
-  if (b.shape.empty() || b.shape.size() > 8) fail("plan: buffer `{}` has rank {}; 1..8 are allowed", b.name, b.shape.size());
+  if (b.shape.empty() || b.shape.size() > 8)
+    fail("plan: buffer `{}` has rank {}; 1..8 are allowed", b.name, b.shape.size());
   int64_t p = dtype_size(b.dtype);
   for (int64_t d : b.shape) {
     if (d < 1) fail("plan: buffer `{}` has a dimension {} < 1", b.name, d);
@@ -199,9 +215,12 @@ enum class ArenaKind : uint8_t { weights, device, host };
 
 bool role_lives_in(BufferRole r, ArenaKind kind) {
   switch (kind) {
-    case ArenaKind::weights: return r == BufferRole::weight;
-    case ArenaKind::host: return r == BufferRole::host;
-    case ArenaKind::device: return r != BufferRole::weight && r != BufferRole::host;
+    case ArenaKind::weights:
+      return r == BufferRole::weight;
+    case ArenaKind::host:
+      return r == BufferRole::host;
+    case ArenaKind::device:
+      return r != BufferRole::weight && r != BufferRole::host;
   }
   return false;
 }
@@ -209,7 +228,8 @@ bool role_lives_in(BufferRole r, ArenaKind kind) {
 void check_arena(const Arena& a, ArenaKind kind) {
   const bool weights = kind == ArenaKind::weights;
   const std::string_view which = weights ? "weights arena" : kind == ArenaKind::host ? "host arena" : "arena";
-  if (a.bytes < 0 || a.bytes > kMaxPlanBytes) fail("plan: {} bytes = {} is outside 0..{}", which, a.bytes, kMaxPlanBytes);
+  if (a.bytes < 0 || a.bytes > kMaxPlanBytes)
+    fail("plan: {} bytes = {} is outside 0..{}", which, a.bytes, kMaxPlanBytes);
   std::vector<const Buffer*> by_offset;
   for (const auto& b : a.buffers) {
     if (b.name.empty()) fail("plan: {} holds a buffer without a name", which);
@@ -247,9 +267,10 @@ void check_arena(const Arena& a, ArenaKind kind) {
 int64_t index_domain(const Plan& p, const Node& n, std::string_view param, std::string_view table) {
   if (table == "slot" || table == "row_slot" || table == "last_slot") return p.options.max_slots + 1;
   if (table == "last_row") return p.options.extend_rows;
-  fail("plan: node {} indexes rows through `{}` = `{}`, which is neither a slot table (slot, row_slot, last_slot) "
-       "nor a chunk-row table (last_row)",
-       n.name, param, table);
+  fail(
+      "plan: node {} indexes rows through `{}` = `{}`, which is neither a slot table (slot, row_slot, last_slot) "
+      "nor a chunk-row table (last_row)",
+      n.name, param, table);
 }
 
 // `rows`: the rows the node is launched for (its bucket's streams; for extend nodes the most a chunk takes).
@@ -268,13 +289,16 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
     const Buffer& x = buffer(g.x, "gemm x");
     const Buffer& y = buffer(g.y, "gemm y");
     for (const Buffer* b : {&w, &x, &y})
-      if (b->dtype != DType::BF16) fail("plan: gemm node {}: `{}` is {}, cuBLASLt runs bf16", n.name, b->name, dtype_name(b->dtype));
+      if (b->dtype != DType::BF16)
+        fail("plan: gemm node {}: `{}` is {}, cuBLASLt runs bf16", n.name, b->name, dtype_name(b->dtype));
     if (w.role != BufferRole::weight) fail("plan: gemm node {}: w `{}` is not a weight", n.name, w.name);
     if (g.w_offset < 0 || g.w_offset % 2 != 0 || g.n > (w.bytes - g.w_offset) / (2 * g.k))
       fail("plan: gemm node {}: {} x {} bf16 at w_offset {} run past `{}` ({} bytes)", n.name, g.n, g.k, g.w_offset,
            w.name, w.bytes);
-    if (x.shape.back() != g.k) fail("plan: gemm node {}: x `{}` rows are {} wide, k = {}", n.name, x.name, x.shape.back(), g.k);
-    if (y.shape.back() != g.n) fail("plan: gemm node {}: y `{}` rows are {} wide, n = {}", n.name, y.name, y.shape.back(), g.n);
+    if (x.shape.back() != g.k)
+      fail("plan: gemm node {}: x `{}` rows are {} wide, k = {}", n.name, x.name, x.shape.back(), g.k);
+    if (y.shape.back() != g.n)
+      fail("plan: gemm node {}: y `{}` rows are {} wide, n = {}", n.name, y.name, y.shape.back(), g.n);
     // A chunk runs up to `rows` rows through both.
     for (const Buffer* b : {&x, &y})
       if (b->bytes / (2 * b->shape.back()) < rows)
@@ -300,8 +324,9 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
     const bool fits = prm.kind == ParamKind::ptr   ? (a.kind == Arg::Kind::buffer || a.kind == Arg::Kind::null)
                       : prm.kind == ParamKind::i64 ? (a.kind == Arg::Kind::i64 || a.kind == Arg::Kind::rows)
                                                    : a.kind == Arg::Kind::f32;
-    if (!fits) fail("plan: node {} arg `{}`: a {} parameter cannot take this kind of argument", n.name, a.param,
-                    param_kind_name(prm.kind));
+    if (!fits)
+      fail("plan: node {} arg `{}`: a {} parameter cannot take this kind of argument", n.name, a.param,
+           param_kind_name(prm.kind));
     if (a.kind == Arg::Kind::rows && n.rows == Node::Rows::fixed)
       fail("plan: node {} arg `{}` takes the launch's rows but the node runs on fixed rows", n.name, a.param);
     if (a.kind != Arg::Kind::buffer) continue;
@@ -341,10 +366,11 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
   // and columns that the buffers below are sized for.
   LaunchShape want = launch_shape(spec, rows);
   if (!(n.launch == want))
-    fail("plan: node {}: launch grid [{}, {}, {}], block {}, smem {} is not kernel {}'s for {} rows (grid [{}, {}, {}], "
-         "block {}, smem {})",
-         n.name, n.launch.grid[0], n.launch.grid[1], n.launch.grid[2], n.launch.block, n.launch.smem, spec.kernel, rows,
-         want.grid[0], want.grid[1], want.grid[2], want.block, want.smem);
+    fail(
+        "plan: node {}: launch grid [{}, {}, {}], block {}, smem {} is not kernel {}'s for {} rows (grid [{}, {}, {}], "
+        "block {}, smem {})",
+        n.name, n.launch.grid[0], n.launch.grid[1], n.launch.grid[2], n.launch.block, n.launch.smem, spec.kernel, rows,
+        want.grid[0], want.grid[1], want.grid[2], want.block, want.smem);
   auto arg = [&](std::string_view param) -> const Arg& {
     for (const Arg& a : n.args)
       if (a.param == param) return a;
@@ -364,9 +390,11 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
       fail("plan: node {}: spec {} has MAX_STEPS = {}, but the plan's max_steps is {}", n.name, spec.uri(),
            spec.constant("MAX_STEPS"), plan.options.max_steps);
     if (a.param == "pos_offset" && (v < 0 || v >= plan.options.max_steps))
-      fail("plan: node {} arg `pos_offset` = {} is outside 0..{} (max_steps - 1)", n.name, v, plan.options.max_steps - 1);
+      fail("plan: node {} arg `pos_offset` = {} is outside 0..{} (max_steps - 1)", n.name, v,
+           plan.options.max_steps - 1);
     if ((a.param == "x_stride" || a.param == "y_stride") && (v < spec.constant("WIDTH") || v > (int64_t{1} << 40)))
-      fail("plan: node {} arg `{}` = {} is outside {}..2^40 (WIDTH at least)", n.name, a.param, v, spec.constant("WIDTH"));
+      fail("plan: node {} arg `{}` = {} is outside {}..2^40 (WIDTH at least)", n.name, a.param, v,
+           spec.constant("WIDTH"));
   }
   // Every pointer argument holds what the kernel may touch through it.
   Reach reach;
@@ -385,16 +413,18 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
     const int64_t need = param_reach(spec, a.param, reach);
     if (need <= 0) continue;
     if (a.kind == Arg::Kind::null)
-      fail("plan: node {} arg `{}` is null, but kernel {} reaches {} bytes through it", n.name, a.param, spec.kernel, need);
+      fail("plan: node {} arg `{}` is null, but kernel {} reaches {} bytes through it", n.name, a.param, spec.kernel,
+           need);
     const Buffer& b = buffer(a.buffer, fmt::format("arg `{}`", a.param));
     if (need > b.bytes - a.byte_offset)
       fail("plan: node {} arg `{}`: kernel {} reaches {} bytes from byte_offset {} of `{}`, which holds {} bytes",
            n.name, a.param, spec.kernel, need, a.byte_offset, b.name, b.bytes);
     const int64_t align = param_alignment(spec, a.param);
     if ((b.offset + a.byte_offset) % align != 0)
-      fail("plan: node {} arg `{}`: kernel {} loads it in {}-byte units, but `{}` offset {} + byte_offset {} is "
-           "not a multiple of {}",
-           n.name, a.param, spec.kernel, align, b.name, b.offset, a.byte_offset, align);
+      fail(
+          "plan: node {} arg `{}`: kernel {} loads it in {}-byte units, but `{}` offset {} + byte_offset {} is "
+          "not a multiple of {}",
+          n.name, a.param, spec.kernel, align, b.name, b.offset, a.byte_offset, align);
   }
 }
 
@@ -414,16 +444,22 @@ void check_draft_pass(const Bucket& b, int max_steps, const std::map<std::string
   };
   const Node& first = b.nodes.front();
   if (kernel(first) != "load_tables")
-    fail("plan: bucket {}: the pass begins with node {} (kernel {}); it must begin with load_tables, which reads the "
-         "tables the runtime wrote", b.streams, first.name, kernel(first));
+    fail(
+        "plan: bucket {}: the pass begins with node {} (kernel {}); it must begin with load_tables, which reads the "
+        "tables the runtime wrote",
+        b.streams, first.name, kernel(first));
   expect_binding(first, "host_tables", "host_tables");
   for (size_t i = 0; i < b.nodes.size(); ++i) {
     const Node& n = b.nodes[i];
     const bool store = kernel(n) == "store_outputs";
     if (store != n.last_step_only)
-      fail("plan: bucket {} node {}: {}; a step's outputs reach the host only through the store_outputs that ends "
-           "the pass", b.streams, n.name, store ? "store_outputs is not last_step_only" : "only store_outputs may be "
-           "last_step_only");
+      fail(
+          "plan: bucket {} node {}: {}; a step's outputs reach the host only through the store_outputs that ends "
+          "the pass",
+          b.streams, n.name,
+          store ? "store_outputs is not last_step_only"
+                : "only store_outputs may be "
+                  "last_step_only");
     if (store)
       for (const char* param : {"host_token", "host_conf", "host_done"}) expect_binding(n, param, param);
     const bool ends_step = i + 1 == b.nodes.size() || b.nodes[i + 1].step != n.step;
@@ -460,9 +496,11 @@ void validate(const Plan& p) {
     for (const auto& b : a->buffers)
       if (!buffers.emplace(b.name, &b).second) fail("plan: buffer name `{}` is used twice", b.name);
   if (p.tables_offset < 0 || p.tables_bytes < 0 || p.tables_offset > p.arena.bytes - p.tables_bytes)
-    fail("plan: tables region [{}, +{}) is outside the arena ({} bytes)", p.tables_offset, p.tables_bytes, p.arena.bytes);
+    fail("plan: tables region [{}, +{}) is outside the arena ({} bytes)", p.tables_offset, p.tables_bytes,
+         p.arena.bytes);
   for (const auto& b : p.arena.buffers)
-    if (b.role == BufferRole::table && (b.offset < p.tables_offset || b.offset + b.bytes > p.tables_offset + p.tables_bytes))
+    if (b.role == BufferRole::table &&
+        (b.offset < p.tables_offset || b.offset + b.bytes > p.tables_offset + p.tables_bytes))
       fail("plan: table `{}` lies outside the tables region", b.name);
   bool any_fp8 = false;
   for (const auto& b : p.weights.buffers) any_fp8 = any_fp8 || b.dtype == DType::F8_E4M3;
@@ -488,8 +526,8 @@ void validate(const Plan& p) {
     // cluster does not compile (or, below sm_90, no cluster does), so a loaded plan asking for one is
     // refused here, not by NVRTC.
     const char* cluster = s.kernel == "ring_attention" || s.kernel == "topk" ? "SPLIT"
-                          : s.kernel == "gemv_cluster"                      ? "CSPLIT"
-                                                                            : nullptr;
+                          : s.kernel == "gemv_cluster"                       ? "CSPLIT"
+                                                                             : nullptr;
     if (cluster && s.constant(cluster) > max_cluster_ctas(p.options))
       fail("plan: spec {}: {} = {} is above {}, the most CTAs a cluster takes on {}", s.uri(), cluster,
            s.constant(cluster), max_cluster_ctas(p.options), p.options.arch);
@@ -497,8 +535,10 @@ void validate(const Plan& p) {
       // Its cluster joins whole column tiles of a narrow output, every warp with a K step of its own.
       const int64_t split = s.constant("CSPLIT"), limit = gemv_cluster_split_limit(s);
       if (split > limit)
-        fail("plan: spec {}: CSPLIT = {} is above {}, the most this shape's K splits into (a narrow output, every "
-             "warp of the cluster at least one K step)", s.uri(), split, limit);
+        fail(
+            "plan: spec {}: CSPLIT = {} is above {}, the most this shape's K splits into (a narrow output, every "
+            "warp of the cluster at least one K step)",
+            s.uri(), split, limit);
     }
     // The runtime reads the outputs as [streams, max_steps]: every kernel that writes them (top1, rescore,
     // store_outputs) must use that layout.
@@ -512,12 +552,16 @@ void validate(const Plan& p) {
       const KernelSpec g = gemv_equivalent(s);
       const int64_t row_bytes = g.constant("K") * (g.constant("WEIGHT") == kc::kWeightFP8 ? 1 : 2);
       if (g.constant("N") % kTileRows != 0 || row_bytes % kTileStepBytes != 0)
-        fail("plan: spec {}: TILED = 1 needs N a multiple of {} and rows of whole {}-byte K steps (N = {}, {} bytes "
-             "a row)", s.uri(), kTileRows, kTileStepBytes, g.constant("N"), row_bytes);
+        fail(
+            "plan: spec {}: TILED = 1 needs N a multiple of {} and rows of whole {}-byte K steps (N = {}, {} bytes "
+            "a row)",
+            s.uri(), kTileRows, kTileStepBytes, g.constant("N"), row_bytes);
     }
     if (s.kernel == "gemv_rope_kv" && s.constant("HEAD_DIM") % 16 != 0)
-      fail("plan: spec {}: HEAD_DIM = {} is not a multiple of 16, which gemv_rope_kv's tiles of rotate-half pairs "
-           "need", s.uri(), s.constant("HEAD_DIM"));
+      fail(
+          "plan: spec {}: HEAD_DIM = {} is not a multiple of 16, which gemv_rope_kv's tiles of rotate-half pairs "
+          "need",
+          s.uri(), s.constant("HEAD_DIM"));
     if (s.kernel == "topk" && s.constant("CAND_K") > s.constant("VOCAB"))
       fail("plan: spec {}: CAND_K = {} is above VOCAB = {}", s.uri(), s.constant("CAND_K"), s.constant("VOCAB"));
     const std::string uri = s.uri();
@@ -538,8 +582,8 @@ void validate(const Plan& p) {
       if (n.step < 1 || n.step > p.options.max_steps)
         fail("plan: bucket {} node {} has step {}, outside 1..{}", b.streams, n.name, n.step, p.options.max_steps);
       if (n.step < last)
-        fail("plan: bucket {} node {} of step {} follows a node of step {}; steps must not decrease", b.streams,
-             n.name, n.step, last);
+        fail("plan: bucket {} node {} of step {} follows a node of step {}; steps must not decrease", b.streams, n.name,
+             n.step, last);
       last = n.step;
       if (n.kind != Node::Kind::kernel || n.rows != Node::Rows::fixed)
         fail("plan: bucket {} node {} must be a kernel on fixed rows", b.streams, n.name);
@@ -554,8 +598,7 @@ void validate(const Plan& p) {
     if (n.step != 0) fail("plan: extend node {} has step {}; extend nodes have step 0", n.name, n.step);
     if (n.last_step_only) fail("plan: extend node {} is last_step_only; only draft nodes may be", n.name);
     if (n.rows == Node::Rows::fixed) fail("plan: extend node {} must run on rows set at launch", n.name);
-    check_node(p, n,
-               n.rows == Node::Rows::chunk_slots ? int64_t{p.options.max_slots} : int64_t{p.options.extend_rows},
+    check_node(p, n, n.rows == Node::Rows::chunk_slots ? int64_t{p.options.max_slots} : int64_t{p.options.extend_rows},
                buffers, uris);
     if (n.kind == Node::Kind::kernel) used.insert(n.spec);
     any_gemm = any_gemm || n.kind == Node::Kind::gemm;

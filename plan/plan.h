@@ -129,24 +129,24 @@ struct Plan {
   std::string head_sha256;  // of the head file's JSON header ("" when planned from a bare header)
   HeadHeader header;
   PlanOptions options;
-  Tuning tuning;                    // the measured choices it was planned with
-  int ring_rows = 0;                // R >= window + 1 + max_steps
-  bool fp8 = false;                 // any FP8 form in use
-  Arena weights;                    // uploaded once
-  Arena arena;                      // state, tables, activations, outputs
+  Tuning tuning;      // the measured choices it was planned with
+  int ring_rows = 0;  // R >= window + 1 + max_steps
+  bool fp8 = false;   // any FP8 form in use
+  Arena weights;      // uploaded once
+  Arena arena;        // state, tables, activations, outputs
   // Mapped pinned host memory, read and written by the draft pass's kernels over the host link: the
   // draft's tables, which the host fills before a call and the pass's first node copies into the arena,
   // and a copy of its outputs, which the pass's last node writes where the host reads them. A draft call
   // is then one graph launch and one wait, with no copy-engine transfer (BENCHMARKS.md, "A draft call
   // without copies").
   Arena host;
-  int64_t tables_offset = 0;        // the tables region of `arena`, uploaded in one copy
+  int64_t tables_offset = 0;  // the tables region of `arena`, uploaded in one copy
   int64_t tables_bytes = 0;
-  std::vector<KernelSpec> specs;    // every specialization the nodes name, sorted by uri
+  std::vector<KernelSpec> specs;  // every specialization the nodes name, sorted by uri
   std::vector<Choice> choices;
-  std::vector<Bucket> buckets;      // ascending streams
-  std::vector<Node> extend;         // for one chunk of up to options.extend_rows rows
-  int64_t device_bytes = 0;         // weights + arena (+ the cuBLASLt workspace)
+  std::vector<Bucket> buckets;  // ascending streams
+  std::vector<Node> extend;     // for one chunk of up to options.extend_rows rows
+  int64_t device_bytes = 0;     // weights + arena (+ the cuBLASLt workspace)
   int64_t cublaslt_workspace = 32 << 20;
 
   const KernelSpec& spec(std::string_view uri) const;  // throws naming the uri

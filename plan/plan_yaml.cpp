@@ -24,11 +24,16 @@ constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
 
 std::string_view arg_kind_name(Arg::Kind k) {
   switch (k) {
-    case Arg::Kind::buffer: return "buffer";
-    case Arg::Kind::i64: return "i64";
-    case Arg::Kind::f32: return "f32";
-    case Arg::Kind::null: return "null";
-    case Arg::Kind::rows: return "rows";
+    case Arg::Kind::buffer:
+      return "buffer";
+    case Arg::Kind::i64:
+      return "i64";
+    case Arg::Kind::f32:
+      return "f32";
+    case Arg::Kind::null:
+      return "null";
+    case Arg::Kind::rows:
+      return "rows";
   }
   return "?";
 }
@@ -86,10 +91,15 @@ YAML::Node arg_yaml(const Arg& a) {
       n["buffer"] = a.buffer;
       n["byte_offset"] = a.byte_offset;
       break;
-    case Arg::Kind::i64: n["i64"] = a.i; break;
-    case Arg::Kind::f32: n["f32"] = yaml::float_text(a.f); break;
+    case Arg::Kind::i64:
+      n["i64"] = a.i;
+      break;
+    case Arg::Kind::f32:
+      n["f32"] = yaml::float_text(a.f);
+      break;
     case Arg::Kind::null:
-    case Arg::Kind::rows: break;
+    case Arg::Kind::rows:
+      break;
   }
   return n;
 }
@@ -189,9 +199,10 @@ Buffer load_buffer(const yaml::Field& f) {
   yaml::Map m(f);
   Buffer b;
   b.name = m.at("name").str();
-  b.role = enum_from(m.at("role"), {std::pair{"weight", BufferRole::weight}, std::pair{"state", BufferRole::state},
-                                    std::pair{"table", BufferRole::table}, std::pair{"activation", BufferRole::activation},
-                                    std::pair{"output", BufferRole::output}, std::pair{"host", BufferRole::host}});
+  b.role =
+      enum_from(m.at("role"), {std::pair{"weight", BufferRole::weight}, std::pair{"state", BufferRole::state},
+                               std::pair{"table", BufferRole::table}, std::pair{"activation", BufferRole::activation},
+                               std::pair{"output", BufferRole::output}, std::pair{"host", BufferRole::host}});
   {
     const auto d = m.at("dtype");
     const auto t = dtype_from_name(d.str());
@@ -228,10 +239,15 @@ Arg load_arg(const yaml::Field& f) {
       a.buffer = m.at("buffer").str();
       a.byte_offset = m.at("byte_offset").i64(0, kI64Max);
       break;
-    case Arg::Kind::i64: a.i = m.at("i64").i64(); break;
-    case Arg::Kind::f32: a.f = m.at("f32").f32(); break;
+    case Arg::Kind::i64:
+      a.i = m.at("i64").i64();
+      break;
+    case Arg::Kind::f32:
+      a.f = m.at("f32").f32();
+      break;
     case Arg::Kind::null:
-    case Arg::Kind::rows: break;
+    case Arg::Kind::rows:
+      break;
   }
   m.done();
   return a;
@@ -244,8 +260,9 @@ Node load_node(const yaml::Field& f) {
   n.step = m.at("step").i32(0, 16);
   n.last_step_only = m.at("last_step_only").boolean();
   n.kind = enum_from(m.at("kind"), {std::pair{"kernel", Node::Kind::kernel}, std::pair{"gemm", Node::Kind::gemm}});
-  n.rows = enum_from(m.at("rows"), {std::pair{"fixed", Node::Rows::fixed}, std::pair{"chunk_rows", Node::Rows::chunk_rows},
-                                    std::pair{"chunk_slots", Node::Rows::chunk_slots}});
+  n.rows =
+      enum_from(m.at("rows"), {std::pair{"fixed", Node::Rows::fixed}, std::pair{"chunk_rows", Node::Rows::chunk_rows},
+                               std::pair{"chunk_slots", Node::Rows::chunk_slots}});
   if (n.kind == Node::Kind::kernel) {
     n.spec = m.at("spec").str();
     yaml::Map l(m.at("launch"));
@@ -356,9 +373,10 @@ Plan load_plan_yaml(std::string_view text) {
     const auto v = root.at("schema_version");
     p.schema_version = v.i32(std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
     if (p.schema_version != kPlanSchemaVersion)
-      v.fail(fmt::format("schema_version {} is not supported; this build reads schema_version {} (re-plan with "
-                         "`tfe-plan dump`)",
-                         p.schema_version, kPlanSchemaVersion));
+      v.fail(
+          fmt::format("schema_version {} is not supported; this build reads schema_version {} (re-plan with "
+                      "`tfe-plan dump`)",
+                      p.schema_version, kPlanSchemaVersion));
   }
   {
     yaml::Map head(root.at("head"));
@@ -379,9 +397,9 @@ Plan load_plan_yaml(std::string_view text) {
     p.options.arch = o.at("arch").str();
     p.options.max_slots = o.at("max_slots").i32(1, 4096);
     p.options.extend_rows = o.at("extend_rows").i32(16, 8192);
-    p.options.attention_split =
-        enum_from(o.at("attention_split"), {std::pair{"per_bucket", AttentionSplit::per_bucket},
-                                            std::pair{"same_drafts", AttentionSplit::same_drafts}});
+    p.options.attention_split = enum_from(
+        o.at("attention_split"),
+        {std::pair{"per_bucket", AttentionSplit::per_bucket}, std::pair{"same_drafts", AttentionSplit::same_drafts}});
     p.options.cand_k = o.at("cand_k").i32(0, kMaxCandK);
     o.done();
     try {

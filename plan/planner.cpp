@@ -126,8 +126,8 @@ class Planner {
     const bool above = dependent < p_.options.buckets.back() && p_.tuning.dependent_safe_nodes;
     std::string decision = dependent ? fmt::format("draft passes of buckets up to {} streams", dependent) : "";
     if (above)
-      decision += fmt::format("{}every node but a GEMV after a grid of {} CTAs or more",
-                              dependent ? "; above, " : "", kSmCount);
+      decision += fmt::format("{}every node but a GEMV after a grid of {} CTAs or more", dependent ? "; above, " : "",
+                              kSmCount);
     if (decision.empty()) decision = "none";
     choose("dependent launch", decision,
            fmt::format("tuning {} = {}, dependent_safe_nodes = {}: a kernel launched early overlaps its "
@@ -166,10 +166,11 @@ class Planner {
     for (int b : p_.options.buckets) {
       const int64_t split = attention_split(b), smem = attention_smem(split);
       if (smem > limit)
-        fail("plan: ring_attention needs {} bytes of shared memory a CTA for heads = {} over kv_heads = {} ({} a "
-             "group), head_dim = {} and window = {} (SPLIT {} at {} streams); {} allows at most {}",
-             smem, hh.heads, hh.kv_heads, hh.heads / hh.kv_heads, hh.head_dim, hh.window, split, b,
-             p_.options.arch, limit);
+        fail(
+            "plan: ring_attention needs {} bytes of shared memory a CTA for heads = {} over kv_heads = {} ({} a "
+            "group), head_dim = {} and window = {} (SPLIT {} at {} streams); {} allows at most {}",
+            smem, hh.heads, hh.kv_heads, hh.heads / hh.kv_heads, hh.head_dim, hh.window, split, b, p_.options.arch,
+            limit);
     }
   }
 
@@ -267,9 +268,12 @@ class Planner {
     const auto& hh = h();
     const int64_t row_bytes = m.k * (m.fp8 ? 1 : 2);
     std::string why;
-    if (!p_.tuning.tiled_weights) why = "tuning tiled_weights = false";
-    else if (m.name == "target_head") why = "rescore reads its candidate rows one by one";
-    else if (!m.fp8 && (m.name == "fc" || m.name == "wkv")) why = "the extend's cuBLASLt GEMM reads it row-major";
+    if (!p_.tuning.tiled_weights)
+      why = "tuning tiled_weights = false";
+    else if (m.name == "target_head")
+      why = "rescore reads its candidate rows one by one";
+    else if (!m.fp8 && (m.name == "fc" || m.name == "wkv"))
+      why = "the extend's cuBLASLt GEMM reads it row-major";
     else if (!tileable(m.n, row_bytes))
       why = fmt::format("{} rows of {} bytes are not whole tiles of {} rows and {}-byte K steps", m.n, row_bytes,
                         kTileRows, kTileStepBytes);
@@ -412,9 +416,7 @@ class Planner {
       if (!matrices_.at(m).fp8) return false;
     return true;
   }
-  int dependent_streams() const {
-    return layer_fp8() ? p_.tuning.dependent_streams_fp8 : p_.tuning.dependent_streams;
-  }
+  int dependent_streams() const { return layer_fp8() ? p_.tuning.dependent_streams_fp8 : p_.tuning.dependent_streams; }
 
   // With AttentionSplit::same_drafts every bucket takes the largest bucket's split.
   int64_t attention_split(int64_t rows) const {
@@ -458,8 +460,8 @@ class Planner {
                         : p.kind == ParamKind::i64 ? (k == Arg::Kind::i64 || k == Arg::Kind::rows)
                                                    : k == Arg::Kind::f32;
       if (args[i].param != p.name || !fits)
-        fail("planner bug: node {} arg {} binds `{}`, kernel {} expects `{}` ({})", name, i, args[i].param,
-             spec.kernel, p.name, param_kind_name(p.kind));
+        fail("planner bug: node {} arg {} binds `{}`, kernel {} expects `{}` ({})", name, i, args[i].param, spec.kernel,
+             p.name, param_kind_name(p.kind));
     }
     Node n;
     n.name = std::move(name);
@@ -512,7 +514,10 @@ class Planner {
             std::string y, Arg residual, Node::Rows rows, int64_t launch_rows, int64_t first_row = 0,
             int64_t n_out = 0) {
     const int64_t n = n_out ? n_out : (epilogue == kc::kEpilogueSwiGLU ? m.n / 2 : m.n);
-    auto spec = make_spec("gemv", {{"ROWS", tile_rows}, {"K", m.k}, {"N", n}, {"WEIGHT", m.weight_kind()},
+    auto spec = make_spec("gemv", {{"ROWS", tile_rows},
+                                   {"K", m.k},
+                                   {"N", n},
+                                   {"WEIGHT", m.weight_kind()},
                                    {"EPILOGUE", epilogue},
                                    {"COLS", gemv_cols(tile_rows, m.k, n, epilogue, m.weight_kind())},
                                    {"TILED", m.tiled}});
@@ -523,8 +528,7 @@ class Planner {
     }
     return kernel(std::move(name), step, spec, rows, launch_rows,
                   {m.w(first_row), m.scale(first_row), buf("x", std::move(x)), buf("y", std::move(y)),
-                   std::move(residual),
-                   rows == Node::Rows::fixed ? i64("rows", launch_rows) : dyn_rows()});
+                   std::move(residual), rows == Node::Rows::fixed ? i64("rows", launch_rows) : dyn_rows()});
   }
 
   // An FP8 GEMV right after a GEMV (w_down after w_gate_up, lr_b after lr_a) is launched plainly, not
@@ -555,14 +559,14 @@ class Planner {
     const Matrix& m = matrices_.at("wqkv");
     const auto& hh = h();
     auto spec = make_spec("gemv_rope_kv", {{"ROWS", rows},
-                                          {"K", m.k},
-                                          {"WEIGHT", m.weight_kind()},
-                                          {"COLS", gemv_cols(rows, m.k, m.n, kc::kEpilogueBF16, m.weight_kind())},
-                                          {"HEADS", hh.heads},
-                                          {"KV_HEADS", hh.kv_heads},
-                                          {"HEAD_DIM", hh.head_dim},
-                                          {"RING", p_.ring_rows},
-                                          {"TILED", m.tiled}});
+                                           {"K", m.k},
+                                           {"WEIGHT", m.weight_kind()},
+                                           {"COLS", gemv_cols(rows, m.k, m.n, kc::kEpilogueBF16, m.weight_kind())},
+                                           {"HEADS", hh.heads},
+                                           {"KV_HEADS", hh.kv_heads},
+                                           {"HEAD_DIM", hh.head_dim},
+                                           {"RING", p_.ring_rows},
+                                           {"TILED", m.tiled}});
     return kernel(std::move(name), step, spec, Node::Rows::fixed, rows,
                   {m.w(), m.scale(), buf("x", "x"), buf("inv_freq", "rope_inv_freq"), buf("slot", "slot"),
                    buf("pos", "pos"), i64("pos_offset", step - 1), buf("q_out", "q"), buf("ring_k", "ring_k"),
@@ -597,39 +601,37 @@ class Planner {
     nodes.push_back(kernel("s1.load_tables", 1, make_spec("load_tables", {}), fixed, B,
                            {buf("host_tables", "host_tables"), buf("slot", "slot"), buf("pos", "pos"),
                             buf("first_pos", "first_pos"), buf("tok", "tok"), i64("rows", B)}));
-    nodes.push_back(kernel("s1.gather_g", 1, make_spec("copy_rows", {{"WIDTH", H}, {"THREADS", row_threads(H)}}),
-                           fixed, B,
-                           {buf("src", "slot_g"), buf("src_index", "slot"), buf("dst", "g"), none("dst_index"),
-                            i64("rows", B)}));
+    nodes.push_back(
+        kernel("s1.gather_g", 1, make_spec("copy_rows", {{"WIDTH", H}, {"THREADS", row_threads(H)}}), fixed, B,
+               {buf("src", "slot_g"), buf("src_index", "slot"), buf("dst", "g"), none("dst_index"), i64("rows", B)}));
     for (int s = 1; s <= p_.options.max_steps; ++s) {
       const std::string pre = fmt::format("s{}.", s);
       const std::string g = s == 1 ? "g" : "h2";  // this step's hidden input (and wo's residual)
-      nodes.push_back(kernel(pre + "prepare_x", s,
-                             make_spec("prepare_x", {{"HIDDEN", H}, {"THREADS", row_threads(H)}}), fixed, B,
-                             {buf("embed", "embed"), buf("input_norm", "input_norm"), buf("hidden_norm", "hidden_norm"),
-                              buf("tokens", s == 1 ? "tok" : "next_token"), buf("g", g), buf("x", "x"), i64("rows", B),
-                              f32("eps", eps)}));
+      nodes.push_back(kernel(
+          pre + "prepare_x", s, make_spec("prepare_x", {{"HIDDEN", H}, {"THREADS", row_threads(H)}}), fixed, B,
+          {buf("embed", "embed"), buf("input_norm", "input_norm"), buf("hidden_norm", "hidden_norm"),
+           buf("tokens", s == 1 ? "tok" : "next_token"), buf("g", g), buf("x", "x"), i64("rows", B), f32("eps", eps)}));
       if (rope_in_wqkv()) {
         nodes.push_back(wqkv_rope_kv(pre + "wqkv", s, B));
       } else {
         nodes.push_back(gemv(pre + "wqkv", s, wqkv, B, kc::kEpilogueBF16, "x", "qkv", none("residual"), fixed, B));
-        nodes.push_back(kernel(pre + "qk_rope_kv", s, qk_rope_spec(true), fixed, B,
-                               {buf("qkv", "qkv"), norm_arg("q_norm", "q_norm"), norm_arg("k_norm", "k_norm"),
-                                buf("inv_freq", "rope_inv_freq"), buf("slot", "slot"), buf("pos", "pos"),
-                                i64("pos_offset", s - 1), buf("q_out", "q"), buf("ring_k", "ring_k"),
-                                buf("ring_v", "ring_v"), i64("rows", B), f32("eps", eps)}));
+        nodes.push_back(kernel(
+            pre + "qk_rope_kv", s, qk_rope_spec(true), fixed, B,
+            {buf("qkv", "qkv"), norm_arg("q_norm", "q_norm"), norm_arg("k_norm", "k_norm"),
+             buf("inv_freq", "rope_inv_freq"), buf("slot", "slot"), buf("pos", "pos"), i64("pos_offset", s - 1),
+             buf("q_out", "q"), buf("ring_k", "ring_k"), buf("ring_v", "ring_v"), i64("rows", B), f32("eps", eps)}));
       }
-      nodes.push_back(kernel(pre + "attention", s,
-                             attention_spec(attention_split(B)), fixed, B,
+      nodes.push_back(kernel(pre + "attention", s, attention_spec(attention_split(B)), fixed, B,
                              {buf("q", "q"), buf("ring_k", "ring_k"), buf("ring_v", "ring_v"), buf("slot", "slot"),
-                              buf("pos", "pos"), buf("first_pos", "first_pos"), i64("pos_offset", s - 1),
-                              buf("o", "o"), i64("rows", B), f32("scale", scale)}));
+                              buf("pos", "pos"), buf("first_pos", "first_pos"), i64("pos_offset", s - 1), buf("o", "o"),
+                              i64("rows", B), f32("scale", scale)}));
       nodes.push_back(gemv(pre + "wo", s, wo, B, kc::kEpilogueResidual, "o", "h1", buf("residual", g), fixed, B));
       nodes.push_back(kernel(pre + "post_norm", s, rmsnorm_spec(H), fixed, B,
                              {buf("x", "h1"), i64("x_stride", H), buf("w", "post_norm"), buf("y", "post"),
                               i64("y_stride", H), i64("rows", B), f32("eps", eps)}));
       nodes.push_back(gemv(pre + "w_gate_up", s, wgu, B, kc::kEpilogueSwiGLU, "post", "m", none("residual"), fixed, B));
-      nodes.push_back(gemv(pre + "w_down", s, wd, B, kc::kEpilogueResidual, "m", "h2", buf("residual", "h1"), fixed, B));
+      nodes.push_back(
+          gemv(pre + "w_down", s, wd, B, kc::kEpilogueResidual, "m", "h2", buf("residual", "h1"), fixed, B));
       nodes.push_back(kernel(pre + "final_norm", s, rmsnorm_spec(H), fixed, B,
                              {buf("x", "h2"), i64("x_stride", H), buf("w", "final_norm"), buf("y", "n"),
                               i64("y_stride", H), i64("rows", B), f32("eps", eps)}));
@@ -640,41 +642,38 @@ class Planner {
         // top1 joins the records of the gemv just planned: its COLS fixes their count and order (validate
         // checks that `top1_part` holds them).
         const int64_t cols = specs_.at(nodes.back().spec).constant("COLS");
-        nodes.push_back(kernel(pre + "top1", s,
-                               make_spec("top1", {{"VOCAB", hh.draft_vocab}, {"COLS", cols}, {"MAX_STEPS", ms}}),
-                               fixed, B,
-                               {buf("part", "top1_part"), buf("d2t", "d2t"), buf("out_token", "out_token"),
-                                buf("out_conf", "out_conf"), buf("next_token", "next_token"), i64("step", s),
-                                i64("rows", B)}));
+        nodes.push_back(
+            kernel(pre + "top1", s, make_spec("top1", {{"VOCAB", hh.draft_vocab}, {"COLS", cols}, {"MAX_STEPS", ms}}),
+                   fixed, B,
+                   {buf("part", "top1_part"), buf("d2t", "d2t"), buf("out_token", "out_token"),
+                    buf("out_conf", "out_conf"), buf("next_token", "next_token"), i64("step", s), i64("rows", B)}));
       } else {
         const Matrix& th = matrices_.at("target_head");
-        nodes.push_back(gemv(pre + "lr_a", s, matrices_.at("lr_a"), B, kc::kEpilogueBF16, "n", "u", none("residual"),
-                             fixed, B));
+        nodes.push_back(
+            gemv(pre + "lr_a", s, matrices_.at("lr_a"), B, kc::kEpilogueBF16, "n", "u", none("residual"), fixed, B));
         nodes.push_back(gemv(pre + "lr_b", s, matrices_.at("lr_b"), B, kc::kEpilogueF32, "u", "scores",
                              none("residual"), fixed, B));
         nodes.push_back(kernel(pre + "topk", s, topk_spec(), fixed, B,
                                {buf("scores", "scores"), buf("cand", "cand"), i64("rows", B)}));
-        nodes.push_back(kernel(pre + "rescore", s,
-                               make_spec("rescore", {{"HIDDEN", H},
-                                                     {"CAND_K", cand_k_},
-                                                     {"WEIGHT", th.weight_kind()},
-                                                     {"MAX_STEPS", ms}}),
-                               fixed, B,
-                               {buf("target_head", th.name), th.fp8 ? buf("scale", th.name + ".scale") : none("scale"),
-                                buf("n", "n"), buf("cand", "cand"), buf("d2t", "d2t"), buf("exact", "exact"),
-                                buf("arrivals", "rescore_arrivals"), buf("out_token", "out_token"),
-                                buf("out_conf", "out_conf"), buf("next_token", "next_token"), i64("step", s),
-                                i64("rows", B)}));
+        nodes.push_back(kernel(
+            pre + "rescore", s,
+            make_spec("rescore", {{"HIDDEN", H}, {"CAND_K", cand_k_}, {"WEIGHT", th.weight_kind()}, {"MAX_STEPS", ms}}),
+            fixed, B,
+            {buf("target_head", th.name), th.fp8 ? buf("scale", th.name + ".scale") : none("scale"), buf("n", "n"),
+             buf("cand", "cand"), buf("d2t", "d2t"), buf("exact", "exact"), buf("arrivals", "rescore_arrivals"),
+             buf("out_token", "out_token"), buf("out_conf", "out_conf"), buf("next_token", "next_token"),
+             i64("step", s), i64("rows", B)}));
       }
       // The pass's outputs into host memory, once: only a pass whose last step is s runs this node.
-      nodes.push_back(kernel(pre + "store_outputs", s, make_spec("store_outputs", {{"MAX_STEPS", ms}}), fixed, B,
-                             {buf("out_token", "out_token"), buf("out_conf", "out_conf"),
-                              buf("host_token", "host_token"), buf("host_conf", "host_conf"),
-                              buf("host_done", "host_done"), i64("rows", B)}));
+      nodes.push_back(
+          kernel(pre + "store_outputs", s, make_spec("store_outputs", {{"MAX_STEPS", ms}}), fixed, B,
+                 {buf("out_token", "out_token"), buf("out_conf", "out_conf"), buf("host_token", "host_token"),
+                  buf("host_conf", "host_conf"), buf("host_done", "host_done"), i64("rows", B)}));
       nodes.back().last_step_only = true;
     }
     if (streams <= dependent_streams())
-      for (size_t i = 0; i < nodes.size(); ++i) nodes[i].dependent = i == 0 || !fp8_gemv_after_gemv(nodes[i - 1], nodes[i]);
+      for (size_t i = 0; i < nodes.size(); ++i)
+        nodes[i].dependent = i == 0 || !fp8_gemv_after_gemv(nodes[i - 1], nodes[i]);
     else if (p_.tuning.dependent_safe_nodes)
       for (size_t i = 0; i < nodes.size(); ++i)
         nodes[i].dependent = i == 0 || !gemv_after_full_grid(nodes[i - 1], nodes[i]);
@@ -683,12 +682,11 @@ class Planner {
 
   // A linear of the extend: cuBLASLt for bf16 (a chunk is up to extend_rows rows: compute-bound, the
   // tensor-core GEMM's ground), the FP8 GEMV tiled over rows otherwise.
-  Node extend_linear(std::string name, const Matrix& m, int64_t first_row, int64_t n_out, std::string x,
-                     std::string y, const std::string& subject) {
+  Node extend_linear(std::string name, const Matrix& m, int64_t first_row, int64_t n_out, std::string x, std::string y,
+                     const std::string& subject) {
     const int64_t E = p_.options.extend_rows;
     if (!m.fp8) {
-      choose(subject, "cublaslt gemm",
-             fmt::format("up to {} rows a chunk: compute-bound, a tensor-core GEMM", E));
+      choose(subject, "cublaslt gemm", fmt::format("up to {} rows a chunk: compute-bound, a tensor-core GEMM", E));
       Node n;
       n.name = std::move(name);
       n.kind = Node::Kind::gemm;
@@ -699,8 +697,8 @@ class Planner {
     }
     choose(subject, fmt::format("gemv fp8 ROWS={} tiled over rows", kExtendGemvRows),
            "cuBLASLt has no e4m3 x bf16 form");
-    return gemv(std::move(name), 0, m, kExtendGemvRows, kc::kEpilogueBF16, std::move(x), std::move(y),
-                none("residual"), Node::Rows::chunk_rows, E, first_row, n_out);
+    return gemv(std::move(name), 0, m, kExtendGemvRows, kc::kEpilogueBF16, std::move(x), std::move(y), none("residual"),
+                Node::Rows::chunk_rows, E, first_row, n_out);
   }
 
   void plan_extend() {
@@ -713,10 +711,10 @@ class Planner {
     // Tap norms in place on the uploaded taps: tap i is the column slice [i*Ht, (i+1)*Ht) of each row.
     for (int64_t i = 0; i < T; ++i) {
       if (!hh.taps[static_cast<size_t>(i)].norm) continue;
-      nodes.push_back(kernel(fmt::format("extend.tap_norm.{}", i), 0, rmsnorm_spec(Ht), chunk, E,
-                             {buf("x", "taps", i * Ht * 2), i64("x_stride", T * Ht),
-                              buf("w", fmt::format("tap_norm.{}", i)), buf("y", "taps", i * Ht * 2),
-                              i64("y_stride", T * Ht), dyn_rows(), f32("eps", eps)}));
+      nodes.push_back(
+          kernel(fmt::format("extend.tap_norm.{}", i), 0, rmsnorm_spec(Ht), chunk, E,
+                 {buf("x", "taps", i * Ht * 2), i64("x_stride", T * Ht), buf("w", fmt::format("tap_norm.{}", i)),
+                  buf("y", "taps", i * Ht * 2), i64("y_stride", T * Ht), dyn_rows(), f32("eps", eps)}));
     }
     nodes.push_back(extend_linear("extend.fc", matrices_.at("fc"), 0, H, "taps", "e_g", "fc extend"));
     nodes.push_back(kernel("extend.prepare_x", 0, make_spec("prepare_x", {{"HIDDEN", H}, {"THREADS", row_threads(H)}}),
@@ -729,11 +727,11 @@ class Planner {
     const bool copy = matrices_.count("wkv") != 0;
     nodes.push_back(extend_linear("extend.kv", matrices_.at(copy ? "wkv" : "wqkv"), copy ? 0 : q_rows, kv_rows, "e_x",
                                   "e_kv", "wk|wv extend"));
-    nodes.push_back(kernel("extend.qk_rope_kv", 0, qk_rope_spec(false), chunk, E,
-                           {buf("qkv", "e_kv"), norm_arg("q_norm", "q_norm"), norm_arg("k_norm", "k_norm"),
-                            buf("inv_freq", "rope_inv_freq"), buf("slot", "row_slot"), buf("pos", "row_pos"),
-                            i64("pos_offset", 0), none("q_out"), buf("ring_k", "ring_k"), buf("ring_v", "ring_v"),
-                            dyn_rows(), f32("eps", eps)}));
+    nodes.push_back(
+        kernel("extend.qk_rope_kv", 0, qk_rope_spec(false), chunk, E,
+               {buf("qkv", "e_kv"), norm_arg("q_norm", "q_norm"), norm_arg("k_norm", "k_norm"),
+                buf("inv_freq", "rope_inv_freq"), buf("slot", "row_slot"), buf("pos", "row_pos"), i64("pos_offset", 0),
+                none("q_out"), buf("ring_k", "ring_k"), buf("ring_v", "ring_v"), dyn_rows(), f32("eps", eps)}));
     // Each touched slot keeps its last real row's g: the next pass's step 1 starts from it.
     nodes.push_back(kernel("extend.keep_g", 0, make_spec("copy_rows", {{"WIDTH", H}, {"THREADS", row_threads(H)}}),
                            Node::Rows::chunk_slots, p_.options.max_slots,
@@ -755,11 +753,14 @@ class Planner {
     } else {
       std::string reason = "tuning rope_in_wqkv = false";
       if (p_.tuning.rope_in_wqkv && hh.qk_norm)
-        reason = "qk_norm needs a head's whole sum of squares, which spans several of the gemv's column tiles, "
-                 "before any element is rotated";
+        reason =
+            "qk_norm needs a head's whole sum of squares, which spans several of the gemv's column tiles, "
+            "before any element is rotated";
       else if (p_.tuning.rope_in_wqkv)
-        reason = fmt::format("head_dim = {} is not a multiple of 16: a gemv column tile of 16 does not hold whole "
-                             "rotate-half pairs", hh.head_dim);
+        reason = fmt::format(
+            "head_dim = {} is not a multiple of 16: a gemv column tile of 16 does not hold whole "
+            "rotate-half pairs",
+            hh.head_dim);
       choose("rope draft", "qk_rope_kv node after the wqkv gemv", reason);
     }
     // One line per run of buckets with the same split, e.g. "ring_attention split 8 (streams 1..8), 4 (16)".
@@ -784,9 +785,11 @@ class Planner {
            fmt::format("{} of a {}-key window: {}{} (BENCHMARKS.md \"Attention split\")", keys, hh.window + 1,
                        splits.size() == 1 && splits.front().first == 1
                            ? fmt::format("one CTA a (kv head, row), since a chunk takes at least {} keys and "
-                                         "clusters need sm_90", kAttnMinKeysPerCta)
+                                         "clusters need sm_90",
+                                         kAttnMinKeysPerCta)
                            : fmt::format("each (kv head, row) one cluster of SPLIT CTAs, fewer where kv_heads x "
-                                         "streams x SPLIT would exceed one wave of {} CTAs", kAttnWaveCtas),
+                                         "streams x SPLIT would exceed one wave of {} CTAs",
+                                         kAttnWaveCtas),
                        same ? "; attention_split same_drafts: the largest bucket's split in every bucket, so a slot "
                               "drafts the same tokens in every bucket"
                        : splits.size() > 1
@@ -841,8 +844,10 @@ class Planner {
         clustered.insert(fmt::format("{} at K {} N {} {}", spec.constant("CSPLIT"), spec.constant("K"),
                                      spec.constant("N"), spec.constant("WEIGHT") == kc::kWeightFP8 ? "fp8" : "bf16"));
     std::string unclustered = "no FP8 output narrow enough";
-    if (!p_.tuning.gemv_cluster) unclustered = "tuning gemv_cluster = false";
-    else if (max_cluster_ctas(p_.options) == 1) unclustered = fmt::format("{} has no clusters", p_.options.arch);
+    if (!p_.tuning.gemv_cluster)
+      unclustered = "tuning gemv_cluster = false";
+    else if (max_cluster_ctas(p_.options) == 1)
+      unclustered = fmt::format("{} has no clusters", p_.options.arch);
     choose("gemv cluster split", clustered.empty() ? "1" : fmt::format("{}; 1 elsewhere", fmt::join(clustered, ", ")),
            clustered.empty() ? unclustered
                              : fmt::format("a narrow FP8 output's few column tiles leave most SMs idle, so each "

@@ -333,8 +333,8 @@ nb::object draft_result(tfe::DraftResult&& d) {
 // Plan options: one table of names for PlanOptions(**kw), compile, plan_yaml and Runtime.
 
 const std::vector<std::string>& plan_option_names() {
-  static const std::vector<std::string> names = {"buckets",   "max_steps",   "fp8",           "arch",
-                                                 "max_slots", "extend_rows", "attention_split", "cand_k"};
+  static const std::vector<std::string> names = {"buckets",     "max_steps",       "fp8",   "arch", "max_slots",
+                                                 "extend_rows", "attention_split", "cand_k"};
   return names;
 }
 
@@ -657,7 +657,8 @@ NB_MODULE(_tfe, m) {
           "extend_rows", [](const tfe::PlanOptions& o) { return o.extend_rows; },
           [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "extend_rows", v); })
       .def_prop_rw(
-          "attention_split", [](const tfe::PlanOptions& o) { return std::string(tfe::attention_split_name(o.attention_split)); },
+          "attention_split",
+          [](const tfe::PlanOptions& o) { return std::string(tfe::attention_split_name(o.attention_split)); },
           [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "attention_split", v); })
       .def_prop_rw(
           "cand_k", [](const tfe::PlanOptions& o) { return o.cand_k; },

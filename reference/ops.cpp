@@ -179,8 +179,8 @@ void rope(std::span<const bf16_bits> x, int64_t hd, int32_t pos, std::span<const
   }
 }
 
-void attention(std::span<const bf16_bits> q, std::span<const bf16_bits> k, std::span<const bf16_bits> v,
-               int64_t nh, int64_t nkv, int64_t hd, std::span<bf16_bits> o) {
+void attention(std::span<const bf16_bits> q, std::span<const bf16_bits> k, std::span<const bf16_bits> v, int64_t nh,
+               int64_t nkv, int64_t hd, std::span<bf16_bits> o) {
   if (nh < 1 || nkv < 1 || nh % nkv != 0) fail("attention: heads = {} is not a multiple of kv_heads = {}", nh, nkv);
   check_size("attention q", q.size(), nh * hd);
   check_size("attention o", o.size(), nh * hd);

@@ -77,8 +77,8 @@ void rope(std::span<const bf16_bits> x, int64_t hd, int32_t pos, std::span<const
 // q [nh, hd]; k, v [n_keys, nkv, hd]; o [nh, hd]. Query head j reads kv head j / (nh / nkv).
 // s_t = dot(q, k_t) * scale (fp32), p_t = expf(s_t - max) / sum_t expf(s_t - max) (sequential sum),
 // o = bf16( sum_t p_t v_t ) (sequential over t).
-void attention(std::span<const bf16_bits> q, std::span<const bf16_bits> k, std::span<const bf16_bits> v,
-               int64_t nh, int64_t nkv, int64_t hd, std::span<bf16_bits> o);
+void attention(std::span<const bf16_bits> q, std::span<const bf16_bits> k, std::span<const bf16_bits> v, int64_t nh,
+               int64_t nkv, int64_t hd, std::span<bf16_bits> o);
 
 // argmax with ties to the lower id; confidence = softmax at the argmax = 1 / sum_i expf(l_i - max)
 // (sequential sum in ascending i).

@@ -78,9 +78,7 @@ const ref::Linear& Reference::linear(std::string_view name) const {
   fail("reference: `{}` is not a linear of this {} head", name, head_type_name(header_.head_type));
 }
 
-std::span<const bf16_bits> Reference::norm(std::string_view name) const {
-  return file_.tensor(name).as<bf16_bits>();
-}
+std::span<const bf16_bits> Reference::norm(std::string_view name) const { return file_.tensor(name).as<bf16_bits>(); }
 
 std::vector<bf16_bits> Reference::layer_input(std::span<const int32_t> tokens, std::span<const bf16_bits> g) const {
   const int64_t H = header_.hidden, rows = static_cast<int64_t>(tokens.size());
@@ -139,7 +137,8 @@ void Reference::extend(std::span<const ExtendRequest> requests, ExtendTrace* tra
     for (const auto& r : requests) {
       std::copy(r.taps.begin(), r.taps.end(), taps.begin() + at * T * Ht);
       std::copy(r.tokens.begin(), r.tokens.end(), tokens.begin() + at);
-      for (int64_t i = 0; i < r.n_rows; ++i) positions[static_cast<size_t>(at + i)] = static_cast<int32_t>(r.first_pos + i);
+      for (int64_t i = 0; i < r.n_rows; ++i)
+        positions[static_cast<size_t>(at + i)] = static_cast<int32_t>(r.first_pos + i);
       at += r.n_rows;
     }
   }

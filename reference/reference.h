@@ -36,26 +36,26 @@ struct ExtendTrace {
 // Every intermediate of one row (one slot) in one draft step; bf16 unless said.
 struct StepTrace {
   int32_t position = 0;
-  int32_t key_begin = 0;  // keys attended: positions key_begin .. position
-  std::vector<bf16_bits> g;         // [H]: the row's g (the real row's, or h2 of the step before)
-  std::vector<bf16_bits> x;         // [2H]
-  std::vector<bf16_bits> q, k, v;   // [nh*hd], [nkv*hd], [nkv*hd]: the linears' outputs
+  int32_t key_begin = 0;                      // keys attended: positions key_begin .. position
+  std::vector<bf16_bits> g;                   // [H]: the row's g (the real row's, or h2 of the step before)
+  std::vector<bf16_bits> x;                   // [2H]
+  std::vector<bf16_bits> q, k, v;             // [nh*hd], [nkv*hd], [nkv*hd]: the linears' outputs
   std::vector<bf16_bits> q_normed, k_normed;  // after qk_norm (empty when the head has none)
   std::vector<bf16_bits> q_rot, k_rot;        // after RoPE (k_rot is what the ring holds)
-  std::vector<bf16_bits> o;         // [nh*hd]
-  std::vector<bf16_bits> h1;        // [H]
-  std::vector<bf16_bits> post;      // [H]: rms_post(h1)
-  std::vector<bf16_bits> gate, up;  // [F]
-  std::vector<bf16_bits> m;         // [F]: SwiGLU product
-  std::vector<bf16_bits> h2;        // [H]
-  std::vector<bf16_bits> n;         // [H]: rms_final(h2)
-  std::vector<float> logits;        // dense: [Vd] fp32
-  std::vector<bf16_bits> lowrank;   // two_stage: [r] = bf16(lr_a n)
-  std::vector<float> scores;        // two_stage: [Vd] fp32 = lr_b lowrank
-  std::vector<int32_t> candidates;  // two_stage: [cand_k] draft ids, best score first
-  std::vector<float> exact;         // two_stage: [cand_k] fp32 exact logits of the candidates
-  int32_t draft_id = 0;             // in the draft vocabulary
-  int32_t token = 0;                // target id handed out
+  std::vector<bf16_bits> o;                   // [nh*hd]
+  std::vector<bf16_bits> h1;                  // [H]
+  std::vector<bf16_bits> post;                // [H]: rms_post(h1)
+  std::vector<bf16_bits> gate, up;            // [F]
+  std::vector<bf16_bits> m;                   // [F]: SwiGLU product
+  std::vector<bf16_bits> h2;                  // [H]
+  std::vector<bf16_bits> n;                   // [H]: rms_final(h2)
+  std::vector<float> logits;                  // dense: [Vd] fp32
+  std::vector<bf16_bits> lowrank;             // two_stage: [r] = bf16(lr_a n)
+  std::vector<float> scores;                  // two_stage: [Vd] fp32 = lr_b lowrank
+  std::vector<int32_t> candidates;            // two_stage: [cand_k] draft ids, best score first
+  std::vector<float> exact;                   // two_stage: [cand_k] fp32 exact logits of the candidates
+  int32_t draft_id = 0;                       // in the draft vocabulary
+  int32_t token = 0;                          // target id handed out
   float confidence = 0.0f;
 };
 

@@ -38,7 +38,6 @@ struct TestHooks {
   Tuning tuning;
 };
 
-
 constexpr int64_t kAlign = 256;
 
 inline int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
@@ -79,9 +78,10 @@ class L2Reservation {
     int most = 0;
     TFE_CUDA(cudaDeviceGetAttribute(&most, cudaDevAttrMaxPersistingL2CacheSize, device));
     if (most <= 0)
-      fail("l2_resident_weight_bytes: device {} sets no L2 aside for persisting accesses "
-           "(cudaDevAttrMaxPersistingL2CacheSize is 0)",
-           device);
+      fail(
+          "l2_resident_weight_bytes: device {} sets no L2 aside for persisting accesses "
+          "(cudaDevAttrMaxPersistingL2CacheSize is 0)",
+          device);
     TFE_CUDA(cudaDeviceGetLimit(&previous_, cudaLimitPersistingL2CacheSize));
     bytes_ = std::min(wanted, static_cast<size_t>(most));
     TFE_CUDA(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, bytes_));
@@ -104,7 +104,6 @@ class L2Reservation {
   size_t bytes_ = 0;  // set aside; 0: nothing asked, nothing to give back
   size_t previous_ = 0;
 };
-
 
 // A node of the plan, ready to enqueue: a packed kernel launch or a cuBLASLt GEMM.
 struct PreparedNode {
@@ -163,9 +162,7 @@ struct Runtime::Impl {
     if (stream) TFE_CUDA_NOEXCEPT(cudaStreamSynchronize(stream));
   }
 
-  Bindings bindings() const {
-    return Bindings{arena, arena + plan.tables_offset, weights, workspace, host_device};
-  }
+  Bindings bindings() const { return Bindings{arena, arena + plan.tables_offset, weights, workspace, host_device}; }
   int scratch_slot() const { return plan.options.max_slots; }
 
   void check_usable() const {

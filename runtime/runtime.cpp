@@ -18,7 +18,6 @@
 
 namespace tfe {
 
-
 namespace {
 
 SlotLimits slot_limits(const Plan& p) {
@@ -38,11 +37,12 @@ const Buffer* table(const Plan& p, std::string_view name, BufferRole role = Buff
   const bool in_host = role == BufferRole::host;
   const Buffer* found = in_host ? p.host.find(name) : p.arena.find(name);
   if (!found)
-    fail("plan: the {} has no buffer `{}`; the runtime needs it as a {} buffer", in_host ? "host arena" : "arena",
-         name, buffer_role_name(role));
+    fail("plan: the {} has no buffer `{}`; the runtime needs it as a {} buffer", in_host ? "host arena" : "arena", name,
+         buffer_role_name(role));
   const Buffer& b = *found;
   if (b.role != role)
-    fail("plan: buffer `{}` has role {}, the runtime expects {}", name, buffer_role_name(b.role), buffer_role_name(role));
+    fail("plan: buffer `{}` has role {}, the runtime expects {}", name, buffer_role_name(b.role),
+         buffer_role_name(role));
   return &b;
 }
 
@@ -73,8 +73,8 @@ void Runtime::Impl::open_device(const OpenOptions& o) {
     TFE_CUDA(cudaEventRecord(staged[i].get(), stream));
   }
   // The host arena starts zeroed, like the arena: a pass never reads bytes the host has not written.
-  host_memory = cuda::allocate_mapped(static_cast<size_t>(std::max<int64_t>(plan.host.bytes, 1)), "host arena",
-                                      &host_device);
+  host_memory =
+      cuda::allocate_mapped(static_cast<size_t>(std::max<int64_t>(plan.host.bytes, 1)), "host arena", &host_device);
   host = host_memory.data();
   std::memset(host, 0, host_memory.bytes());
 }
@@ -86,8 +86,8 @@ void Runtime::Impl::upload_weights(const HeadFile& file) {
       // The CPU reference's own function: both sides rotate by identical frequencies.
       const std::vector<float> f = rope_inv_freq(plan.header);
       if (static_cast<int64_t>(f.size() * sizeof(float)) != b.bytes || b.dtype != DType::F32)
-        fail("weights: `{}` is {} bytes of {}, the RoPE table has {} fp32 values", b.name, b.bytes,
-             dtype_name(b.dtype), f.size());
+        fail("weights: `{}` is {} bytes of {}, the RoPE table has {} fp32 values", b.name, b.bytes, dtype_name(b.dtype),
+             f.size());
       TFE_CUDA(cudaMemcpy(dst, f.data(), static_cast<size_t>(b.bytes), cudaMemcpyHostToDevice));
       stats.weight_bytes += static_cast<uint64_t>(b.bytes);
       continue;
@@ -230,7 +230,8 @@ void Runtime::Impl::prepare_nodes() {
       const bool dependent = d == Dependent::plan ? n.dependent : d == Dependent::all && n.step >= 1;
       p.kernel.emplace(n, kernels.at(n.spec), bases, max_rows, dependent, draft ? l2_window(n) : cuda::L2Window{});
     } else {
-      if (plan.cublaslt_workspace <= 0) fail("plan: node {} is a GEMM but the plan reserves no cuBLASLt workspace", n.name);
+      if (plan.cublaslt_workspace <= 0)
+        fail("plan: node {} is a GEMM but the plan reserves no cuBLASLt workspace", n.name);
       const Gemm& g = n.gemm;
       const Buffer& w = plan.weights.at(g.w);
       const Buffer& x = plan.arena.at(g.x);
@@ -431,8 +432,8 @@ void Runtime::extend(std::span<const ExtendRequest> requests) {
           row_pos[rows + i] = static_cast<int32_t>(q.first_pos + done + i);
           row_tok[rows + i] = q.tokens[static_cast<size_t>(done + i)];
         }
-        std::memcpy(taps + static_cast<size_t>(rows) * row_bytes,
-                    q.taps.data() + static_cast<size_t>(done * row_width), static_cast<size_t>(take) * row_bytes);
+        std::memcpy(taps + static_cast<size_t>(rows) * row_bytes, q.taps.data() + static_cast<size_t>(done * row_width),
+                    static_cast<size_t>(take) * row_bytes);
         last_row[slot_rows] = static_cast<int32_t>(rows + take - 1);
         last_slot[slot_rows] = q.slot;
         ++slot_rows;
@@ -512,9 +513,9 @@ DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
         out.confidences[static_cast<size_t>(i * steps + s)] = confs[i * max_steps + s];
       }
   });
-  r.last_outputs = DeviceDraftOutputs{reinterpret_cast<const int32_t*>(r.arena + r.b_out_token->offset),
-                                      reinterpret_cast<const float*>(r.arena + r.b_out_conf->offset), max_steps, n,
-                                      steps};
+  r.last_outputs =
+      DeviceDraftOutputs{reinterpret_cast<const int32_t*>(r.arena + r.b_out_token->offset),
+                         reinterpret_cast<const float*>(r.arena + r.b_out_conf->offset), max_steps, n, steps};
   return out;
 }
 
@@ -528,8 +529,10 @@ void Runtime::reset(int slot) {
   DeviceScope scope(r.device);
   r.device_work([&] {
     const size_t per_slot = static_cast<size_t>(r.b_ring_k->bytes / (r.plan.options.max_slots + 1));
-    TFE_CUDA(cudaMemsetAsync(r.arena + r.b_ring_k->offset + per_slot * static_cast<size_t>(slot), 0, per_slot, r.stream));
-    TFE_CUDA(cudaMemsetAsync(r.arena + r.b_ring_v->offset + per_slot * static_cast<size_t>(slot), 0, per_slot, r.stream));
+    TFE_CUDA(
+        cudaMemsetAsync(r.arena + r.b_ring_k->offset + per_slot * static_cast<size_t>(slot), 0, per_slot, r.stream));
+    TFE_CUDA(
+        cudaMemsetAsync(r.arena + r.b_ring_v->offset + per_slot * static_cast<size_t>(slot), 0, per_slot, r.stream));
   });
 }
 

@@ -75,14 +75,18 @@ __global__ void axpy(const AxpyParams p) {
 }
 
 KernelDef test_def() {
-  return {"axpy", "axpy.cuh", "tfe::test::axpy", {"N", "SCALE"},
+  return {"axpy",
+          "axpy.cuh",
+          "tfe::test::axpy",
+          {"N", "SCALE"},
           {{"y", ParamKind::ptr}, {"x", ParamKind::ptr}, {"n", ParamKind::i64}}};
 }
 
 // Constants drawn fresh each run: any specialization must compile, not one remembered one.
 KernelSpec random_spec() {
   static std::mt19937_64 rng(std::random_device{}());
-  return KernelSpec{"axpy", {{"N", 32 * static_cast<int64_t>(1 + rng() % 8)}, {"SCALE", 2 + static_cast<int64_t>(rng() % 1000)}}};
+  return KernelSpec{
+      "axpy", {{"N", 32 * static_cast<int64_t>(1 + rng() % 8)}, {"SCALE", 2 + static_cast<int64_t>(rng() % 1000)}}};
 }
 
 CompileOptions test_options() {
@@ -91,7 +95,11 @@ CompileOptions test_options() {
   return o;
 }
 
-bool has_elf_magic(const std::string& cubin) { return cubin.size() > 4 && cubin.compare(0, 4, "\x7f" "ELF") == 0; }
+bool has_elf_magic(const std::string& cubin) {
+  return cubin.size() > 4 && cubin.compare(0, 4,
+                                           "\x7f"
+                                           "ELF") == 0;
+}
 
 }  // namespace
 
@@ -108,9 +116,8 @@ TEST_CASE("compiler: a specialization compiles to a CUBIN defining its lowered n
   CHECK(k.lowered_name.find("axpy") != std::string::npos);
   CHECK(cubin_defines_symbol(k.cubin, k.lowered_name));
   CHECK_FALSE(cubin_defines_symbol(k.cubin, k.lowered_name + "x"));
-  CHECK_THROWS_WITH_AS(cubin_defines_symbol(std::string(96, 'x'),
-                                            k.lowered_name),
-                       doctest::Contains("no ELF magic"), Error);
+  CHECK_THROWS_WITH_AS(cubin_defines_symbol(std::string(96, 'x'), k.lowered_name), doctest::Contains("no ELF magic"),
+                       Error);
   CHECK_THROWS_AS(cubin_defines_symbol(k.cubin.substr(0, k.cubin.size() / 3), k.lowered_name), Error);
 }
 
@@ -424,8 +431,8 @@ TEST_CASE("artifact: compile_plan writes plan, CUBINs and manifest that load_art
   const fs::path out = tmp.path / "artifact";
 
   std::vector<CompileProgress> seen;
-  const CompileSummary s =
-      compile_plan(plan, out.string(), [&](const CompileProgress& p) { seen.push_back(p); }, cache, stub_options());
+  const CompileSummary s = compile_plan(
+      plan, out.string(), [&](const CompileProgress& p) { seen.push_back(p); }, cache, stub_options());
   CHECK(s.specs == plan.specs.size());
   CHECK(s.misses == plan.specs.size());
   CHECK(s.hits == 0);
@@ -610,8 +617,8 @@ TEST_CASE("artifact: compile_plan refuses an output it does not own and never wr
 
   const fs::path link = tmp.path / "link";
   fs::create_directory_symlink(foreign, link);
-  CHECK_THROWS_WITH_AS(compile_plan(plan, link.string(), {}, cache, stub_options()),
-                       doctest::Contains("is a symlink"), Error);
+  CHECK_THROWS_WITH_AS(compile_plan(plan, link.string(), {}, cache, stub_options()), doctest::Contains("is a symlink"),
+                       Error);
 
   const fs::path out = tmp.path / "out";
   compile_plan(plan, out.string(), {}, cache, stub_options());

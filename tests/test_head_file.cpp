@@ -26,8 +26,8 @@
 using namespace tfe;
 using nlohmann::json;
 using tfe::test::random_head_bytes;
-using tfe::test::write_temp_file;
 using tfe::test::run_command;
+using tfe::test::write_temp_file;
 
 namespace {
 
@@ -151,7 +151,7 @@ TEST_CASE("head file: HeadWriter::write is atomic and equals serialize()") {
   std::filesystem::create_directories(dir);
   const auto path = (dir / "a.tfe").string();
   w.write(path);
-  w.write(path);  // over an existing file
+  w.write(path);                                                            // over an existing file
   CHECK(std::distance(std::filesystem::directory_iterator(dir), {}) == 1);  // no temporary left behind
   std::ifstream in(path, std::ios::binary);
   const std::string disk((std::istreambuf_iterator<char>(in)), {});
@@ -171,12 +171,12 @@ TEST_CASE("head file: HeadWriter refuses what the header does not expect") {
   HeadWriter w(h);
   CHECK_THROWS_WITH_AS(w.add("wz", DType::BF16, wq.shape, wq_bytes), doctest::Contains("tensor `wz` is not part"),
                        Error);
-  CHECK_THROWS_WITH_AS(w.add("wq", DType::F32, wq.shape, wq_bytes), doctest::Contains("is F32; the header expects BF16"),
-                       Error);
+  CHECK_THROWS_WITH_AS(w.add("wq", DType::F32, wq.shape, wq_bytes),
+                       doctest::Contains("is F32; the header expects BF16"), Error);
   CHECK_THROWS_WITH_AS(w.add("wq", DType::BF16, {wq.shape[1], wq.shape[0]}, wq_bytes),
                        doctest::Contains("has shape [128, 64]; the header expects [64, 128]"), Error);
-  CHECK_THROWS_WITH_AS(w.add("wq", DType::BF16, wq.shape, wq_bytes.first(10)),
-                       doctest::Contains("has 10 bytes"), Error);
+  CHECK_THROWS_WITH_AS(w.add("wq", DType::BF16, wq.shape, wq_bytes.first(10)), doctest::Contains("has 10 bytes"),
+                       Error);
   w.add("wq", DType::BF16, wq.shape, wq_bytes);
   CHECK_THROWS_WITH_AS(w.add("wq", DType::BF16, wq.shape, wq_bytes), doctest::Contains("added twice"), Error);
 
@@ -206,13 +206,15 @@ TEST_CASE("head file: HeadWriter refuses an order that would misalign a tensor")
   }
   for (const auto& t : head.file().tensors())
     if (t.name != "tap_norm.1" && t.name != "d2t") w.add(t.name, t.dtype, t.shape, {t.data, size_t(t.bytes)});
-  CHECK_THROWS_WITH_AS(w.serialize(), doctest::Contains("`d2t` (I32) would start at data offset 190, not a multiple of 4"),
-                       Error);
+  CHECK_THROWS_WITH_AS(w.serialize(),
+                       doctest::Contains("`d2t` (I32) would start at data offset 190, not a multiple of 4"), Error);
 
   // The same layout written by another tool is refused by the reader, which hands tensors out in place.
   const Bytes misaligned = rebuild(random_head_bytes(h, 4), [](auto&, auto& entries) {
-    std::stable_partition(entries.begin(), entries.end(), [](const SafetensorsEntry& e) { return e.name == "tap_norm.1"; });
-    std::stable_partition(entries.begin() + 1, entries.end(), [](const SafetensorsEntry& e) { return e.name == "d2t"; });
+    std::stable_partition(entries.begin(), entries.end(),
+                          [](const SafetensorsEntry& e) { return e.name == "tap_norm.1"; });
+    std::stable_partition(entries.begin() + 1, entries.end(),
+                          [](const SafetensorsEntry& e) { return e.name == "d2t"; });
   });
   refuses_head(misaligned, "tensor `d2t` starts at file offset");
   refuses_head(misaligned, "not aligned to its 4-byte elements");
@@ -378,8 +380,8 @@ TEST_CASE("safetensors reader: one malformed file per rule") {
                        doctest::Contains("absent.safetensors: cannot open"), Error);
   CHECK_THROWS_WITH_AS(SafetensorsFile::open(write_temp_file(Bytes(3), "short.safetensors")),
                        doctest::Contains("short.safetensors is not a safetensors file: it is 3 bytes"), Error);
-  CHECK_THROWS_WITH_AS(SafetensorsFile::open(tfe::test::temp_dir().string()), doctest::Contains("is a directory; give a regular file"),
-                       Error);
+  CHECK_THROWS_WITH_AS(SafetensorsFile::open(tfe::test::temp_dir().string()),
+                       doctest::Contains("is a directory; give a regular file"), Error);
 }
 
 TEST_CASE("head file: one bad head per rule") {
@@ -449,8 +451,8 @@ TEST_CASE("head file: d2t, sha256 records and --verify") {
     Bytes bad = good;
     const int32_t off = target - 42;
     std::memcpy(bad.data() + d2t_at + 42 * 4, &off, 4);
-    refuses_head(bad, fmt::format("d2t[42] = {} maps draft id 42 to target id {}, outside the vocabulary 0..999",
-                                  off, target));
+    refuses_head(
+        bad, fmt::format("d2t[42] = {} maps draft id 42 to target id {}, outside the vocabulary 0..999", off, target));
   }
 
   // A flipped bit in a weight passes the structural checks and is caught by --verify, by name.
@@ -508,8 +510,8 @@ TEST_CASE("head file: an e4m3 NaN code in an FP8 tensor is refused by --verify a
     md["tfe.sha256"] = sha.dump();
   });
   CHECK_NOTHROW(HeadFile::from_bytes(resealed));  // without --verify, the bytes are not read at open
-  refuses_head(resealed, fmt::format("tensor `{}`: element 7 is 0xff, an e4m3 NaN code; FP8 weights must be finite",
-                                     name),
+  refuses_head(resealed,
+               fmt::format("tensor `{}`: element 7 is 0xff, an e4m3 NaN code; FP8 weights must be finite", name),
                {.verify_sha256 = true});
 
   HeadWriter w(h);
@@ -530,8 +532,8 @@ TEST_CASE("head file: truncated anywhere, refused without a crash") {
   const Bytes good = random_head_bytes(preset_header("tiny-two-stage"), 14);
   const auto head = HeadFile::from_bytes(good);
   const size_t header_end = 8 + head.file().header_bytes().size();
-  for (size_t cut : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, header_end / 2, header_end - 1,
-                     header_end, header_end + 1, (header_end + good.size()) / 2, good.size() - 1}) {
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, header_end / 2, header_end - 1, header_end,
+                     header_end + 1, (header_end + good.size()) / 2, good.size() - 1}) {
     CAPTURE(cut);
     const Bytes part(good.begin(), good.begin() + long(cut));
     CHECK_THROWS_AS(HeadFile::from_bytes(part), Error);
@@ -608,9 +610,8 @@ TEST_CASE("safetensors writer: plain files round trip, bad entries refused befor
   for (auto& x : a) x = std::uniform_real_distribution<float>(-3, 3)(rng);
   std::vector<int64_t> b = {int64_t(rng()), -int64_t(rng()), 7};
   const Bytes a_bytes = tfe::test::to_bytes(a), b_bytes = tfe::test::to_bytes(b);
-  const std::vector<SafetensorsEntry> entries = {{"b", DType::I64, {3}, b_bytes},
-                                                 {"a", DType::F32, {3, 2, 2}, a_bytes},
-                                                 {"empty", DType::BF16, {0}, {}}};
+  const std::vector<SafetensorsEntry> entries = {
+      {"b", DType::I64, {3}, b_bytes}, {"a", DType::F32, {3, 2, 2}, a_bytes}, {"empty", DType::BF16, {0}, {}}};
   const auto path = (tfe::test::temp_dir() / "plain.safetensors").string();
   write_safetensors(path, {{"k", "v"}}, entries);
   const auto f = SafetensorsFile::open(path);

@@ -66,10 +66,13 @@ template <> struct slot_kind<tfe::kernels::F32Slot> { static constexpr int value
 )";
   const auto kind_of = [](const KernelParam& p) {
     switch (p.kind) {
-      case ParamKind::ptr: return p.writes ? std::pair{2, "a pointer to non-const (the kernel writes it)"}
-                                           : std::pair{1, "a pointer to const (the kernel only reads it)"};
-      case ParamKind::i64: return std::pair{3, "long long"};
-      case ParamKind::f32: return std::pair{4, "F32Slot"};
+      case ParamKind::ptr:
+        return p.writes ? std::pair{2, "a pointer to non-const (the kernel writes it)"}
+                        : std::pair{1, "a pointer to const (the kernel only reads it)"};
+      case ParamKind::i64:
+        return std::pair{3, "long long"};
+      case ParamKind::f32:
+        return std::pair{4, "F32Slot"};
     }
     return std::pair{0, "?"};
   };
@@ -79,8 +82,8 @@ template <> struct slot_kind<tfe::kernels::F32Slot> { static constexpr int value
     config.replace(config.find("TfeConfig"), std::string_view("TfeConfig").size(), cfg);
     s += config;
     s += fmt::format("using {} = param_of<decltype(&{}<{}>)>::type;\n", params, def.function, cfg);
-    s += fmt::format("static_assert(sizeof({}) == 8 * {}, \"{}: the Params struct is not {} slots of 8 bytes\");\n", params,
-                     def.params.size(), def.name, def.params.size());
+    s += fmt::format("static_assert(sizeof({}) == 8 * {}, \"{}: the Params struct is not {} slots of 8 bytes\");\n",
+                     params, def.params.size(), def.name, def.params.size());
     // A structured binding takes the fields in declaration order (and refuses a struct with another
     // number of fields); binding i must be the field the description names for slot i. (NVRTC has no
     // constant offsetof; with the size above, order and count fix every offset.)
@@ -94,9 +97,10 @@ template <> struct slot_kind<tfe::kernels::F32Slot> { static constexpr int value
       s += fmt::format("static_assert({}(), \"{}: field {} of the Params struct is not `{}`\");\n", fn, def.name, i,
                        def.params[i].name);
       const auto [kind, kind_text] = kind_of(def.params[i]);
-      s += fmt::format("static_assert(slot_kind<decltype({}::{})>::value == {}, \"{}: field `{}` of the Params struct "
-                       "is not {}\");\n",
-                       params, def.params[i].name, kind, def.name, def.params[i].name, kind_text);
+      s += fmt::format(
+          "static_assert(slot_kind<decltype({}::{})>::value == {}, \"{}: field `{}` of the Params struct "
+          "is not {}\");\n",
+          params, def.params[i].name, kind, def.name, def.params[i].name, kind_text);
     }
   }
   s += "}  // namespace tfe_probe\n";
@@ -164,7 +168,8 @@ TEST_CASE("kernels: every Params struct is its description's 8-byte slots in ord
                        doctest::Contains(size_msg.c_str()), Error);
   KernelDef swapped = def;
   std::swap(swapped.params[0], swapped.params[1]);
-  const std::string order_msg = fmt::format("{}: field 0 of the Params struct is not `{}`", def.name, def.params[1].name);
+  const std::string order_msg =
+      fmt::format("{}: field 0 of the Params struct is not `{}`", def.name, def.params[1].name);
   CHECK_THROWS_WITH_AS(check_compiles("params_probe_swapped", params_probe_source({{swapped, spec}}), CompileOptions{}),
                        doctest::Contains(order_msg.c_str()), Error);
   // ... or a pointer it reads described as written, one it writes as read, a scalar of the other kind.
@@ -227,9 +232,9 @@ struct ShapeProbe {
   // gemv and gemv_cluster (CSPLIT CTAs a column tile, so its grid.x is the tiles' times CSPLIT).
   void gemv(const KernelSpec& spec, int64_t smem_offset = 0, int64_t grid_offset = 0) {
     const LaunchShape l = launch_shape(spec, 1);
-    const std::string shape = fmt::format("GemvShape<{}, {}, {}, {}, {}, {}>", spec.constant("K"), spec.constant("N"),
-                                          spec.constant("WEIGHT"), spec.constant("EPILOGUE"), spec.constant("ROWS"),
-                                          spec.constant("COLS"));
+    const std::string shape =
+        fmt::format("GemvShape<{}, {}, {}, {}, {}, {}>", spec.constant("K"), spec.constant("N"),
+                    spec.constant("WEIGHT"), spec.constant("EPILOGUE"), spec.constant("ROWS"), spec.constant("COLS"));
     const int64_t split = spec.kernel == "gemv_cluster" ? spec.constant("CSPLIT") : 1;
     source += fmt::format("static_assert(32 * {0}::WARPS == {1}, \"{2}: block {1}\");\n", shape, l.block, spec.uri());
     source += fmt::format("static_assert(ceil_div(ceil_div({0}, {1}), {2}::TILES) * {5} == {3}, \"{4}: grid {3}\");\n",
@@ -246,11 +251,12 @@ struct ShapeProbe {
     for (const auto& [name, v] : spec.constants) source += fmt::format(" static constexpr long long {} = {};", name, v);
     source += " };\n";
     const std::string shape = fmt::format("GemvRopeKvShape<{}>::S", cfg);
-    source += fmt::format("static_assert(32 * {0}::WARPS == {1}, \"{2}: block {1}\");\n", shape,
-                          l.block + block_offset, spec.uri());
-    source += fmt::format("static_assert(ceil_div(ceil_div(GemvRopeKvShape<{0}>::N, {1}), {2}::TILES) == {3}, "
-                          "\"{4}: grid {3}\");\n",
-                          cfg, spec.constant("COLS"), shape, l.grid[0], spec.uri());
+    source += fmt::format("static_assert(32 * {0}::WARPS == {1}, \"{2}: block {1}\");\n", shape, l.block + block_offset,
+                          spec.uri());
+    source += fmt::format(
+        "static_assert(ceil_div(ceil_div(GemvRopeKvShape<{0}>::N, {1}), {2}::TILES) == {3}, "
+        "\"{4}: grid {3}\");\n",
+        cfg, spec.constant("COLS"), shape, l.grid[0], spec.uri());
     source += fmt::format("static_assert(({0}::DYNAMIC ? {0}::RING_BYTES : 0) == {1}, \"{2}: smem {1}\");\n", shape,
                           l.smem, spec.uri());
     ++cases;
@@ -298,14 +304,16 @@ KernelSpec rope_gemv_spec(const Heads& h, int64_t k, int64_t weight, int64_t row
                                     {"TILED", 0}});
 }
 KernelSpec gemv_spec(int64_t k, int64_t n, int64_t weight, int64_t epilogue, int64_t rows, int64_t cols) {
-  return make_spec("gemv", {{"ROWS", rows}, {"K", k}, {"N", n}, {"WEIGHT", weight}, {"EPILOGUE", epilogue},
-                            {"COLS", cols}, {"TILED", 0}});
+  return make_spec(
+      "gemv",
+      {{"ROWS", rows}, {"K", k}, {"N", n}, {"WEIGHT", weight}, {"EPILOGUE", epilogue}, {"COLS", cols}, {"TILED", 0}});
 }
 
 }  // namespace
 
-TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_attention, and the block of topk and "
-          "rescore, are the kernels' own") {
+TEST_CASE(
+    "kernels: the host's block size and shared memory of gemv and ring_attention, and the block of topk and "
+    "rescore, are the kernels' own") {
   ShapeProbe probe;
   // ring_attention: group sizes 1..16, head_dim 6..256 (4-byte loads below a multiple of 8, several loads
   // a lane at 256), windows from one tile to many, every split.
@@ -318,12 +326,12 @@ TEST_CASE("kernels: the host's block size and shared memory of gemv and ring_att
   struct Linear {
     int64_t k, n;
   };
-  for (const Linear& m : {Linear{12288, 4096}, Linear{8192, 6144}, Linear{4096, 14336}, Linear{14336, 4096},
-                          Linear{4096, 32000}, Linear{4096, 512}, Linear{512, 4096}, Linear{1024, 2048},
-                          Linear{100, 40}, Linear{72, 3000}})
+  for (const Linear& m :
+       {Linear{12288, 4096}, Linear{8192, 6144}, Linear{4096, 14336}, Linear{14336, 4096}, Linear{4096, 32000},
+        Linear{4096, 512}, Linear{512, 4096}, Linear{1024, 2048}, Linear{100, 40}, Linear{72, 3000}})
     for (int64_t weight : {kc::kWeightBF16, kc::kWeightFP8})
-      for (int64_t epilogue : {kc::kEpilogueBF16, kc::kEpilogueF32, kc::kEpilogueResidual, kc::kEpilogueSwiGLU,
-                               kc::kEpilogueTop1})
+      for (int64_t epilogue :
+           {kc::kEpilogueBF16, kc::kEpilogueF32, kc::kEpilogueResidual, kc::kEpilogueSwiGLU, kc::kEpilogueTop1})
         for (int64_t rows : {1, 2, 8, 9, 16})
           for (int64_t cols : {16, 32}) {
             if (cols == 32 && epilogue == kc::kEpilogueSwiGLU) continue;
@@ -412,14 +420,16 @@ TEST_CASE("tfe-plan compile: a head file to an artifact and a second run of all 
   CHECK(log2.find("misses:  0") != std::string::npos);
 
   // A cold cache under TFE_JIT=off refuses, naming the switch; a preset plans without a file.
-  const auto [rc3, log3] = run_command(fmt::format("TFE_CACHE_DIR={} TFE_JIT=off {} compile --preset tiny --buckets 1 -o {}",
-                                                   (tmp.path / "cold").string(), TFE_PLAN_EXE, out + "-cold"));
+  const auto [rc3, log3] =
+      run_command(fmt::format("TFE_CACHE_DIR={} TFE_JIT=off {} compile --preset tiny --buckets 1 -o {}",
+                              (tmp.path / "cold").string(), TFE_PLAN_EXE, out + "-cold"));
   CHECK(rc3 != 0);
   CHECK(log3.find("TFE_JIT=off") != std::string::npos);
   const auto [rc4, log4] = run_command(fmt::format("{} {} compile -o {}", env, TFE_PLAN_EXE, out + "-none"));
   CHECK(rc4 != 0);
   CHECK(log4.find("--preset") != std::string::npos);
-  const auto [rc5, log5] = run_command(fmt::format("{} {} compile {} --preset tiny -o {}", env, TFE_PLAN_EXE, head, out));
+  const auto [rc5, log5] =
+      run_command(fmt::format("{} {} compile {} --preset tiny -o {}", env, TFE_PLAN_EXE, head, out));
   CHECK(rc5 != 0);
   CHECK(log5.find("excludes") != std::string::npos);
 }

@@ -266,10 +266,11 @@ TEST_CASE("plan golden: each preset's plan YAML, or what a reviewer reads of it 
       FAIL_CHECK("the plan of " << name << " differs from " << path.string() << ":\n"
                                 << first_difference(without_sha(stored), without_sha(golden)) << regenerate);
     else if (stored != golden)
-      FAIL_CHECK("the plan of " << name << " differs from " << path.string()
-                                << " outside what it stores (the sha256 of the whole dump changed: the header, a bucket "
-                                   "past the first or the extend); diff `tfe-plan dump` against the previous tree's; "
-                                << regenerate);
+      FAIL_CHECK(
+          "the plan of " << name << " differs from " << path.string()
+                         << " outside what it stores (the sha256 of the whole dump changed: the header, a bucket "
+                            "past the first or the extend); diff `tfe-plan dump` against the previous tree's; "
+                         << regenerate);
     // The whole plan round-trips through its YAML; a full golden loads as the plan itself.
     CHECK(load_plan_yaml(text) == plan);
     if (full_golden(name)) CHECK(load_plan_yaml(stored) == plan);
@@ -487,7 +488,8 @@ TEST_CASE("make_plan: a fusion is FP8 only when every part has its form") {
   CHECK(p.weights.at("wo").dtype == DType::F8_E4M3);
   bool wqkv_reason = false, wq_reason = false;
   for (const auto& c : p.choices) {
-    if (c.subject == "wqkv") wqkv_reason = c.decision.find("bf16") != std::string::npos && c.reason.find("wv") != std::string::npos;
+    if (c.subject == "wqkv")
+      wqkv_reason = c.decision.find("bf16") != std::string::npos && c.reason.find("wv") != std::string::npos;
     if (c.subject == "wq") wq_reason = c.decision == "bf16" && c.reason.find("fused") != std::string::npos;
   }
   CHECK(wqkv_reason);
@@ -526,21 +528,48 @@ TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role
   // memory.
   using R = BufferRole;
   const std::map<std::string, std::set<R>> roles = {
-      {"w", {R::weight}}, {"scale", {R::weight}}, {"embed", {R::weight}}, {"input_norm", {R::weight}},
-      {"hidden_norm", {R::weight}}, {"q_norm", {R::weight}}, {"k_norm", {R::weight}}, {"inv_freq", {R::weight}},
-      {"d2t", {R::weight}}, {"target_head", {R::weight}},
-      {"slot", {R::table, R::activation}}, {"pos", {R::table, R::activation}},
-      {"first_pos", {R::table, R::activation}}, {"src_index", {R::table, R::activation}}, {"dst_index", {R::table}},
-      {"tokens", {R::table, R::activation}}, {"tok", {R::activation}},
-      {"host_tables", {R::host}}, {"host_token", {R::host}}, {"host_conf", {R::host}}, {"host_done", {R::host}},
-      {"ring_k", {R::state}}, {"ring_v", {R::state}},
-      {"out_token", {R::output}}, {"out_conf", {R::output}},
-      {"src", {R::state, R::activation}}, {"dst", {R::state, R::activation}},
+      {"w", {R::weight}},
+      {"scale", {R::weight}},
+      {"embed", {R::weight}},
+      {"input_norm", {R::weight}},
+      {"hidden_norm", {R::weight}},
+      {"q_norm", {R::weight}},
+      {"k_norm", {R::weight}},
+      {"inv_freq", {R::weight}},
+      {"d2t", {R::weight}},
+      {"target_head", {R::weight}},
+      {"slot", {R::table, R::activation}},
+      {"pos", {R::table, R::activation}},
+      {"first_pos", {R::table, R::activation}},
+      {"src_index", {R::table, R::activation}},
+      {"dst_index", {R::table}},
+      {"tokens", {R::table, R::activation}},
+      {"tok", {R::activation}},
+      {"host_tables", {R::host}},
+      {"host_token", {R::host}},
+      {"host_conf", {R::host}},
+      {"host_done", {R::host}},
+      {"ring_k", {R::state}},
+      {"ring_v", {R::state}},
+      {"out_token", {R::output}},
+      {"out_conf", {R::output}},
+      {"src", {R::state, R::activation}},
+      {"dst", {R::state, R::activation}},
       // rmsnorm normalizes the uploaded taps in place; every other row operand is an activation.
-      {"x", {R::activation, R::table}}, {"y", {R::activation, R::table}}, {"g", {R::activation}},
-      {"residual", {R::activation}}, {"qkv", {R::activation}}, {"q_out", {R::activation}}, {"q", {R::activation}},
-      {"o", {R::activation}}, {"part", {R::activation}}, {"next_token", {R::activation}},
-      {"scores", {R::activation}}, {"cand", {R::activation}}, {"exact", {R::activation}}, {"n", {R::activation}},
+      {"x", {R::activation, R::table}},
+      {"y", {R::activation, R::table}},
+      {"g", {R::activation}},
+      {"residual", {R::activation}},
+      {"qkv", {R::activation}},
+      {"q_out", {R::activation}},
+      {"q", {R::activation}},
+      {"o", {R::activation}},
+      {"part", {R::activation}},
+      {"next_token", {R::activation}},
+      {"scores", {R::activation}},
+      {"cand", {R::activation}},
+      {"exact", {R::activation}},
+      {"n", {R::activation}},
       {"arrivals", {R::activation}}};
   for (const auto& [name, h] : golden_heads()) {
     CAPTURE(name);
@@ -566,7 +595,8 @@ TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role
         const Buffer& b = buffer_of(p, a.buffer);
         REQUIRE(roles.count(a.param));
         CHECK_MESSAGE(roles.at(a.param).count(b.role), "binds " << b.name << " of role " << buffer_role_name(b.role));
-        if (b.role == R::table && param_writes(p.spec(n->spec).kernel, a.param)) CHECK(n->name.starts_with("extend.tap_norm"));
+        if (b.role == R::table && param_writes(p.spec(n->spec).kernel, a.param))
+          CHECK(n->name.starts_with("extend.tap_norm"));
         CHECK(a.byte_offset < b.bytes);
       }
     }
@@ -636,8 +666,9 @@ TEST_CASE("make_plan: buffers never overlap, stay inside their arena, and the ta
       for (size_t i = 0; i < bs.size(); ++i) {
         CHECK(bs[i]->offset + bs[i]->bytes <= a->bytes);
         for (size_t j = i + 1; j < bs.size(); ++j)
-          CHECK_MESSAGE((bs[i]->offset + bs[i]->bytes <= bs[j]->offset || bs[j]->offset + bs[j]->bytes <= bs[i]->offset),
-                        bs[i]->name << " overlaps " << bs[j]->name);
+          CHECK_MESSAGE(
+              (bs[i]->offset + bs[i]->bytes <= bs[j]->offset || bs[j]->offset + bs[j]->bytes <= bs[i]->offset),
+              bs[i]->name << " overlaps " << bs[j]->name);
       }
     }
     int64_t lo = INT64_MAX, hi = 0;
@@ -660,9 +691,8 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
     const Plan p = make_plan(h, golden_options());
     const int64_t B = p.options.buckets.back(), steps = p.options.max_steps;
     // host_tables: a row's slot, pos, first_pos and tok side by side, one 16-byte load for load_tables.
-    std::map<std::string, std::vector<int64_t>> want = {{"host_tables", {B, 4}},
-                                                        {"host_token", {B, steps}}, {"host_conf", {B, steps}},
-                                                        {"host_done", {1}}};
+    std::map<std::string, std::vector<int64_t>> want = {
+        {"host_tables", {B, 4}}, {"host_token", {B, steps}}, {"host_conf", {B, steps}}, {"host_done", {1}}};
     REQUIRE(p.host.buffers.size() == want.size());
     for (const Buffer& b : p.host.buffers) {
       CAPTURE(b.name);
@@ -700,8 +730,9 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
                        Error);
 }
 
-TEST_CASE("make_plan: the extend's K/V GEMM reads the contiguous wk|wv rows of wqkv, or their row-major copy wkv "
-          "beside a tiled bf16 wqkv") {
+TEST_CASE(
+    "make_plan: the extend's K/V GEMM reads the contiguous wk|wv rows of wqkv, or their row-major copy wkv "
+    "beside a tiled bf16 wqkv") {
   Tuning rows_only;
   rows_only.tiled_weights = false;
   for (const auto& [name, h] : golden_heads())
@@ -797,8 +828,9 @@ TEST_CASE("make_plan: attention splits the window over a cluster of up to 8 CTAs
   }
 }
 
-TEST_CASE("make_plan: attention takes fewer, longer key chunks where its grid would exceed one wave, while five "
-          "CTAs still fit an SM's shared memory") {
+TEST_CASE(
+    "make_plan: attention takes fewer, longer key chunks where its grid would exceed one wave, while five "
+    "CTAs still fit an SM's shared memory") {
   PlanOptions o;
   o.buckets = {1, 2, 4, 8, 16};
   o.max_steps = 2;
@@ -885,8 +917,9 @@ TEST_CASE("make_plan: two_stage topk is one cluster of CTAs per row, 4096 scores
   CHECK(topk_of(h, "sm_100") == 8);
 }
 
-TEST_CASE("make_plan: a narrow FP8 output's gemv splits each column tile's K over a cluster (gemv_cluster), up to "
-          "128 CTAs, from sm_90 on, never in bf16") {
+TEST_CASE(
+    "make_plan: a narrow FP8 output's gemv splits each column tile's K over a cluster (gemv_cluster), up to "
+    "128 CTAs, from sm_90 on, never in bf16") {
   // The GEMV nodes of every draft pass, by node name (without its step prefix): kernel and CSPLIT.
   const auto gemvs = [](const HeadHeader& h, const PlanOptions& o, const Tuning& t = {}) {
     const Plan p = make_plan(h, o, t);
@@ -932,21 +965,33 @@ TEST_CASE("make_plan: a narrow FP8 output's gemv splits each column tile's K ove
   CHECK(gemvs(tiny, defaults).at("lr_a") == Kernels{{"gemv", 1}});
   // The split's limit: every warp of the cluster a K step of its own; 1 where the output is not narrow.
   const auto lr_a = [](int64_t k, int64_t weight) {
-    return make_spec("gemv_cluster", {{"ROWS", 1}, {"K", k}, {"N", 512}, {"WEIGHT", weight},
-                                      {"EPILOGUE", kc::kEpilogueBF16}, {"COLS", 16}, {"TILED", 1}, {"CSPLIT", 2}});
+    return make_spec("gemv_cluster", {{"ROWS", 1},
+                                      {"K", k},
+                                      {"N", 512},
+                                      {"WEIGHT", weight},
+                                      {"EPILOGUE", kc::kEpilogueBF16},
+                                      {"COLS", 16},
+                                      {"TILED", 1},
+                                      {"CSPLIT", 2}});
   };
-  CHECK(gemv_cluster_split_limit(lr_a(4096, kc::kWeightFP8)) == 4);    // 64 steps, 16 warps
-  CHECK(gemv_cluster_split_limit(lr_a(4096, kc::kWeightBF16)) == 8);   // 128 steps
-  CHECK(gemv_cluster_split_limit(lr_a(256, kc::kWeightFP8)) == 1);     // 4 steps, 4 warps
-  CHECK(gemv_equivalent(lr_a(4096, kc::kWeightFP8)) ==
-        make_spec("gemv", {{"ROWS", 1}, {"K", 4096}, {"N", 512}, {"WEIGHT", kc::kWeightFP8},
-                           {"EPILOGUE", kc::kEpilogueBF16}, {"COLS", 16}, {"TILED", 1}}));
-  CHECK(gemv_cluster_split_limit(make_spec("gemv", {{"ROWS", 1}, {"K", 4096}, {"N", 4096}, {"WEIGHT", 0},
-                                                    {"EPILOGUE", 0}, {"COLS", 16}, {"TILED", 0}})) == 1);
+  CHECK(gemv_cluster_split_limit(lr_a(4096, kc::kWeightFP8)) == 4);   // 64 steps, 16 warps
+  CHECK(gemv_cluster_split_limit(lr_a(4096, kc::kWeightBF16)) == 8);  // 128 steps
+  CHECK(gemv_cluster_split_limit(lr_a(256, kc::kWeightFP8)) == 1);    // 4 steps, 4 warps
+  CHECK(gemv_equivalent(lr_a(4096, kc::kWeightFP8)) == make_spec("gemv", {{"ROWS", 1},
+                                                                          {"K", 4096},
+                                                                          {"N", 512},
+                                                                          {"WEIGHT", kc::kWeightFP8},
+                                                                          {"EPILOGUE", kc::kEpilogueBF16},
+                                                                          {"COLS", 16},
+                                                                          {"TILED", 1}}));
+  CHECK(gemv_cluster_split_limit(make_spec(
+            "gemv",
+            {{"ROWS", 1}, {"K", 4096}, {"N", 4096}, {"WEIGHT", 0}, {"EPILOGUE", 0}, {"COLS", 16}, {"TILED", 0}})) == 1);
 }
 
-TEST_CASE("make_plan: a head without qk_norm ropes in the wqkv gemv's epilogue (gemv_rope_kv), one with qk_norm "
-          "or a head_dim not a multiple of 16 keeps the qk_rope_kv node") {
+TEST_CASE(
+    "make_plan: a head without qk_norm ropes in the wqkv gemv's epilogue (gemv_rope_kv), one with qk_norm "
+    "or a head_dim not a multiple of 16 keeps the qk_rope_kv node") {
   // Per step: the wqkv node's kernel, and whether a qk_rope_kv node follows it.
   const auto draft_rope = [](const HeadHeader& h, const Tuning& t = {}) {
     const Plan p = make_plan(h, PlanOptions{}, t);
@@ -979,7 +1024,8 @@ TEST_CASE("make_plan: a head without qk_norm ropes in the wqkv gemv's epilogue (
     // The qkv buffer exists only for the two-node path; the extend's qk_rope_kv runs either way.
     CHECK((p.arena.find("qkv") != nullptr) == (*kernels.begin() == "gemv"));
     CHECK(std::any_of(p.extend.begin(), p.extend.end(), [](const Node& n) { return n.name == "extend.qk_rope_kv"; }));
-    const auto choice = std::find_if(p.choices.begin(), p.choices.end(), [](const Choice& c) { return c.subject == "rope draft"; });
+    const auto choice =
+        std::find_if(p.choices.begin(), p.choices.end(), [](const Choice& c) { return c.subject == "rope draft"; });
     REQUIRE(choice != p.choices.end());
     return *kernels.begin();
   };
@@ -1001,15 +1047,17 @@ TEST_CASE("make_plan: a head without qk_norm ropes in the wqkv gemv's epilogue (
                        doctest::Contains("is not a gemv"), Error);
 }
 
-TEST_CASE("make_plan: a dense step ends in the lm_head gemv writing top1 partials and one top1 node joining "
-          "them, a CTA per row, at the gemv's COLS") {
+TEST_CASE(
+    "make_plan: a dense step ends in the lm_head gemv writing top1 partials and one top1 node joining "
+    "them, a CTA per row, at the gemv's COLS") {
   for (const auto& golden : golden_heads()) {
     const HeadHeader& header = golden.second;
     if (header.head_type != HeadType::dense) continue;
     CAPTURE(golden.first);
     const Plan p = make_plan(header, golden_options());
     // Neither the logits nor tickets: the records are the only thing between the two kernels.
-    for (const char* gone : {"logits", "part_max", "part_idx", "part_sum", "top1_arrivals"}) CHECK(p.arena.find(gone) == nullptr);
+    for (const char* gone : {"logits", "part_max", "part_idx", "part_sum", "top1_arrivals"})
+      CHECK(p.arena.find(gone) == nullptr);
     const Buffer& parts = p.arena.at("top1_part");
     CHECK(parts.dtype == DType::F32);
     CHECK(parts.shape.size() == 3);
@@ -1053,69 +1101,71 @@ TEST_CASE("make_plan: a dense step ends in the lm_head gemv writing top1 partial
   }
 }
 
-TEST_CASE("make_plan: a gemv takes 32 columns a CTA only above 8 rows with K >= 2048, in bf16 only with 512 "
-          "CTAs left, a short K several column tiles a CTA, and two weight tiles keep their ring in up to 96 KB of "
-          "dynamic shared memory") {
+TEST_CASE(
+    "make_plan: a gemv takes 32 columns a CTA only above 8 rows with K >= 2048, in bf16 only with 512 "
+    "CTAs left, a short K several column tiles a CTA, and two weight tiles keep their ring in up to 96 KB of "
+    "dynamic shared memory") {
   for (const auto& [name, header] : golden_heads()) {
-      CAPTURE(name);
-      const Plan p = make_plan(header, golden_options());
-      int wide = 0;
-      for (const auto& b : p.buckets)
-        for (const auto& n : b.nodes) {
-          const KernelSpec& spec = p.spec(n.spec);
-          if (spec.kernel != "gemv") continue;
-          CAPTURE(n.name);
-          const int64_t cols = spec.constant("COLS"), big_n = spec.constant("N");
-          const bool spec_fp8 = spec.constant("WEIGHT") == kc::kWeightFP8;
-          const bool expect_wide = spec.constant("ROWS") > 8 && spec.constant("EPILOGUE") != kc::kEpilogueSwiGLU &&
-                                   (big_n + 15) / 16 >= 64 && spec.constant("K") >= 2048 &&
-                                   (spec_fp8 || (big_n + 31) / 32 >= 512);
-          CHECK(cols == (expect_wide ? 32 : 16));
-          // A column tile's warps split K so that each takes at least 4 steps of 32 (bf16) or 64 (FP8)
-          // where K allows (8 at most, 16 for a narrow output); a CTA then runs 8 / split tiles.
-          const int64_t steps = (spec.constant("K") + (spec_fp8 ? 63 : 31)) / (spec_fp8 ? 64 : 32);
-          const bool narrow = (big_n + 15) / 16 < 64;
-          int64_t split = narrow ? std::min<int64_t>(16, steps) : 1;
-          while (!narrow && split < 8 && split * 2 <= steps / 4) split *= 2;
-          const int64_t tiles = narrow ? 1 : 8 / split;
-          CHECK(n.launch.block == 32 * split * tiles);
-          CHECK(n.launch.grid[0] == ((big_n + cols - 1) / cols + tiles - 1) / tiles);
-          if (name.starts_with("tfe-two-stage") && n.name.ends_with("lr_b"))
-            CHECK(tiles == (spec_fp8 ? 4 : 2));  // K 512: 8 (FP8) or 16 steps
-          // Two weight tiles in bf16, or in FP8 above 8 rows: 3 stages x 8 warps x (4 weight + x chunks) x
-          // 512 bytes, x chunks 2 per 8 rows in FP8 and 1 in bf16.
-          const bool two_tiles = cols == 32 || spec.constant("EPILOGUE") == kc::kEpilogueSwiGLU;
-          const int64_t nt = (spec.constant("ROWS") + 7) / 8;
-          const bool dynamic = two_tiles && (!spec_fp8 || nt == 2) && (big_n + 15) / 16 >= 64;
-          CHECK(n.launch.smem == (dynamic ? 3 * 8 * (4 + nt * (spec_fp8 ? 2 : 1)) * 512 : 0));
-          wide += cols == 32;
-        }
-      // bf16: llama3-8b-eagle3's vocabulary head (32000 x 4096) is the wide one, in the 16-stream bucket;
-      // tfe-two-stage's lr_b (32000 x 512) is too short in K, and the tiny heads' linears are narrow.
-      // FP8: the 16-stream bucket's linears but gate/up (and lr_a, lr_b) of both full-size heads.
-      CHECK((wide > 0) == (name.starts_with("llama3-8b-eagle3") || name == "tfe-two-stage-fp8"));
-      // The plan says which shapes run several tiles a CTA: lr_b of the full-size two_stage head alone.
-      const auto tiles_choice = std::find_if(p.choices.begin(), p.choices.end(),
-                                             [](const auto& c) { return c.subject == "gemv column tiles per CTA"; });
-      REQUIRE(tiles_choice != p.choices.end());
-      CHECK(tiles_choice->decision == (name == "tfe-two-stage-fp8" ? "4 at K 512 N 32000 fp8; 1 elsewhere"
-                                       : name == "tfe-two-stage"   ? "2 at K 512 N 32000 bf16; 1 elsewhere"
-                                                                   : "1"));
+    CAPTURE(name);
+    const Plan p = make_plan(header, golden_options());
+    int wide = 0;
+    for (const auto& b : p.buckets)
+      for (const auto& n : b.nodes) {
+        const KernelSpec& spec = p.spec(n.spec);
+        if (spec.kernel != "gemv") continue;
+        CAPTURE(n.name);
+        const int64_t cols = spec.constant("COLS"), big_n = spec.constant("N");
+        const bool spec_fp8 = spec.constant("WEIGHT") == kc::kWeightFP8;
+        const bool expect_wide = spec.constant("ROWS") > 8 && spec.constant("EPILOGUE") != kc::kEpilogueSwiGLU &&
+                                 (big_n + 15) / 16 >= 64 && spec.constant("K") >= 2048 &&
+                                 (spec_fp8 || (big_n + 31) / 32 >= 512);
+        CHECK(cols == (expect_wide ? 32 : 16));
+        // A column tile's warps split K so that each takes at least 4 steps of 32 (bf16) or 64 (FP8)
+        // where K allows (8 at most, 16 for a narrow output); a CTA then runs 8 / split tiles.
+        const int64_t steps = (spec.constant("K") + (spec_fp8 ? 63 : 31)) / (spec_fp8 ? 64 : 32);
+        const bool narrow = (big_n + 15) / 16 < 64;
+        int64_t split = narrow ? std::min<int64_t>(16, steps) : 1;
+        while (!narrow && split < 8 && split * 2 <= steps / 4) split *= 2;
+        const int64_t tiles = narrow ? 1 : 8 / split;
+        CHECK(n.launch.block == 32 * split * tiles);
+        CHECK(n.launch.grid[0] == ((big_n + cols - 1) / cols + tiles - 1) / tiles);
+        if (name.starts_with("tfe-two-stage") && n.name.ends_with("lr_b"))
+          CHECK(tiles == (spec_fp8 ? 4 : 2));  // K 512: 8 (FP8) or 16 steps
+        // Two weight tiles in bf16, or in FP8 above 8 rows: 3 stages x 8 warps x (4 weight + x chunks) x
+        // 512 bytes, x chunks 2 per 8 rows in FP8 and 1 in bf16.
+        const bool two_tiles = cols == 32 || spec.constant("EPILOGUE") == kc::kEpilogueSwiGLU;
+        const int64_t nt = (spec.constant("ROWS") + 7) / 8;
+        const bool dynamic = two_tiles && (!spec_fp8 || nt == 2) && (big_n + 15) / 16 >= 64;
+        CHECK(n.launch.smem == (dynamic ? 3 * 8 * (4 + nt * (spec_fp8 ? 2 : 1)) * 512 : 0));
+        wide += cols == 32;
+      }
+    // bf16: llama3-8b-eagle3's vocabulary head (32000 x 4096) is the wide one, in the 16-stream bucket;
+    // tfe-two-stage's lr_b (32000 x 512) is too short in K, and the tiny heads' linears are narrow.
+    // FP8: the 16-stream bucket's linears but gate/up (and lr_a, lr_b) of both full-size heads.
+    CHECK((wide > 0) == (name.starts_with("llama3-8b-eagle3") || name == "tfe-two-stage-fp8"));
+    // The plan says which shapes run several tiles a CTA: lr_b of the full-size two_stage head alone.
+    const auto tiles_choice = std::find_if(p.choices.begin(), p.choices.end(),
+                                           [](const auto& c) { return c.subject == "gemv column tiles per CTA"; });
+    REQUIRE(tiles_choice != p.choices.end());
+    CHECK(tiles_choice->decision == (name == "tfe-two-stage-fp8" ? "4 at K 512 N 32000 fp8; 1 elsewhere"
+                                     : name == "tfe-two-stage"   ? "2 at K 512 N 32000 bf16; 1 elsewhere"
+                                                                 : "1"));
   }
   // A plan that asks for 32 columns with SwiGLU, or another width, is refused by its launch shape.
   for (int64_t cols : {int64_t{48}, int64_t{32}}) {
     CAPTURE(cols);
     const int64_t epilogue = cols == 32 ? kc::kEpilogueSwiGLU : kc::kEpilogueF32;
     const KernelSpec spec = make_spec(
-        "gemv", {{"ROWS", 16}, {"K", 4096}, {"N", 14336}, {"WEIGHT", 0}, {"EPILOGUE", epilogue}, {"COLS", cols},
-                 {"TILED", 0}});
+        "gemv",
+        {{"ROWS", 16}, {"K", 4096}, {"N", 14336}, {"WEIGHT", 0}, {"EPILOGUE", epilogue}, {"COLS", cols}, {"TILED", 0}});
     CHECK_THROWS_WITH_AS(launch_shape(spec, 16), doctest::Contains(fmt::format("COLS is {}", cols).c_str()), Error);
   }
 }
 
-TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (default 4, or dependent_streams_fp8, "
-          "default 0, where the layer's linears are FP8), but an FP8 GEMV right after a GEMV, and above it every node "
-          "but a GEMV after a full grid (dependent_safe_nodes), extend kernels never") {
+TEST_CASE(
+    "make_plan: draft kernels launch dependent up to dependent_streams (default 4, or dependent_streams_fp8, "
+    "default 0, where the layer's linears are FP8), but an FP8 GEMV right after a GEMV, and above it every node "
+    "but a GEMV after a full grid (dependent_safe_nodes), extend kernels never") {
   CHECK(Tuning{}.dependent_streams == 4);
   CHECK(Tuning{}.dependent_streams_fp8 == 0);
   CHECK(Tuning{}.dependent_safe_nodes);
@@ -1170,8 +1220,8 @@ TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (de
     Plan p = make_plan(header, golden_options());
     // The flag is plan data: it survives the YAML, and an extend node carrying it is refused by name.
     CHECK(load_plan_yaml(dump_plan_yaml(p)) == p);
-    Node& extend_kernel = *std::find_if(p.extend.begin(), p.extend.end(),
-                                        [](const Node& n) { return n.kind == Node::Kind::kernel; });
+    Node& extend_kernel =
+        *std::find_if(p.extend.begin(), p.extend.end(), [](const Node& n) { return n.kind == Node::Kind::kernel; });
     extend_kernel.dependent = true;
     const std::string refusal = fmt::format("plan: node {} is marked dependent", extend_kernel.name);
     CHECK_THROWS_WITH_AS(validate(p), doctest::Contains(refusal.c_str()), Error);
@@ -1196,8 +1246,9 @@ TEST_CASE("make_plan: draft kernels launch dependent up to dependent_streams (de
   }
 }
 
-TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, or whose launch, rows, step, "
-          "position offset or strides are not its kernel's, is refused by name") {
+TEST_CASE(
+    "validate: a node whose buffers are smaller than its kernel reaches, or whose launch, rows, step, "
+    "position offset or strides are not its kernel's, is refused by name") {
   HeadHeader fp8_head = preset_header("tiny");
   fp8_head.fp8 = linears_in_use(fp8_head);
   const Plan good = make_plan(fp8_head, golden_options());
@@ -1210,40 +1261,51 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
     check_refused(good, what, edit, message);
   };
   // 16 rows of top1 records (16 bytes per lm_head CTA) do not fit next_token's 64 bytes.
-  refused("a gemv output bound to a smaller buffer",
-          [&](Plan& p) { param(find(p, "s1.lm_head"), "y").buffer = "next_token"; },
-          "node s1.lm_head arg `y`: kernel gemv reaches");
-  refused("an input read past its buffer's end",
-          [&](Plan& p) { param(find(p, "s2.wo"), "x").byte_offset = 256; },
-          "node s2.wo arg `x`: kernel gemv reaches");
-  refused("an FP8 gemv without its row scales", [&](Plan& p) {
-            Arg& a = param(find(p, "s1.wqkv"), "scale");
-            a.kind = Arg::Kind::null;
-            a.buffer.clear();
-          }, "node s1.wqkv arg `scale` is null, but kernel gemv_rope_kv reaches");
-  refused("a grid wider than the kernel's mapping", [&](Plan& p) { ++find(p, "s1.lm_head").launch.grid[0]; },
-          "node s1.lm_head: launch grid");
+  refused(
+      "a gemv output bound to a smaller buffer",
+      [&](Plan& p) { param(find(p, "s1.lm_head"), "y").buffer = "next_token"; },
+      "node s1.lm_head arg `y`: kernel gemv reaches");
+  refused(
+      "an input read past its buffer's end", [&](Plan& p) { param(find(p, "s2.wo"), "x").byte_offset = 256; },
+      "node s2.wo arg `x`: kernel gemv reaches");
+  refused(
+      "an FP8 gemv without its row scales",
+      [&](Plan& p) {
+        Arg& a = param(find(p, "s1.wqkv"), "scale");
+        a.kind = Arg::Kind::null;
+        a.buffer.clear();
+      },
+      "node s1.wqkv arg `scale` is null, but kernel gemv_rope_kv reaches");
+  refused(
+      "a grid wider than the kernel's mapping", [&](Plan& p) { ++find(p, "s1.lm_head").launch.grid[0]; },
+      "node s1.lm_head: launch grid");
   // load_tables reads 16 bytes a row from host_tables: a table of one int32 a row (16 rows, 64 bytes, as
   // the host tables were laid out before schema 12) is a quarter of what it reaches.
-  refused("the draft's host tables one int32 a row", [&](Plan& p) {
-            for (Buffer& b : p.host.buffers)
-              if (b.name == "host_tables") {
-                b.shape = {b.shape[0]};
-                b.bytes /= 4;
-              }
-          }, "node s1.load_tables arg `host_tables`: kernel load_tables reaches 256 bytes");
+  refused(
+      "the draft's host tables one int32 a row",
+      [&](Plan& p) {
+        for (Buffer& b : p.host.buffers)
+          if (b.name == "host_tables") {
+            b.shape = {b.shape[0]};
+            b.bytes /= 4;
+          }
+      },
+      "node s1.load_tables arg `host_tables`: kernel load_tables reaches 256 bytes");
   // ... and reads each row in one 16-byte load: the tables moved 4 bytes on (alignment 4, still within the
   // host arena and overlapping nothing) are refused.
-  refused("the draft's host tables 4 bytes off a 16-byte row", [&](Plan& p) {
-            for (Buffer& b : p.host.buffers) b.offset += 256;
-            p.host.bytes += 256;
-            for (Buffer& b : p.host.buffers)
-              if (b.name == "host_tables") {
-                b.alignment = 4;
-                b.offset = 4;
-              }
-          }, "node s1.load_tables arg `host_tables`: kernel load_tables loads it in 16-byte units, but `host_tables` "
-             "offset 4 + byte_offset 0 is not a multiple of 16");
+  refused(
+      "the draft's host tables 4 bytes off a 16-byte row",
+      [&](Plan& p) {
+        for (Buffer& b : p.host.buffers) b.offset += 256;
+        p.host.bytes += 256;
+        for (Buffer& b : p.host.buffers)
+          if (b.name == "host_tables") {
+            b.alignment = 4;
+            b.offset = 4;
+          }
+      },
+      "node s1.load_tables arg `host_tables`: kernel load_tables loads it in 16-byte units, but `host_tables` "
+      "offset 4 + byte_offset 0 is not a multiple of 16");
   // A plan made for sm_80 (attention in one CTA a cluster, the GEMV's 96 KB ring within 163 KB), whose
   // attention node is then made to ask for more than sm_80's 163 KB.
   {
@@ -1262,19 +1324,22 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
         for (auto& [n, v] : spec.constants)
           if (n == name) v = value;
   };
-  refused("a ring_attention head_dim over the kernel's limit",
-          [&](Plan& p) { set_constant(p, "ring_attention", "HEAD_DIM", 1024); },
-          "HEAD_DIM = 1024 is above 512, the most ring_attention takes");
+  refused(
+      "a ring_attention head_dim over the kernel's limit",
+      [&](Plan& p) { set_constant(p, "ring_attention", "HEAD_DIM", 1024); },
+      "HEAD_DIM = 1024 is above 512, the most ring_attention takes");
   // A cluster kernel's SPLIT is its cluster: the portable 8 at most, and 1 below sm_90.
-  refused("a ring_attention cluster over the portable size",
-          [&](Plan& p) { set_constant(p, "ring_attention", "SPLIT", 9); },
-          "SPLIT = 9 is above 8, the most CTAs a cluster takes on sm_90");
-  refused("a ring_attention cluster below sm_90",
-          [&](Plan& p) {
-            p.options.arch = "sm_80";
-            set_constant(p, "ring_attention", "SPLIT", 2);
-          },
-          "SPLIT = 2 is above 1, the most CTAs a cluster takes on sm_80");
+  refused(
+      "a ring_attention cluster over the portable size",
+      [&](Plan& p) { set_constant(p, "ring_attention", "SPLIT", 9); },
+      "SPLIT = 9 is above 8, the most CTAs a cluster takes on sm_90");
+  refused(
+      "a ring_attention cluster below sm_90",
+      [&](Plan& p) {
+        p.options.arch = "sm_80";
+        set_constant(p, "ring_attention", "SPLIT", 2);
+      },
+      "SPLIT = 2 is above 1, the most CTAs a cluster takes on sm_80");
   const Plan two_stage = make_plan(preset_header("tiny-two-stage"), golden_options());
   CHECK_NOTHROW(validate(two_stage));
   for (const auto& [what, name, value, message] :
@@ -1286,19 +1351,26 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
     set_constant(p, "topk", name, value);
     CHECK_THROWS_WITH_AS(validate(p), doctest::Contains(message), Error);
   }
-  refused("a block other than the kernel's", [&](Plan& p) { find(p, "s1.attention").launch.block = 256; },
-          "is not kernel ring_attention's for 16 rows");
-  refused("rows other than the bucket's", [&](Plan& p) { param(find(p, "s1.final_norm"), "rows").i = 17; },
-          "node s1.final_norm arg `rows` = 17, but the node is launched for 16 rows");
-  refused("a step past MAX_STEPS", [&](Plan& p) { param(find(p, "s4.top1"), "step").i = 5; },
-          "node s4.top1 arg `step` = 5");
-  refused("a step other than the node's", [&](Plan& p) { param(find(p, "s2.top1"), "step").i = 3; },
-          "node s2.top1 arg `step` = 3");
-  refused("a node past max_steps", [&](Plan& p) { find(p, "s4.wo").step = 5; }, "node s4.wo has step 5, outside 1..4");
-  refused("a negative position offset", [&](Plan& p) { param(find(p, "s1.wqkv"), "pos_offset").i = -1; },
-          "arg `pos_offset` = -1 is outside 0..3");
-  refused("a ring write past the ring", [&](Plan& p) { param(find(p, "s2.wqkv"), "ring_v").byte_offset = 256; },
-          "node s2.wqkv arg `ring_v`: kernel gemv_rope_kv reaches");
+  refused(
+      "a block other than the kernel's", [&](Plan& p) { find(p, "s1.attention").launch.block = 256; },
+      "is not kernel ring_attention's for 16 rows");
+  refused(
+      "rows other than the bucket's", [&](Plan& p) { param(find(p, "s1.final_norm"), "rows").i = 17; },
+      "node s1.final_norm arg `rows` = 17, but the node is launched for 16 rows");
+  refused(
+      "a step past MAX_STEPS", [&](Plan& p) { param(find(p, "s4.top1"), "step").i = 5; },
+      "node s4.top1 arg `step` = 5");
+  refused(
+      "a step other than the node's", [&](Plan& p) { param(find(p, "s2.top1"), "step").i = 3; },
+      "node s2.top1 arg `step` = 3");
+  refused(
+      "a node past max_steps", [&](Plan& p) { find(p, "s4.wo").step = 5; }, "node s4.wo has step 5, outside 1..4");
+  refused(
+      "a negative position offset", [&](Plan& p) { param(find(p, "s1.wqkv"), "pos_offset").i = -1; },
+      "arg `pos_offset` = -1 is outside 0..3");
+  refused(
+      "a ring write past the ring", [&](Plan& p) { param(find(p, "s2.wqkv"), "ring_v").byte_offset = 256; },
+      "node s2.wqkv arg `ring_v`: kernel gemv_rope_kv reaches");
   // gemv_cluster's CSPLIT is its cluster, and every warp of the cluster needs a K step of its own.
   HeadHeader fp8_two_stage = preset_header("tfe-two-stage");
   fp8_two_stage.fp8 = linears_in_use(fp8_two_stage);
@@ -1317,14 +1389,18 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
   ampere.options.arch = "sm_80";
   CHECK_THROWS_WITH_AS(validate(ampere),
                        doctest::Contains("CSPLIT = 4 is above 1, the most CTAs a cluster takes on sm_80"), Error);
-  refused("a gemv_rope_kv head_dim that splits rotate-half pairs across tiles",
-          [&](Plan& p) { set_constant(p, "gemv_rope_kv", "HEAD_DIM", 24); }, "HEAD_DIM = 24 is not a multiple of 16");
-  refused("a row stride below the width", [&](Plan& p) { param(find(p, "s1.post_norm"), "x_stride").i = 1; },
-          "arg `x_stride` = 1 is outside");
-  refused("rows copied through a table of positions", [&](Plan& p) { param(find(p, "s1.gather_g"), "src_index").buffer = "pos"; },
-          "which is neither a slot table");
-  refused("an extend node launched past its chunk", [&](Plan& p) { ++find(p, "extend.kv").launch.grid[1]; },
-          "node extend.kv: launch grid");
+  refused(
+      "a gemv_rope_kv head_dim that splits rotate-half pairs across tiles",
+      [&](Plan& p) { set_constant(p, "gemv_rope_kv", "HEAD_DIM", 24); }, "HEAD_DIM = 24 is not a multiple of 16");
+  refused(
+      "a row stride below the width", [&](Plan& p) { param(find(p, "s1.post_norm"), "x_stride").i = 1; },
+      "arg `x_stride` = 1 is outside");
+  refused(
+      "rows copied through a table of positions",
+      [&](Plan& p) { param(find(p, "s1.gather_g"), "src_index").buffer = "pos"; }, "which is neither a slot table");
+  refused(
+      "an extend node launched past its chunk", [&](Plan& p) { ++find(p, "extend.kv").launch.grid[1]; },
+      "node extend.kv: launch grid");
   // A bf16 plan's extend runs its linears through cuBLASLt: a chunk's rows must fit both operands.
   Plan bf16 = make_plan(preset_header("tiny"), golden_options());
   Node* fc = nullptr;
@@ -1344,26 +1420,34 @@ TEST_CASE("validate: a node whose buffers are smaller than its kernel reaches, o
     FAIL("no constant " << name);
     throw std::logic_error("unreachable");
   };
-  refused("a join whose output layout is not the plan's max_steps", [&](Plan& p) {
-            constant(p, "top1", "MAX_STEPS") = 8;
-            for (Bucket& b : p.buckets)
-              for (Node& n : b.nodes)
-                if (n.name.ends_with(".top1")) n.spec = "top1__vocab_300__cols_16__max_steps_8";
-          }, "has MAX_STEPS = 8, but the plan's max_steps is 4");
-  refused("a top1 spec of 0 columns", [&](Plan& p) { constant(p, "top1", "COLS") = 0; }, "COLS = 0 is outside 1..16777216");
-  refused("an unknown epilogue", [&](Plan& p) { constant(p, "gemv", "EPILOGUE") = 5; }, "EPILOGUE = 5 is outside 0..4");
+  refused(
+      "a join whose output layout is not the plan's max_steps",
+      [&](Plan& p) {
+        constant(p, "top1", "MAX_STEPS") = 8;
+        for (Bucket& b : p.buckets)
+          for (Node& n : b.nodes)
+            if (n.name.ends_with(".top1")) n.spec = "top1__vocab_300__cols_16__max_steps_8";
+      },
+      "has MAX_STEPS = 8, but the plan's max_steps is 4");
+  refused(
+      "a top1 spec of 0 columns", [&](Plan& p) { constant(p, "top1", "COLS") = 0; }, "COLS = 0 is outside 1..16777216");
+  refused(
+      "an unknown epilogue", [&](Plan& p) { constant(p, "gemv", "EPILOGUE") = 5; }, "EPILOGUE = 5 is outside 0..4");
   // The outputs' copy to host memory has the layout the runtime reads, and only a draft pass ends.
-  refused("a store_outputs of another step count",
-          [&](Plan& p) { constant(p, "store_outputs", "MAX_STEPS") = 8; },
-          "store_outputs__max_steps_8 has MAX_STEPS = 8, but the plan's max_steps is 4");
-  refused("a last_step_only extend node", [&](Plan& p) { p.extend.front().last_step_only = true; },
-          "is last_step_only; only draft nodes may be");
-  refused("a width past the constants' range", [&](Plan& p) { constant(p, "rmsnorm", "WIDTH") = int64_t{1} << 40; },
-          "WIDTH = 1099511627776 is outside 1..16777216");
+  refused(
+      "a store_outputs of another step count", [&](Plan& p) { constant(p, "store_outputs", "MAX_STEPS") = 8; },
+      "store_outputs__max_steps_8 has MAX_STEPS = 8, but the plan's max_steps is 4");
+  refused(
+      "a last_step_only extend node", [&](Plan& p) { p.extend.front().last_step_only = true; },
+      "is last_step_only; only draft nodes may be");
+  refused(
+      "a width past the constants' range", [&](Plan& p) { constant(p, "rmsnorm", "WIDTH") = int64_t{1} << 40; },
+      "WIDTH = 1099511627776 is outside 1..16777216");
 }
 
-TEST_CASE("validate: a draft pass must begin with load_tables of host_tables and end every step with its "
-          "store_outputs to host_token, host_conf and host_done") {
+TEST_CASE(
+    "validate: a draft pass must begin with load_tables of host_tables and end every step with its "
+    "store_outputs to host_token, host_conf and host_done") {
   const Plan good = make_plan(preset_header("tiny"), golden_options());
   CHECK_NOTHROW(validate(good));
   const auto nodes = [](Plan& p) -> std::vector<Node>& { return p.buckets.back().nodes; };
@@ -1374,33 +1458,40 @@ TEST_CASE("validate: a draft pass must begin with load_tables of host_tables and
   };
   // Each edit keeps every node's own checks (reach, alignment, launch) satisfied: only the pass's contract
   // with the runtime is broken.
-  refused("the tables read from another host buffer",
-          [&](Plan& p) { param(find(p, "s1.load_tables"), "host_tables").buffer = "host_token"; },
-          "bucket 16 node s1.load_tables: `host_tables` must bind host buffer `host_tables` at byte_offset 0, which "
-          "the runtime writes before the launch");
-  refused("the completion word written into the outputs",
-          [&](Plan& p) { param(find(p, "s3.store_outputs"), "host_done").buffer = "host_conf"; },
-          "bucket 16 node s3.store_outputs: `host_done` must bind host buffer `host_done`");
-  refused("a pass that reads the tables after its first node",
-          [&](Plan& p) { std::swap(nodes(p)[0], nodes(p)[1]); },
-          "bucket 16: the pass begins with node s1.gather_g (kernel copy_rows); it must begin with load_tables");
+  refused(
+      "the tables read from another host buffer",
+      [&](Plan& p) { param(find(p, "s1.load_tables"), "host_tables").buffer = "host_token"; },
+      "bucket 16 node s1.load_tables: `host_tables` must bind host buffer `host_tables` at byte_offset 0, which "
+      "the runtime writes before the launch");
+  refused(
+      "the completion word written into the outputs",
+      [&](Plan& p) { param(find(p, "s3.store_outputs"), "host_done").buffer = "host_conf"; },
+      "bucket 16 node s3.store_outputs: `host_done` must bind host buffer `host_done`");
+  refused(
+      "a pass that reads the tables after its first node", [&](Plan& p) { std::swap(nodes(p)[0], nodes(p)[1]); },
+      "bucket 16: the pass begins with node s1.gather_g (kernel copy_rows); it must begin with load_tables");
   // Run in every longer pass, step 2's store_outputs would set host_done while steps 3 and 4 still run.
-  refused("a store_outputs in every pass",
-          [&](Plan& p) { find(p, "s2.store_outputs").last_step_only = false; },
-          "bucket 16 node s2.store_outputs: store_outputs is not last_step_only");
-  refused("another node left out of longer passes",
-          [&](Plan& p) { find(p, "s2.top1").last_step_only = true; },
-          "bucket 16 node s2.top1: only store_outputs may be last_step_only");
-  refused("a step without its store_outputs", [&](Plan& p) {
-            auto& n = nodes(p);
-            n.erase(std::find_if(n.begin(), n.end(), [](const Node& x) { return x.name == "s3.store_outputs"; }));
-          }, "a node other than store_outputs ends step 3");
-  refused("a store_outputs before its step's last node", [&](Plan& p) {
-            auto& n = nodes(p);
-            const auto at =
-                std::find_if(n.begin(), n.end(), [](const Node& x) { return x.name == "s2.store_outputs"; });
-            std::iter_swap(at, at - 1);
-          }, "bucket 16 node s2.store_outputs: store_outputs does not end step 2");
+  refused(
+      "a store_outputs in every pass", [&](Plan& p) { find(p, "s2.store_outputs").last_step_only = false; },
+      "bucket 16 node s2.store_outputs: store_outputs is not last_step_only");
+  refused(
+      "another node left out of longer passes", [&](Plan& p) { find(p, "s2.top1").last_step_only = true; },
+      "bucket 16 node s2.top1: only store_outputs may be last_step_only");
+  refused(
+      "a step without its store_outputs",
+      [&](Plan& p) {
+        auto& n = nodes(p);
+        n.erase(std::find_if(n.begin(), n.end(), [](const Node& x) { return x.name == "s3.store_outputs"; }));
+      },
+      "a node other than store_outputs ends step 3");
+  refused(
+      "a store_outputs before its step's last node",
+      [&](Plan& p) {
+        auto& n = nodes(p);
+        const auto at = std::find_if(n.begin(), n.end(), [](const Node& x) { return x.name == "s2.store_outputs"; });
+        std::iter_swap(at, at - 1);
+      },
+      "bucket 16 node s2.store_outputs: store_outputs does not end step 2");
 }
 
 TEST_CASE("plan YAML: another schema_version is refused naming both versions") {
@@ -1427,7 +1518,8 @@ TEST_CASE("plan YAML: corrupted plans are refused by name, never loaded") {
   refused("ring_rows: 20", "ring_rows: 20\nring_cols: 3", "unknown key `ring_cols`");
   refused("buffer: slot_g, byte_offset: 0", "buffer: slot_h, byte_offset: 0",
           "node s1.gather_g: arg `src` names buffer `slot_h`, which no arena holds");
-  refused("{param: src, kind: buffer", "{param: source, kind: buffer", "binds `source`, kernel copy_rows expects `src`");
+  refused("{param: src, kind: buffer", "{param: source, kind: buffer",
+          "binds `source`, kernel copy_rows expects `src`");
   // Host memory holds the host arena's buffers only, and they live nowhere else.
   refused("{name: host_tables, role: host", "{name: host_tables, role: activation",
           "buffer `host_tables` of role activation cannot live in the host arena");
@@ -1513,9 +1605,15 @@ TEST_CASE("plan YAML: random corruption of a plan is refused with tfe::Error or 
     for (int e = 0; e < edits; ++e) {
       const size_t at = rng() % s.size();
       switch (rng() % 3) {
-        case 0: s[at] = alphabet[rng() % alphabet.size()]; break;
-        case 1: s.erase(at, 1 + rng() % 8); break;
-        default: s.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
+        case 0:
+          s[at] = alphabet[rng() % alphabet.size()];
+          break;
+        case 1:
+          s.erase(at, 1 + rng() % 8);
+          break;
+        default:
+          s.insert(at, 1, alphabet[rng() % alphabet.size()]);
+          break;
       }
     }
     try {
@@ -1536,8 +1634,8 @@ TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
   {
     std::mt19937_64 rng(std::random_device{}());
     const auto bytes = test::random_head_bytes(h, rng());
-    std::ofstream(head, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                                static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(head, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   }
   const std::string cmd = fmt::format("{} dump {} --buckets 2,8 --max-steps 3 --max-slots 9 --extend-rows 32 -o {}",
                                       TFE_PLAN_EXE, head, out);
@@ -1555,7 +1653,8 @@ TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
   CHECK(std::system(bad.c_str()) != 0);
   CHECK(read_text(dir / "dump_err.txt").find("buckets[2] = 2 follows 2") != std::string::npos);
   // --rope-in-wqkv false: the option reaches the plan, and a head without qk_norm keeps the qk_rope_kv node.
-  const std::string off = fmt::format("{} dump --preset tiny --buckets 1 --rope-in-wqkv false -o {}", TFE_PLAN_EXE, out);
+  const std::string off =
+      fmt::format("{} dump --preset tiny --buckets 1 --rope-in-wqkv false -o {}", TFE_PLAN_EXE, out);
   REQUIRE(std::system(off.c_str()) == 0);
   PlanOptions one_bucket;
   one_bucket.buckets = {1};
@@ -1582,12 +1681,11 @@ TEST_CASE("tfe-plan dump: a .tfe and a preset plan as make_plan does") {
   CHECK(std::none_of(t.weights.buffers.begin(), t.weights.buffers.end(),
                      [](const Buffer& b) { return b.layout == Layout::tiled; }));
   CHECK(t.weights.find("wkv") == nullptr);
-  CHECK(std::all_of(t.specs.begin(), t.specs.end(), [](const KernelSpec& k) {
-    return !k.kernel.starts_with("gemv") || k.constant("TILED") == 0;
-  }));
+  CHECK(std::all_of(t.specs.begin(), t.specs.end(),
+                    [](const KernelSpec& k) { return !k.kernel.starts_with("gemv") || k.constant("TILED") == 0; }));
   // --attention-split same_drafts: one ring_attention specialization for every bucket.
-  const std::string one_split = fmt::format(
-      "{} dump --preset llama3-8b-eagle3 --attention-split same_drafts -o {}", TFE_PLAN_EXE, out);
+  const std::string one_split =
+      fmt::format("{} dump --preset llama3-8b-eagle3 --attention-split same_drafts -o {}", TFE_PLAN_EXE, out);
   REQUIRE(std::system(one_split.c_str()) == 0);
   const Plan a = load_plan_yaml(read_text(out));
   CHECK(a.options.attention_split == AttentionSplit::same_drafts);
@@ -1622,8 +1720,9 @@ TEST_CASE("tfe-plan dump --preset-fp8: the preset with the FP8 forms random --fp
         std::string::npos);
 }
 
-TEST_CASE("make_plan: a head whose attention does not fit the arch's shared memory, or whose head_dim is over "
-          "512, is refused by its header fields") {
+TEST_CASE(
+    "make_plan: a head whose attention does not fit the arch's shared memory, or whose head_dim is over "
+    "512, is refused by its header fields") {
   HeadHeader h = preset_header("tiny");
   h.window = 511;
   // 128 query heads over one kv head: at SPLIT 8 the chunk's scores, the per-warp outputs (4 x 128 x 128
@@ -1631,11 +1730,12 @@ TEST_CASE("make_plan: a head whose attention does not fit the arch's shared memo
   h.heads = 128;
   h.kv_heads = 1;
   h.head_dim = 128;
-  CHECK_THROWS_WITH_AS(make_plan(h, PlanOptions{}),
-                       "plan: ring_attention needs 361472 bytes of shared memory a CTA for heads = 128 over kv_heads = 1 "
-                       "(128 a group), head_dim = 128 and window = 511 (SPLIT 8 at 1 streams); sm_90 allows at most "
-                       "232448",
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      make_plan(h, PlanOptions{}),
+      "plan: ring_attention needs 361472 bytes of shared memory a CTA for heads = 128 over kv_heads = 1 "
+      "(128 a group), head_dim = 128 and window = 511 (SPLIT 8 at 1 streams); sm_90 allows at most "
+      "232448",
+      Error);
   // 32 a group fits sm_90 but not sm_89's 99 KB (SPLIT 1 there: the whole window's scores in one CTA).
   h.heads = 32;
   PlanOptions o;

@@ -84,10 +84,11 @@ Rows random_rows(const HeadHeader& h, int64_t n, std::mt19937_64& rng) {
 
 ExtendRequest request(int slot, int64_t first, const Rows& r, int64_t begin, int64_t n, const HeadHeader& h) {
   const size_t width = h.taps.size() * static_cast<size_t>(h.target_hidden);
-  return {slot, first, n, std::span<const bf16_bits>(r.taps).subspan(static_cast<size_t>(begin) * width, static_cast<size_t>(n) * width),
-          std::span<const int32_t>(r.tokens).subspan(static_cast<size_t>(begin), static_cast<size_t>(n))};
+  return {
+      slot, first, n,
+      std::span<const bf16_bits>(r.taps).subspan(static_cast<size_t>(begin) * width, static_cast<size_t>(n) * width),
+      std::span<const int32_t>(r.tokens).subspan(static_cast<size_t>(begin), static_cast<size_t>(n))};
 }
-
 
 bool same(const DraftResult& a, const DraftResult& b) {
   return a.tokens == b.tokens && a.hidden == b.hidden &&
@@ -424,7 +425,8 @@ std::vector<std::byte> micro_head() {
   auto ones = [](int64_t, int64_t) { return 1.0f; };
   w.add("fc", DType::BF16, {8, 8}, matrix(8, 8, eye));
   // embed[t] = +-1 by the bits of t (bit i % 4 set -> -1).
-  w.add("embed", DType::BF16, {16, 8}, matrix(16, 8, [](int64_t t, int64_t i) { return (t >> (i % 4)) & 1 ? -1.0f : 1.0f; }));
+  w.add("embed", DType::BF16, {16, 8},
+        matrix(16, 8, [](int64_t t, int64_t i) { return (t >> (i % 4)) & 1 ? -1.0f : 1.0f; }));
   w.add("input_norm", DType::BF16, {8}, matrix(1, 8, ones));
   w.add("hidden_norm", DType::BF16, {8}, matrix(1, 8, ones));
   w.add("wq", DType::BF16, {8, 16}, matrix(8, 16, [](int64_t, int64_t) { return 0.0f; }));
@@ -484,7 +486,7 @@ TEST_CASE("reference: a micro head drafts what the hand computation says") {
   const StepTrace& s2 = trace.at(0, 2);
   CHECK(s2.position == 1);
   CHECK(s2.key_begin == 0);
-  CHECK(floats(std::span(s2.x).last(8)) == floats(s1.n));                      // rms_hidden(h2 of step 1)
+  CHECK(floats(std::span(s2.x).last(8)) == floats(s1.n));                                   // rms_hidden(h2 of step 1)
   CHECK(floats(std::span(s2.x).first(8)) == std::vector<float>{-1, 1, 1, 1, -1, 1, 1, 1});  // embed[target 1]
   CHECK(floats(s2.o) == std::vector<float>{1.09375f, 1.09375f, -0.87890625f, -0.87890625f, 1.09375f, 1.09375f,
                                            -0.87890625f, -0.87890625f});
@@ -580,11 +582,14 @@ TEST_CASE("reference: the trace ties each step to the one before and to the ring
         REQUIRE(t.candidates.size() == static_cast<size_t>(h.cand_k));
         CHECK(t.candidates == ref::topk(t.scores, h.cand_k));
         CHECK(std::find(t.candidates.begin(), t.candidates.end(), t.draft_id) != t.candidates.end());
-        CHECK(t.confidence == ref::rescore(t.exact, [&] {
-                std::vector<int32_t> ids;
-                for (int32_t c : t.candidates) ids.push_back(c + d2t[static_cast<size_t>(c)]);
-                return ids;
-              }()).confidence);
+        CHECK(t.confidence == ref::rescore(t.exact,
+                                           [&] {
+                                             std::vector<int32_t> ids;
+                                             for (int32_t c : t.candidates)
+                                               ids.push_back(c + d2t[static_cast<size_t>(c)]);
+                                             return ids;
+                                           }())
+                                  .confidence);
       } else {
         CHECK(t.logits.size() == static_cast<size_t>(h.draft_vocab));
         CHECK(t.draft_id == ref::top1(t.logits).id);
@@ -602,7 +607,7 @@ TEST_CASE("reference: a key older than the window changes nothing, and one insid
   const HeadFile file = open_bytes(bytes);
   Reference ref(file, {.max_slots = 3, .max_steps = 4, .fp8 = Fp8Mode::automatic, .threads = 1});
   const int64_t n = 18, last = n - 1,  // n <= ring rows (20)
-                width = static_cast<int64_t>(h.taps.size()) * h.target_hidden;
+      width = static_cast<int64_t>(h.taps.size()) * h.target_hidden;
   const Rows base = random_rows(h, n, rng);
   Rows outside = base, inside = base;
   // Row last - W - 1 lies outside every step's window; row last - W is step 1's oldest key.
@@ -610,8 +615,10 @@ TEST_CASE("reference: a key older than the window changes nothing, and one insid
     outside.taps[static_cast<size_t>((last - h.window - 1) * width + i)] ^= 0x0040;
     inside.taps[static_cast<size_t>((last - h.window) * width + i)] ^= 0x0040;
   }
-  outside.tokens[static_cast<size_t>(last - h.window - 1)] = (outside.tokens[static_cast<size_t>(last - h.window - 1)] + 1) % 1000;
-  inside.tokens[static_cast<size_t>(last - h.window)] = (inside.tokens[static_cast<size_t>(last - h.window)] + 1) % 1000;
+  outside.tokens[static_cast<size_t>(last - h.window - 1)] =
+      (outside.tokens[static_cast<size_t>(last - h.window - 1)] + 1) % 1000;
+  inside.tokens[static_cast<size_t>(last - h.window)] =
+      (inside.tokens[static_cast<size_t>(last - h.window)] + 1) % 1000;
   const std::vector<ExtendRequest> req = {request(0, 0, base, 0, n, h), request(1, 0, outside, 0, n, h),
                                           request(2, 0, inside, 0, n, h)};
   ref.extend(req);

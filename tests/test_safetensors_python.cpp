@@ -50,9 +50,8 @@ TEST_CASE("safetensors (Python) reads every tensor of a head tfe wrote") {
     nlohmann::json expected;
     expected["metadata"] = head.file().metadata();
     for (const auto& t : head.file().tensors())
-      expected["tensors"][t.name] = {{"dtype", dtype_name(t.dtype)},
-                                     {"shape", t.shape},
-                                     {"sha256", sha256_hex({t.data, size_t(t.bytes)})}};
+      expected["tensors"][t.name] = {
+          {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"sha256", sha256_hex({t.data, size_t(t.bytes)})}};
     const auto expected_path = (test::temp_dir() / (std::string(preset) + ".expected.json")).string();
     std::ofstream(expected_path) << expected.dump();
 

@@ -89,7 +89,8 @@ inline std::vector<std::byte> random_tensor(const HeadHeader& h, const TensorSpe
       for (auto& x : v) x = dist(rng);
       return to_bytes(v);
     }
-    default: fail("random_tensor: no random fill for {} tensor `{}`", dtype_name(spec.dtype), spec.name);
+    default:
+      fail("random_tensor: no random fill for {} tensor `{}`", dtype_name(spec.dtype), spec.name);
   }
 }
 
@@ -109,8 +110,7 @@ inline std::vector<std::byte> random_head_bytes(const HeadHeader& h, uint64_t se
 // A directory private to this test process, created on first use and removed at exit.
 inline const std::filesystem::path& temp_dir() {
   struct Dir {
-    std::filesystem::path path =
-        std::filesystem::temp_directory_path() / ("tfe_tests_" + std::to_string(::getpid()));
+    std::filesystem::path path = std::filesystem::temp_directory_path() / ("tfe_tests_" + std::to_string(::getpid()));
     Dir() { std::filesystem::create_directories(path); }
     ~Dir() {
       std::error_code ec;  // never throw at exit

@@ -107,28 +107,40 @@ TEST_CASE("validate: a tiled matrix read by anything but a gemv of TILED 1, or o
     throw std::logic_error("unreachable");
   };
   const auto node = plan_node;
-  refused("a tiled matrix read as rows", [&](Plan& p) { weight(p, "wo").layout = Layout::rows; },
-          "node s1.wo arg `w`: spec gemv__rows_1__k_64__n_64__weight_0__epilogue_2__cols_16__tiled_1 has TILED = 1, "
-          "but `wo` is rows");
-  refused("a norm's weight tiled", [&](Plan& p) { weight(p, "post_norm").layout = Layout::tiled; },
-          "buffer `post_norm` is tiled, which only a bf16 or FP8 weight matrix [rows, K] may be");
-  refused("a norm reading a tiled matrix as its weight", [&](Plan& p) {
-            for (Arg& a : node(p, "s1.post_norm").args)
-              if (a.param == "w") a.buffer = "wo";
-          }, "node s1.post_norm arg `w`: `wo` is tiled, which only a gemv's `w` reads");
-  refused("the extend's cuBLASLt GEMM reading a tiled copy", [&](Plan& p) { weight(p, "wkv").layout = Layout::tiled; },
-          "gemm node extend.kv: w `wkv` is tiled; cuBLASLt reads a row-major matrix");
-  refused("a GEMV from the middle of a tile", [&](Plan& p) {
-            Arg& w = node(p, "s1.wo").args[0];
-            w.byte_offset = p.weights.at("wo").bytes / p.weights.at("wo").shape[0];  // row 1
-          }, "node s1.wo arg `w`: byte_offset");
+  refused(
+      "a tiled matrix read as rows", [&](Plan& p) { weight(p, "wo").layout = Layout::rows; },
+      "node s1.wo arg `w`: spec gemv__rows_1__k_64__n_64__weight_0__epilogue_2__cols_16__tiled_1 has TILED = 1, "
+      "but `wo` is rows");
+  refused(
+      "a norm's weight tiled", [&](Plan& p) { weight(p, "post_norm").layout = Layout::tiled; },
+      "buffer `post_norm` is tiled, which only a bf16 or FP8 weight matrix [rows, K] may be");
+  refused(
+      "a norm reading a tiled matrix as its weight",
+      [&](Plan& p) {
+        for (Arg& a : node(p, "s1.post_norm").args)
+          if (a.param == "w") a.buffer = "wo";
+      },
+      "node s1.post_norm arg `w`: `wo` is tiled, which only a gemv's `w` reads");
+  refused(
+      "the extend's cuBLASLt GEMM reading a tiled copy", [&](Plan& p) { weight(p, "wkv").layout = Layout::tiled; },
+      "gemm node extend.kv: w `wkv` is tiled; cuBLASLt reads a row-major matrix");
+  refused(
+      "a GEMV from the middle of a tile",
+      [&](Plan& p) {
+        Arg& w = node(p, "s1.wo").args[0];
+        w.byte_offset = p.weights.at("wo").bytes / p.weights.at("wo").shape[0];  // row 1
+      },
+      "node s1.wo arg `w`: byte_offset");
   // A tiled spec whose shape has no tiled form (it would not compile) is refused before NVRTC sees it.
-  refused("a tiled gemv of 8 columns", [&](Plan& p) {
-            for (KernelSpec& spec : p.specs)
-              if (spec.kernel == "gemv" && spec.constant("TILED") == 1)
-                for (auto& [name, v] : spec.constants)
-                  if (name == "N") v = 8;
-          }, "TILED = 1 needs N a multiple of 16 and rows of whole 64-byte K steps (N = 8");
+  refused(
+      "a tiled gemv of 8 columns",
+      [&](Plan& p) {
+        for (KernelSpec& spec : p.specs)
+          if (spec.kernel == "gemv" && spec.constant("TILED") == 1)
+            for (auto& [name, v] : spec.constants)
+              if (name == "N") v = 8;
+      },
+      "TILED = 1 needs N a multiple of 16 and rows of whole 64-byte K steps (N = 8");
 }
 
 }  // namespace

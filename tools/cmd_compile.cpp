@@ -63,8 +63,7 @@ void add_compile(CLI::App& app) {
     const Plan plan = plan_from_args(*args);
     const KernelCache cache = KernelCache::from_environment();
     const CompileSummary s = compile_plan(
-        plan, *out, [](const CompileProgress& p) { std::fprintf(stderr, "%s\n", format_progress(p).c_str()); },
-        cache);
+        plan, *out, [](const CompileProgress& p) { std::fprintf(stderr, "%s\n", format_progress(p).c_str()); }, cache);
     fmt::print("specs:   {}\nhits:    {}\nmisses:  {}\nwall:    {:.0f} ms\ncache:   {}\noutput:  {}\n", s.specs, s.hits,
                s.misses, s.wall_ms, cache.dir(plan.options.arch).string(), s.out_dir);
   });

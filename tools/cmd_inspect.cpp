@@ -29,9 +29,10 @@ std::string tap_text(const Tap& t) {
 
 std::string rope_text(const Rope& r) {
   if (!r.llama3) return fmt::format("theta {}", r.theta);
-  return fmt::format("theta {}, llama3 scaling: factor {}, low_freq_factor {}, high_freq_factor {}, "
-                     "original_max_positions {}",
-                     r.theta, r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_positions);
+  return fmt::format(
+      "theta {}, llama3 scaling: factor {}, low_freq_factor {}, high_freq_factor {}, "
+      "original_max_positions {}",
+      r.theta, r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_positions);
 }
 
 void print_header(const HeadFile& head) {
@@ -116,7 +117,8 @@ void print_step(const HeadHeader& h, const InspectArgs& a) {
 }
 
 void run(const InspectArgs& a) {
-  if (!std::isfinite(a.bandwidth_tbps)) fail("inspect: --bandwidth {} must be a finite number of TB/s", a.bandwidth_tbps);
+  if (!std::isfinite(a.bandwidth_tbps))
+    fail("inspect: --bandwidth {} must be a finite number of TB/s", a.bandwidth_tbps);
   const HeadFile head = HeadFile::open(a.path, {.verify_sha256 = a.verify});
   fmt::print("{}\n\n", a.path);
   print_header(head);

@@ -83,7 +83,8 @@ void run(const Args& a) {
   if (a.rows > max_position(a.steps) + int64_t{1})
     fail("--rows = {} exceeds the largest position {} + 1", a.rows, max_position(a.steps));
 
-  const int64_t B = a.streams, N = a.rows, S = a.steps, row_width = static_cast<int64_t>(h.taps.size()) * h.target_hidden;
+  const int64_t B = a.streams, N = a.rows, S = a.steps,
+                row_width = static_cast<int64_t>(h.taps.size()) * h.target_hidden;
   Normal rng(a.seed);
   const auto taps = random_taps(h, B * N, rng);
   std::vector<int32_t> tokens(static_cast<size_t>(B * N)), positions(tokens.size()), slots(static_cast<size_t>(B));
@@ -191,7 +192,9 @@ void add_reference(CLI::App& app) {
   auto* cmd = app.add_subcommand("reference", "Test vectors from the CPU reference: random taps, extend, draft");
   cmd->add_option("head", args->head, "head file (.tfe)")->required();
   cmd->add_option("--streams", args->streams, "slots, each with its own rows")->required()->check(CLI::Range(1, 1024));
-  cmd->add_option("--rows", args->rows, "real rows per slot (positions 0..rows-1)")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("--rows", args->rows, "real rows per slot (positions 0..rows-1)")
+      ->required()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--steps", args->steps, "draft steps")->required()->check(CLI::Range(1, 16));
   cmd->add_option("--seed", args->seed, "seed of the taps and tokens")->required();
   cmd->add_option("--fp8", args->fp8, "FP8 forms: auto, off, require")

@@ -28,9 +28,9 @@ void check_arch(const std::string& arch) {
 void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
   const PlanOptions d;
   auto* head = cmd->add_option("head", args->head_path, "head file (.tfe)")->check(CLI::ExistingFile);
-  auto* preset = cmd->add_option("--preset", args->preset,
-                                 fmt::format("plan a built-in head shape instead of a file: {}",
-                                             fmt::join(preset_names(), ", ")));
+  auto* preset =
+      cmd->add_option("--preset", args->preset,
+                      fmt::format("plan a built-in head shape instead of a file: {}", fmt::join(preset_names(), ", ")));
   head->excludes(preset);
   preset->excludes(head);
   // A preset is a bare header; this gives it the FP8 forms `tfe-plan random --preset NAME --fp8` writes,
@@ -41,13 +41,16 @@ void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
   cmd->add_option("--buckets", args->options.buckets,
                   fmt::format("streams buckets, ascending, each 1..16 (default {})", fmt::join(d.buckets, ",")))
       ->delimiter(',');
-  cmd->add_option("--max-steps", args->options.max_steps, "draft steps a pass runs at most (1..16)")->capture_default_str();
+  cmd->add_option("--max-steps", args->options.max_steps, "draft steps a pass runs at most (1..16)")
+      ->capture_default_str();
   cmd->add_option("--fp8", args->fp8, "FP8 forms: auto (where the head has them), off, require")
       ->check(CLI::IsMember({"auto", "off", "require"}))
       ->capture_default_str();
-  cmd->add_option("--arch", args->options.arch, "target architecture, sm_<digits>, sm_90 or newer")->capture_default_str();
+  cmd->add_option("--arch", args->options.arch, "target architecture, sm_<digits>, sm_90 or newer")
+      ->capture_default_str();
   cmd->add_option("--max-slots", args->options.max_slots, "sequences held at once (1..4096)")->capture_default_str();
-  cmd->add_option("--extend-rows", args->options.extend_rows, "rows of one extend chunk (16..8192)")->capture_default_str();
+  cmd->add_option("--extend-rows", args->options.extend_rows, "rows of one extend chunk (16..8192)")
+      ->capture_default_str();
   add_attention_split_option(cmd, args->options);
   cmd->add_option("--cand-k", args->options.cand_k,
                   "candidates a two_stage head rescores per row (1..512, at most draft_vocab; 0: the head's)")
@@ -67,8 +70,8 @@ CLI::Option* add_attention_split_option(CLI::App* cmd, PlanOptions& options) {
 }
 
 std::vector<CLI::Option*> add_plan_tuning_options(CLI::App* cmd, Tuning& tuning) {
-  CLI::Option_group* group = cmd->add_option_group(
-      "tuning", "measured speed choices; the defaults measured fastest (BENCHMARKS.md)");
+  CLI::Option_group* group =
+      cmd->add_option_group("tuning", "measured speed choices; the defaults measured fastest (BENCHMARKS.md)");
   const auto add = [&](const char* name, auto& field, const char* description) {
     return group->add_option(name, field, description)->capture_default_str();
   };
@@ -98,7 +101,8 @@ Plan plan_from_args(const PlanArgs& args) {
     if (args.preset_fp8) mark_fp8_forms(header);
     return make_plan(header, options, args.tuning);
   }
-  if (args.head_path.empty()) fail("no head given: pass a .tfe file or --preset NAME ({})", fmt::join(preset_names(), ", "));
+  if (args.head_path.empty())
+    fail("no head given: pass a .tfe file or --preset NAME ({})", fmt::join(preset_names(), ", "));
   const HeadFile head = HeadFile::open(args.head_path);
   return make_plan(head.header(), options, args.tuning, head.header_sha256());
 }

@@ -21,10 +21,10 @@ struct ExtendRequest {
 struct DraftResult {
   int streams = 0;
   int steps = 0;
-  int64_t width = 0;                 // H
-  std::vector<int32_t> tokens;       // [streams, steps] target ids
-  std::vector<float> confidences;    // [streams, steps]
-  std::vector<bf16_bits> hidden;     // [streams, steps, H]: each step's h2
+  int64_t width = 0;               // H
+  std::vector<int32_t> tokens;     // [streams, steps] target ids
+  std::vector<float> confidences;  // [streams, steps]
+  std::vector<bf16_bits> hidden;   // [streams, steps, H]: each step's h2
 
   int32_t token(int stream, int step) const { return tokens[at(stream, step)]; }  // step: 1-based
   float confidence(int stream, int step) const { return confidences[at(stream, step)]; }

@@ -56,7 +56,7 @@ struct HeadHeader {
   float rms_eps = 1e-5f;
   bool qk_norm = false;
   HeadType head_type = HeadType::dense;
-  int cand_k = 0;   // two_stage only
+  int cand_k = 0;       // two_stage only
   int64_t lowrank = 0;  // two_stage only: r
   // Linears (see kLinears) that carry an FP8 e4m3 form `<name>.fp8` + `<name>.scale`.
   std::vector<std::string> fp8;
@@ -75,8 +75,8 @@ struct TensorSpec {
 
 // The linears of a head, in file order. A linear `w` of shape [N, K] may carry an FP8 form:
 // `w.fp8` F8_E4M3 [N, K] and `w.scale` F32 [N] (docs/head.md, "FP8").
-inline constexpr std::string_view kLinears[] = {"fc",     "wq",   "wk",      "wv",   "wo",   "w_gate",
-                                                "w_up",   "w_down", "lm_head", "lr_a", "lr_b", "target_head"};
+inline constexpr std::string_view kLinears[] = {"fc",   "wq",     "wk",      "wv",   "wo",   "w_gate",
+                                                "w_up", "w_down", "lm_head", "lr_a", "lr_b", "target_head"};
 bool is_linear(std::string_view name);
 // Linears the head's type uses (dense: lm_head; two_stage: lr_a, lr_b, target_head).
 std::vector<std::string> linears_in_use(const HeadHeader& h);

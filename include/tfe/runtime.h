@@ -44,13 +44,14 @@ struct OpenOptions {
   // stream's handle when graphs are on (capture needs a created stream).
   cudaStream_t stream = nullptr;
   // Plan options (stream buckets, max steps, fp8 mode, max slots, extend rows, attention split, cand_k). The
-  // arch is always the device's. With an artifact, when set they must equal the artifact's (else refused or recompiled).
+  // arch is always the device's. With an artifact, when set they must equal the artifact's (else refused or
+  // recompiled).
   std::optional<PlanOptions> plan;
   enum class Capture : uint8_t { at_open, lazy };  // lazy: a graph is captured at its first replay
   Capture capture = Capture::at_open;
-  bool graphs = true;            // false, or TFE_GRAPHS=0 in the environment: every pass runs eagerly
-  size_t graph_capacity = 0;     // executors kept; 0: one per (bucket, steps)
-  bool verify_sha256 = false;    // hash every tensor of the head file against its recorded sha256
+  bool graphs = true;          // false, or TFE_GRAPHS=0 in the environment: every pass runs eagerly
+  size_t graph_capacity = 0;   // executors kept; 0: one per (bucket, steps)
+  bool verify_sha256 = false;  // hash every tensor of the head file against its recorded sha256
   // Bytes of L2 set aside so that part of the draft GEMVs' weights stays in L2 from one step to the next
   // (each GEMV's weight matrix launches as an L2 access-policy window whose hit ratio is the set-aside over
   // a step's GEMV weight bytes; its other lines stream). 0: none, the default. Clamped to the device's

@@ -128,7 +128,8 @@ void check_top1(std::span<const float> logits, int64_t rows, int64_t vocab, int6
   for (int64_t r = 0; r < rows; ++r) {
     CAPTURE(r);
     const std::span<const float> l = logits.subspan(static_cast<size_t>(r * vocab), static_cast<size_t>(vocab));
-    const std::span<const Top1Record> rp = parts.subspan(static_cast<size_t>(r * n_parts), static_cast<size_t>(n_parts));
+    const std::span<const Top1Record> rp =
+        parts.subspan(static_cast<size_t>(r * n_parts), static_cast<size_t>(n_parts));
     for (int64_t p = 0; p < n_parts; ++p) {
       CAPTURE(p);
       const int64_t begin = p * cols, len = std::min(cols, vocab - begin);
@@ -139,7 +140,8 @@ void check_top1(std::span<const float> logits, int64_t rows, int64_t vocab, int6
       const Best b = best_of(l.subspan(static_cast<size_t>(begin), static_cast<size_t>(len)));
       if (clear_winner(b)) CHECK(rec.idx == begin + b.id);
       double sum = 0;
-      for (int64_t j = begin; j < begin + len; ++j) sum += std::exp(static_cast<double>(l[static_cast<size_t>(j)]) - b.value);
+      for (int64_t j = begin; j < begin + len; ++j)
+        sum += std::exp(static_cast<double>(l[static_cast<size_t>(j)]) - b.value);
       got_max.push_back(rec.max);
       want_max.push_back(b.value);
       got_sum.push_back(rec.sum);

@@ -73,5 +73,4 @@ void check_top1(std::span<const float> logits, int64_t rows, int64_t vocab, int6
 }  // namespace tfe::test
 
 // A GPU test case: in the test suite "gpu", skipped (and reported as skipped) without a device.
-#define TFE_GPU_TEST_CASE(name) \
-  TEST_CASE(name * doctest::test_suite("gpu") * doctest::skip(::tfe::test::no_gpu()))
+#define TFE_GPU_TEST_CASE(name) TEST_CASE(name* doctest::test_suite("gpu") * doctest::skip(::tfe::test::no_gpu()))

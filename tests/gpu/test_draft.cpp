@@ -127,7 +127,8 @@ void draft_vs_reference(const std::string& preset, Fp8Mode fp8) {
     const auto h2 = as_vector<bf16_bits>(tfe::testing::read_buffer(rt, "h2"));
     for (int i = 0; i < n; ++i) {
       if (!a.whole[static_cast<size_t>(i)]) continue;
-      const std::span<const bf16_bits> got(h2.data() + static_cast<size_t>(i * h.hidden), static_cast<size_t>(h.hidden));
+      const std::span<const bf16_bits> got(h2.data() + static_cast<size_t>(i * h.hidden),
+                                           static_cast<size_t>(h.hidden));
       CHECK(normalized_error(got, want.h2(i, po.max_steps)) < kHiddenTolerance);
     }
   }
@@ -228,7 +229,6 @@ TFE_GPU_TEST_CASE("draft: a slot attached mid-sequence attends only its own rows
   CHECK(normalized_error(std::span<const bf16_bits>(h2.data(), static_cast<size_t>(h.hidden)), want.h2(0, 2)) <
         kHiddenTolerance);
 }
-
 
 // testing::Hooks::knock_out (tfe-bench --knock-out) leaves a node out of every draft pass, replayed or
 // launched eagerly. With top1 out no step writes a token or a confidence, so the outputs keep the zeros

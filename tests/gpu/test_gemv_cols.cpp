@@ -83,8 +83,9 @@ std::vector<uint8_t> run_gemv(const KernelSpec& spec, const Inputs& in, int64_t 
   return out;
 }
 
-TFE_GPU_TEST_CASE("gemv: COLS 16 and COLS 32, row-major and tiled weights write the same bits, bf16 and FP8, f32 "
-                  "and residual outputs") {
+TFE_GPU_TEST_CASE(
+    "gemv: COLS 16 and COLS 32, row-major and tiled weights write the same bits, bf16 and FP8, f32 "
+    "and residual outputs") {
   auto stream = cuda::create_stream();
   std::mt19937_64 rng(2026);
   // 1000 = 31 x 32 + 8: the last COLS 32 CTA holds 8 columns. K 512 gives a warp too few steps, so a CTA
@@ -95,8 +96,8 @@ TFE_GPU_TEST_CASE("gemv: COLS 16 and COLS 32, row-major and tiled weights write 
   struct Shape {
     int64_t k, n;
   };
-  for (const Shape& shape : {Shape{2048, 1000}, Shape{512, 1096}, Shape{100, 1096}, Shape{512, 1104},
-                             Shape{1024, 1008}, Shape{4096, 2064}}) {
+  for (const Shape& shape : {Shape{2048, 1000}, Shape{512, 1096}, Shape{100, 1096}, Shape{512, 1104}, Shape{1024, 1008},
+                             Shape{4096, 2064}}) {
     const int64_t K = shape.k, N = shape.n;
     for (const int64_t weight : {kc::kWeightBF16, kc::kWeightFP8})
       for (const int64_t epilogue : {kc::kEpilogueF32, kc::kEpilogueResidual})
@@ -110,9 +111,13 @@ TFE_GPU_TEST_CASE("gemv: COLS 16 and COLS 32, row-major and tiled weights write 
           std::vector<uint8_t> y[4];
           for (int i = 0; i < (tileable_shape ? 4 : 2); ++i) {
             CAPTURE(i);
-            const KernelSpec spec =
-                make_spec("gemv", {{"ROWS", 16}, {"K", K}, {"N", N}, {"WEIGHT", weight}, {"EPILOGUE", epilogue},
-                                   {"COLS", i % 2 == 0 ? 16 : 32}, {"TILED", i / 2}});
+            const KernelSpec spec = make_spec("gemv", {{"ROWS", 16},
+                                                       {"K", K},
+                                                       {"N", N},
+                                                       {"WEIGHT", weight},
+                                                       {"EPILOGUE", epilogue},
+                                                       {"COLS", i % 2 == 0 ? 16 : 32},
+                                                       {"TILED", i / 2}});
             y[i] = run_gemv(spec, in, rows, stream.get());
             CHECK(y[i] == y[0]);
           }
@@ -171,9 +176,13 @@ TFE_GPU_TEST_CASE("gemv: every e4m3 code times a power of two, bit for bit again
       }
     for (int i = 0; i < 4; ++i) {
       CAPTURE(i);
-      const KernelSpec spec =
-          make_spec("gemv", {{"ROWS", 16}, {"K", K}, {"N", N}, {"WEIGHT", kc::kWeightFP8},
-                             {"EPILOGUE", kc::kEpilogueF32}, {"COLS", i % 2 == 0 ? 16 : 32}, {"TILED", i / 2}});
+      const KernelSpec spec = make_spec("gemv", {{"ROWS", 16},
+                                                 {"K", K},
+                                                 {"N", N},
+                                                 {"WEIGHT", kc::kWeightFP8},
+                                                 {"EPILOGUE", kc::kEpilogueF32},
+                                                 {"COLS", i % 2 == 0 ? 16 : 32},
+                                                 {"TILED", i / 2}});
       const std::vector<uint8_t> y = run_gemv(spec, in, rows, stream.get());
       REQUIRE(y.size() == want.size() * 4);
       size_t differ = 0;

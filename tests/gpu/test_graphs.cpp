@@ -19,7 +19,8 @@ namespace {
 // other than 0 replaces the preset's, so that attention splits the keys over a cluster (32 keys a CTA
 // at least: the tiny presets' 16 keys take one CTA).
 void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
-                    testing::Hooks::DependentLaunch dependent = testing::Hooks::DependentLaunch::plan, int64_t window = 0) {
+                    testing::Hooks::DependentLaunch dependent = testing::Hooks::DependentLaunch::plan,
+                    int64_t window = 0) {
   HeadHeader header = preset_header(preset);
   if (window) header.window = window;
   auto head = random_head_image(header, 11, fp8 != Fp8Mode::off);
@@ -140,8 +141,7 @@ TFE_GPU_TEST_CASE("graphs: cache updates an executor whose addresses changed and
 
   target = b.data();
   TFE_CUDA(cudaMemsetAsync(b.data(), 0, 4096, stream.get()));
-  CHECK_THROWS_WITH_AS(cache.replay(key, Bindings{b.data()}), doctest::Contains("was captured with arena"),
-                       tfe::Error);
+  CHECK_THROWS_WITH_AS(cache.replay(key, Bindings{b.data()}), doctest::Contains("was captured with arena"), tfe::Error);
   cache.run(key, Bindings{b.data()}, record);  // re-captured and applied by cudaGraphExecUpdate
   CHECK(cache.counters().updates + cache.counters().reinstantiated == 1);
   std::vector<uint8_t> host(4096);

@@ -3,8 +3,8 @@
 // the vocabulary head's outputs), and each is recomputed on the CPU from the GPU's values before it, so
 // a difference is the kernel's alone. A head whose RoPE runs in the wqkv gemv's epilogue (gemv_rope_kv)
 // leaves no qkv: its q and ring K/V are checked against the reference's linear and RoPE of the GPU's x,
-// and "kernels: gemv_rope_kv ..." checks them bit for bit against the two-node path. Every preset's specializations run (the big presets with random
-// weights made in memory), for each bucket's row count.
+// and "kernels: gemv_rope_kv ..." checks them bit for bit against the two-node path. Every preset's specializations run
+// (the big presets with random weights made in memory), for each bucket's row count.
 //
 // Tolerances: bf16 outputs: more than one bf16 ulp apart on at most 0.1% of the elements (and at least
 // one element allowed), normalized error < 1e-2; fp32 scores and exact logits: normalized error < 1e-4;
@@ -105,9 +105,10 @@ void check_step(Runtime& rt, const HeadFile& file, int rows) {
     CHECK(std::equal(g.begin() + r * H, g.begin() + (r + 1) * H, slot_g.begin() + slot[r] * H));
     // prepare_x
     std::vector<bf16_bits> xr(static_cast<size_t>(2 * H));
-    ref::rmsnorm(embed.subspan(static_cast<size_t>(tok[r] * H), static_cast<size_t>(H)), st.norm("input_norm"), h.rms_eps,
-                 std::span<bf16_bits>(xr).first(static_cast<size_t>(H)));
-    ref::rmsnorm(row(g, r, H), st.norm("hidden_norm"), h.rms_eps, std::span<bf16_bits>(xr).last(static_cast<size_t>(H)));
+    ref::rmsnorm(embed.subspan(static_cast<size_t>(tok[r] * H), static_cast<size_t>(H)), st.norm("input_norm"),
+                 h.rms_eps, std::span<bf16_bits>(xr).first(static_cast<size_t>(H)));
+    ref::rmsnorm(row(g, r, H), st.norm("hidden_norm"), h.rms_eps,
+                 std::span<bf16_bits>(xr).last(static_cast<size_t>(H)));
     check_bf16("prepare_x", row(x, r, 2 * H), xr);
   }
   // wqkv gemv on the GPU's x.
@@ -292,7 +293,7 @@ void rope_paths_agree(const std::string& preset, bool fp8, std::vector<int> buck
     rts.push_back(std::make_unique<Runtime>(tfe::testing::open(head->file, test_open_options(po), hooks)));
   }
   const Plan& fused = tfe::testing::plan(*rts[0]);
-  REQUIRE(fused.arena.find("qkv") == nullptr);        // gemv_rope_kv
+  REQUIRE(fused.arena.find("qkv") == nullptr);                        // gemv_rope_kv
   REQUIRE(tfe::testing::plan(*rts[1]).arena.find("qkv") != nullptr);  // wqkv gemv + qk_rope_kv
   std::mt19937_64 rng(23);
   std::vector<Rows> rows;
@@ -337,8 +338,7 @@ TFE_GPU_TEST_CASE("kernels: gemv_rope_kv equals the wqkv gemv and qk_rope_kv bit
 // (one bf16 step, beyond it one value in a thousand; the normalized error under 1e-2); replay and eager
 // must agree bit for bit. u and the outputs are filled with 0xFF (a NaN pattern) before each pass, so an
 // unwritten column cannot pass.
-TFE_GPU_TEST_CASE(
-    "kernels: gemv_cluster against the plain gemv, and its graph replay against eager bit for bit, FP8") {
+TFE_GPU_TEST_CASE("kernels: gemv_cluster against the plain gemv, and its graph replay against eager bit for bit, FP8") {
   auto head = random_head_image("tfe-two-stage", 89, true);
   const HeadHeader& h = head->file.header();
   PlanOptions po = test_plan_options(Fp8Mode::require);
@@ -394,7 +394,8 @@ TFE_GPU_TEST_CASE("kernels: 16 query heads of 256 over 2 kv heads, a full window
   h.head_dim = 256;
   h.window = 511;
   auto head = random_head_image(h, 83, false);
-  kernels_vs_reference(*head, false, {1, 2}, 2, [](int s) { return s == 0 ? 600 : 530; }, 100);
+  kernels_vs_reference(
+      *head, false, {1, 2}, 2, [](int s) { return s == 0 ? 600 : 530; }, 100);
 }
 
 }  // namespace

@@ -55,9 +55,9 @@ TFE_GPU_TEST_CASE("refusals: bad extends and drafts are refused by name and chan
     check_unchanged(rt, slots, before);
   };
   refused({random_rows(rng, h, 2, 0, R + 1)}, "exceeds the ring");
-  refused({random_rows(rng, h, 0, 12, 2)}, "does not continue the slot");    // a gap
-  refused({random_rows(rng, h, 0, 9, 2)}, "does not continue the slot");     // a step back
-  refused({random_rows(rng, h, po.max_slots, 0, 2)}, "is outside 0..");      // the scratch slot is not a slot
+  refused({random_rows(rng, h, 0, 12, 2)}, "does not continue the slot");  // a gap
+  refused({random_rows(rng, h, 0, 9, 2)}, "does not continue the slot");   // a step back
+  refused({random_rows(rng, h, po.max_slots, 0, 2)}, "is outside 0..");    // the scratch slot is not a slot
   refused({random_rows(rng, h, -1, 0, 2)}, "is outside 0..");
   {
     Rows bad = random_rows(rng, h, 1, 4, 3);
@@ -148,8 +148,8 @@ void check_artifact_refused_at_open(uint64_t seed, std::string_view tag, Mend&& 
 }
 
 Buffer& host_buffer(Plan& p, std::string_view name) {
-  const auto it = std::find_if(p.host.buffers.begin(), p.host.buffers.end(),
-                               [&](const Buffer& b) { return b.name == name; });
+  const auto it =
+      std::find_if(p.host.buffers.begin(), p.host.buffers.end(), [&](const Buffer& b) { return b.name == name; });
   REQUIRE(it != p.host.buffers.end());
   return *it;
 }
@@ -171,8 +171,8 @@ TFE_GPU_TEST_CASE("refusals: an FP8 weight holding an e4m3 NaN code is refused a
   // The FP8 GEMV would read the code as a finite weight; the upload reads every byte and refuses it.
   auto head = random_head_image("tiny", 72, true);
   const auto& tensors = head->file.file().tensors();
-  const auto f8 = std::find_if(tensors.begin(), tensors.end(),
-                               [](const TensorView& t) { return t.dtype == DType::F8_E4M3; });
+  const auto f8 =
+      std::find_if(tensors.begin(), tensors.end(), [](const TensorView& t) { return t.dtype == DType::F8_E4M3; });
   REQUIRE(f8 != tensors.end());
   head->bytes[static_cast<size_t>(f8->data - head->bytes.data()) + 5] = std::byte{0xff};  // `file` views these
   const OpenOptions o = test_open_options(test_plan_options(Fp8Mode::require));

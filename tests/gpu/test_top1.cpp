@@ -81,9 +81,13 @@ struct Outputs {
 Outputs run_pair(const Head& h, int64_t tile_rows, int64_t rows, int64_t k, int64_t n, int64_t cols, bool fp8,
                  cudaStream_t s) {
   constexpr int64_t kMaxSteps = 2;
-  const KernelSpec gemv = make_spec("gemv", {{"ROWS", tile_rows}, {"K", k}, {"N", n},
+  const KernelSpec gemv = make_spec("gemv", {{"ROWS", tile_rows},
+                                             {"K", k},
+                                             {"N", n},
                                              {"WEIGHT", fp8 ? kc::kWeightFP8 : kc::kWeightBF16},
-                                             {"EPILOGUE", kc::kEpilogueTop1}, {"COLS", cols}, {"TILED", 0}});
+                                             {"EPILOGUE", kc::kEpilogueTop1},
+                                             {"COLS", cols},
+                                             {"TILED", 0}});
   const KernelSpec top1 = make_spec("top1", {{"VOCAB", n}, {"COLS", cols}, {"MAX_STEPS", kMaxSteps}});
   const TestKernel gk = load_test_kernel(gemv), tk = load_test_kernel(top1);
   const int64_t n_parts = (n + cols - 1) / cols;
@@ -126,8 +130,9 @@ struct Case {
   std::vector<Pattern> patterns;
 };
 
-TFE_GPU_TEST_CASE("top1: the lm_head gemv's partials and their join against CPU logits, bf16 and FP8, COLS 16 "
-                  "and 32, random and tied weight rows, run twice") {
+TFE_GPU_TEST_CASE(
+    "top1: the lm_head gemv's partials and their join against CPU logits, bf16 and FP8, COLS 16 "
+    "and 32, random and tied weight rows, run twice") {
   auto stream = cuda::create_stream();
   std::mt19937_64 rng(3131);
   const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -155,8 +160,8 @@ TFE_GPU_TEST_CASE("top1: the lm_head gemv's partials and their join against CPU 
         CAPTURE(static_cast<int>(pattern));
         CAPTURE(fp8);
         const Head h = random_head(rng, pattern, c.rows, c.k, c.n, fp8);
-        const ref::Linear lin = fp8 ? ref::Linear::fp8("lm_head", h.q, h.scale, c.n, c.k)
-                                    : ref::Linear::bf16("lm_head", h.w, c.n, c.k);
+        const ref::Linear lin =
+            fp8 ? ref::Linear::fp8("lm_head", h.q, h.scale, c.n, c.k) : ref::Linear::bf16("lm_head", h.w, c.n, c.k);
         std::vector<float> logits(static_cast<size_t>(c.rows * c.n));
         ref::linear_f32(lin, h.x, logits, threads);
         for (const int64_t cols : {int64_t{16}, int64_t{32}}) {

@@ -33,12 +33,24 @@ std::vector<float> score_row(std::mt19937_64& rng, Pattern pattern, int64_t voca
   for (int64_t i = 0; i < vocab; ++i) {
     float& v = row[static_cast<size_t>(i)];
     switch (pattern) {
-      case Pattern::random: v = normal(rng); break;
-      case Pattern::ascending: v = 0.001f * static_cast<float>(i); break;
-      case Pattern::equal: v = 1.5f; break;
-      case Pattern::few_values: v = static_cast<float>(three(rng)); break;
-      case Pattern::signed_zeros: v = three(rng) == 0 ? -0.0f : three(rng) == 1 ? 0.0f : -1.0f; break;
-      case Pattern::peaks: v = i % 97 == 0 ? 5.0f : normal(rng) - 10.0f; break;
+      case Pattern::random:
+        v = normal(rng);
+        break;
+      case Pattern::ascending:
+        v = 0.001f * static_cast<float>(i);
+        break;
+      case Pattern::equal:
+        v = 1.5f;
+        break;
+      case Pattern::few_values:
+        v = static_cast<float>(three(rng));
+        break;
+      case Pattern::signed_zeros:
+        v = three(rng) == 0 ? -0.0f : three(rng) == 1 ? 0.0f : -1.0f;
+        break;
+      case Pattern::peaks:
+        v = i % 97 == 0 ? 5.0f : normal(rng) - 10.0f;
+        break;
       case Pattern::low_bits: {
         const uint32_t bits = 0x3f800000u | static_cast<uint32_t>(rng() & 0x7ffu);  // 1.0 plus 0 .. 2047 ulps
         std::memcpy(&v, &bits, 4);
@@ -76,21 +88,20 @@ std::vector<std::vector<int32_t>> run_topk(const KernelSpec& spec, const std::ve
 TFE_GPU_TEST_CASE("topk: equals the reference on random, ascending, tied and signed-zero scores, run twice") {
   auto stream = cuda::create_stream();
   std::mt19937_64 rng(4242);
-  const std::vector<Pattern> patterns = {Pattern::random, Pattern::ascending, Pattern::equal, Pattern::few_values,
-                                         Pattern::signed_zeros, Pattern::low_bits, Pattern::peaks,
-                                         Pattern::random};
+  const std::vector<Pattern> patterns = {Pattern::random,       Pattern::ascending, Pattern::equal, Pattern::few_values,
+                                         Pattern::signed_zeros, Pattern::low_bits,  Pattern::peaks, Pattern::random};
   const int64_t rows = static_cast<int64_t>(patterns.size());
   // (vocab, cand_k, split): tfe-two-stage's first.
   for (const auto& [vocab, k, split] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{32000, 64, 8},
-                                                                                      {32000, 512, 8},
-                                                                                      {65536, 512, 8},
-                                                                                      {131072, 512, 8},
-                                                                                      {262144, 512, 8},
-                                                                                      {40000, 64, 1},
-                                                                                      {5001, 300, 2},
-                                                                                      {1000, 300, 8},
-                                                                                      {300, 16, 1},
-                                                                                      {5000, 1, 2}}) {
+                                                                                          {32000, 512, 8},
+                                                                                          {65536, 512, 8},
+                                                                                          {131072, 512, 8},
+                                                                                          {262144, 512, 8},
+                                                                                          {40000, 64, 1},
+                                                                                          {5001, 300, 2},
+                                                                                          {1000, 300, 8},
+                                                                                          {300, 16, 1},
+                                                                                          {5000, 1, 2}}) {
     CAPTURE(vocab);
     CAPTURE(k);
     CAPTURE(split);

@@ -57,8 +57,9 @@ Tensor floats(std::mt19937& rng, const std::string& name, DType dtype, std::vect
       // F16 bit patterns drawn directly (there is no encoder to trust here): norms 1 + m/1024, linears a
       // random sign and mantissa at exponents 2^-10 .. 2^0.
       const uint32_t r = rng();
-      bits[i] = center != 0.0f ? static_cast<uint16_t>(0x3c00 | (r & 0x3ff))
-                               : static_cast<uint16_t>((r & 0x8000) | ((5 + (r >> 16) % 11) << 10) | ((r >> 20) & 0x3ff));
+      bits[i] = center != 0.0f
+                    ? static_cast<uint16_t>(0x3c00 | (r & 0x3ff))
+                    : static_cast<uint16_t>((r & 0x8000) | ((5 + (r >> 16) % 11) << 10) | ((r >> 20) & 0x3ff));
     }
   }
   return {name, dtype, shape, bytes_of(bits)};
