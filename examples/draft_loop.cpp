@@ -18,14 +18,25 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
-#include "core/numeric.h"
-#include "device/cuda_check.h"
+#include <bit>
+
+#include <fmt/format.h>
 #include <tfe/runtime.h>
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// float -> bf16 bits, round to nearest even (the taps an engine hands over are bf16 already).
+tfe::bf16_bits to_bf16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  return static_cast<tfe::bf16_bits>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+template <typename... Args>
+[[noreturn]] void refuse(fmt::format_string<Args...> f, Args&&... args) {
+  throw tfe::Error(fmt::format(f, std::forward<Args>(args)...));
+}
 
 struct Options {
   std::string head;
@@ -51,7 +62,7 @@ class Target {
   std::vector<tfe::bf16_bits> taps(int64_t rows) {
     std::normal_distribution<float> d(0.0f, 1.0f);
     std::vector<tfe::bf16_bits> t(static_cast<size_t>(rows * width_));
-    for (auto& x : t) x = tfe::float_to_bf16(d(rng_));
+    for (auto& x : t) x = to_bf16(d(rng_));
     return t;
   }
   int32_t token() { return std::uniform_int_distribution<int32_t>(0, static_cast<int32_t>(vocab_ - 1))(rng_); }
@@ -105,12 +116,12 @@ int run(const Options& o) {
   const tfe::PlanOptions& plan = rt.plan_options();
   const tfe::HeadHeader& header = rt.header();
   if (o.slots < 1 || o.slots > plan.buckets.back() || o.slots > plan.max_slots)
-    tfe::fail("--slots {} is outside 1..{} (the largest streams bucket and max_slots of the plan)", o.slots,
-              std::min(plan.buckets.back(), plan.max_slots));
+    refuse("--slots {} is outside 1..{} (the largest streams bucket and max_slots of the plan)", o.slots,
+           std::min(plan.buckets.back(), plan.max_slots));
   if (o.steps < 1 || o.steps > plan.max_steps)
-    tfe::fail("--steps {} is outside 1..{} (the plan's max_steps)", o.steps, plan.max_steps);
+    refuse("--steps {} is outside 1..{} (the plan's max_steps)", o.steps, plan.max_steps);
   if (o.prompt < 1 || o.max_len <= o.prompt + o.steps + 1)
-    tfe::fail("--prompt {} / --max-len {}: need prompt >= 1 and max-len > prompt + steps + 1", o.prompt, o.max_len);
+    refuse("--prompt {} / --max-len {}: need prompt >= 1 and max-len > prompt + steps + 1", o.prompt, o.max_len);
 
   Target target(header, o.seed, o.agree);
   std::vector<int> slots(static_cast<size_t>(o.slots));
@@ -222,7 +233,8 @@ int main(int argc, char** argv) {
   app.add_flag("--probe", o.probe, "exit 0 when a CUDA device is present, 1 otherwise");
   CLI11_PARSE(app, argc, argv);
 
-  const int devices = tfe::cuda::device_count();
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
   if (o.probe) return devices > 0 ? 0 : 1;
   if (devices == 0) {
     std::fprintf(stderr,
