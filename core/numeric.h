@@ -86,4 +86,20 @@ inline int64_t find_e4m3_nan(std::span<const std::byte> bytes) {
   return -1;
 }
 
+// The index of the first bf16 value of `values` that is NaN or infinite, or -1: scanned like
+// find_e4m3_nan, in blocks reduced without a branch.
+inline int64_t find_bf16_nonfinite(std::span<const bf16_bits> values) {
+  constexpr size_t kBlock = 2048;
+  const auto bad = [](bf16_bits b) { return (b & 0x7f80u) == 0x7f80u; };
+  for (size_t begin = 0; begin < values.size(); begin += kBlock) {
+    const size_t end = std::min(values.size(), begin + kBlock);
+    unsigned any = 0;
+    for (size_t i = begin; i < end; ++i) any |= bad(values[i]) ? 1u : 0u;
+    if (any != 0)
+      for (size_t i = begin; i < end; ++i)
+        if (bad(values[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
 }  // namespace tfe

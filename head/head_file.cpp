@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -301,6 +302,33 @@ const TensorSpec* find_spec(const std::vector<TensorSpec>& specs, std::string_vi
 
 }  // namespace
 
+void check_weight_values(const TensorView& t, std::string_view where) {
+  const std::span<const std::byte> bytes{t.data, static_cast<size_t>(t.bytes)};
+  switch (t.dtype) {
+    case DType::F8_E4M3:
+      check_e4m3_finite(bytes, t.name, where);
+      return;
+    case DType::BF16: {
+      const auto v = t.as<bf16_bits>();
+      if (const int64_t at = find_bf16_nonfinite(v); at >= 0)
+        fail("{}: tensor `{}`: element {} is {} (bf16 0x{:04x}); weights must be finite", where, t.name, at,
+             bf16_to_float(v[static_cast<size_t>(at)]), v[static_cast<size_t>(at)]);
+      return;
+    }
+    case DType::F32: {
+      const bool scale = t.name.ends_with(".scale");
+      const auto v = t.as<float>();
+      for (size_t i = 0; i < v.size(); ++i)
+        if (!std::isfinite(v[i]) || (scale && !(v[i] > 0.0f)))
+          fail("{}: tensor `{}`: element {} is {}; {} must be finite{}", where, t.name, i, v[i],
+               scale ? "FP8 scales" : "weights", scale ? " and positive" : "");
+      return;
+    }
+    default:
+      return;
+  }
+}
+
 void check_e4m3_finite(std::span<const std::byte> bytes, std::string_view tensor, std::string_view where) {
   const int64_t at = find_e4m3_nan(bytes);
   if (at >= 0)
@@ -331,7 +359,20 @@ void HeadWriter::add(const std::string& name, DType dtype, std::vector<int64_t> 
     fail("head writer: tensor `{}` has {} bytes; shape [{}] of {} needs {}", name, bytes.size(), fmt::join(shape, ", "),
          dtype_name(dtype), expected);
   if (name == "d2t") check_d2t(bytes, header_.vocab, "head writer");
-  if (dtype == DType::F8_E4M3) check_e4m3_finite(bytes, name, "head writer");
+  // What a reader would refuse is never written (a NaN weight converted from a checkpoint, say).
+  // check_weight_values reads elements in place: a caller's buffer off its element alignment is copied.
+  std::vector<std::byte> aligned;
+  const std::byte* data = bytes.data();
+  if (reinterpret_cast<uintptr_t>(data) % static_cast<uintptr_t>(dtype_size(dtype)) != 0) {
+    aligned.assign(bytes.begin(), bytes.end());
+    data = aligned.data();
+  }
+  TensorView view;
+  view.name = std::string(name);
+  view.dtype = dtype;
+  view.data = data;
+  view.bytes = static_cast<int64_t>(bytes.size());
+  check_weight_values(view, "head writer");
   entries_.push_back({name, dtype, std::move(shape), std::move(bytes)});
 }
 
@@ -578,6 +619,9 @@ void HeadFile::check(Options opt) {
 
   const TensorView& d2t = tensor("d2t");
   check_d2t({d2t.data, static_cast<size_t>(d2t.bytes)}, header_.vocab, label);
+
+  if (opt.check_values)
+    for (const auto& t : file_.tensors()) check_weight_values(t, label);
 
   if (opt.verify_sha256) {
     for (const auto& t : file_.tensors()) {

@@ -21,6 +21,7 @@
 #include <tfe/header.h>
 #include "core/numeric.h"
 #include "head/presets.h"
+#include "head/random_head.h"
 #include "test_util.h"
 
 using namespace tfe;
@@ -131,6 +132,38 @@ TEST_CASE("head file: truncating the file under an open HeadFile changes nothing
     for (int64_t i = 0; i < t.bytes; ++i) sum += static_cast<uint8_t>(t.data[i]);
   CHECK(sum > 0);
   CHECK_THROWS_WITH_AS(HeadFile::open(path), doctest::Contains("header length"), Error);
+}
+
+// A weight that is NaN or infinite, a scale that is not positive, or an e4m3 NaN code would make every
+// draft NaN, silently: refused at open by default, by tensor and element.
+TEST_CASE("head file: weights are checked as values at open") {
+  const auto h = preset_header("tiny");
+  const Bytes image = random_head(h, 7, /*fp8=*/true).serialize();
+  const auto head = HeadFile::from_bytes(image);
+  // A copy of the image with `value` written over element `index` of `tensor`.
+  const auto with = [&](const std::string& tensor, size_t index, const void* value, size_t size) {
+    Bytes copy = image;
+    const TensorView& t = head.tensor(tensor);
+    std::memcpy(copy.data() + (t.data - image.data()) + index * size, value, size);
+    return copy;
+  };
+  const uint16_t bf16_nan = 0x7fc0, bf16_inf = 0xff80;
+  const float negative = -0.5f, zero = 0.0f, inf = INFINITY;
+  const uint8_t e4m3_nan = 0x7f;
+  const std::vector<std::pair<Bytes, std::string>> cases = {
+      {with("wo", 3, &bf16_nan, 2), "tensor `wo`: element 3 is nan"},
+      {with("embed", 0, &bf16_inf, 2), "tensor `embed`: element 0 is -inf"},
+      {with("wo.scale", 1, &negative, 4),
+       "tensor `wo.scale`: element 1 is -0.5; FP8 scales must be finite and positive"},
+      {with("wo.scale", 2, &zero, 4), "element 2 is 0; FP8 scales must be finite and positive"},
+      {with("w_up.scale", 0, &inf, 4), "tensor `w_up.scale`: element 0 is inf"},
+      {with("wo.fp8", 5, &e4m3_nan, 1), "tensor `wo.fp8`: element 5 is 0x7f, an e4m3 NaN code"},
+  };
+  for (const auto& [bytes, message] : cases) {
+    CAPTURE(message);
+    CHECK_THROWS_WITH_AS(HeadFile::from_bytes(bytes), doctest::Contains(message.c_str()), Error);
+    CHECK_NOTHROW(HeadFile::from_bytes(bytes, {.check_values = false}));
+  }
 }
 
 TEST_CASE("head file: a FIFO given as the head file is refused at once") {
@@ -481,7 +514,7 @@ TEST_CASE("head file: d2t, sha256 records and --verify") {
   CHECK_NOTHROW(HeadFile::from_bytes(foreign_key));
 }
 
-TEST_CASE("head file: an e4m3 NaN code in an FP8 tensor is refused by --verify and by the writer") {
+TEST_CASE("head file: an e4m3 NaN code in an FP8 tensor is refused at open, by --verify and by the writer") {
   // find_e4m3_nan on every byte value, at and around its 4 KiB blocks' edges.
   for (size_t at : {size_t{0}, size_t{4095}, size_t{4096}, size_t{9000}}) {
     for (unsigned code = 0; code < 256; ++code) {
@@ -509,10 +542,11 @@ TEST_CASE("head file: an e4m3 NaN code in an FP8 tensor is refused by --verify a
       if (e.name == name) sha[name] = sha256_hex(e.bytes);
     md["tfe.sha256"] = sha.dump();
   });
-  CHECK_NOTHROW(HeadFile::from_bytes(resealed));  // without --verify, the bytes are not read at open
-  refuses_head(resealed,
-               fmt::format("tensor `{}`: element 7 is 0xff, an e4m3 NaN code; FP8 weights must be finite", name),
-               {.verify_sha256 = true});
+  const std::string message =
+      fmt::format("tensor `{}`: element 7 is 0xff, an e4m3 NaN code; FP8 weights must be finite", name);
+  refuses_head(resealed, message, {});  // the value check at open, on by default
+  refuses_head(resealed, message, {.verify_sha256 = true, .check_values = false});
+  CHECK_NOTHROW(HeadFile::from_bytes(resealed, {.check_values = false}));
 
   HeadWriter w(h);
   std::vector<std::byte> bytes(f8->data, f8->data + f8->bytes);

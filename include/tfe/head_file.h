@@ -77,6 +77,9 @@ class HeadFile {
     // `--verify`: hash every tensor and compare with the metadata, and check that no F8_E4M3 tensor holds
     // a NaN code (check_e4m3_finite)
     bool verify_sha256 = false;
+    // Weights checked as values (check_weight_values): every bf16 and fp32 value finite, FP8 scales
+    // positive, no e4m3 NaN code. On by default: a NaN weight would make every draft NaN, silently.
+    bool check_values = true;
   };
   static HeadFile open(const std::string& path, Options opt);
   static HeadFile open(const std::string& path) { return open(path, Options{}); }
@@ -153,6 +156,11 @@ std::vector<std::byte> serialize_safetensors(const std::map<std::string, std::st
 // code (find_e4m3_nan in plan/numeric.h says why FP8 weights must be finite). HeadWriter::add always
 // checks; a reader with verify_sha256, and the runtime's upload.
 void check_e4m3_finite(std::span<const std::byte> bytes, std::string_view tensor, std::string_view where);
+
+// Throws, naming `where`, the tensor, the element and its value, when a BF16 or F32 tensor holds a NaN or
+// an infinity, an FP8 scale (`*.scale`) is not positive, or an F8_E4M3 tensor holds a NaN code. The
+// tensor's data must be aligned to its element size, as the reader requires of every tensor.
+void check_weight_values(const TensorView& tensor, std::string_view where);
 
 // Hex sha256 of bytes (OpenSSL).
 std::string sha256_hex(std::span<const std::byte> bytes);
