@@ -11,10 +11,11 @@ def skip_reason(case):
     out = case.find("system-out")
     text = (out.text or "") if out is not None else ""
     lines = [l.strip() for l in text.splitlines() if l.strip()]
-    # tests/main.cpp and the GPU tests print a line "skipped: ..." before exiting 77.
+    # tests/main.cpp and the GPU tests print a line "skipped: ..." before exiting 77; other tests print
+    # their reason last.
     reasons = [l for l in lines if l.startswith("skipped")]
     if not reasons:
-        return "no reason printed"
+        return lines[-1] if lines else "no reason printed"
     reason = reasons[-1].removeprefix("skipped").lstrip(": ")
     return reason.removeprefix(case.get("name", "") + ": ")
 
