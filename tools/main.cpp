@@ -1,5 +1,6 @@
 // tfe-plan: head files, plans and compiled artifacts, all without a GPU.
 #include <cstdio>
+#include <new>
 
 #include <fmt/format.h>
 
@@ -28,6 +29,11 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const tfe::Error& e) {
     std::fprintf(stderr, "tfe-plan: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    // Named as what it is: std::bad_alloc's own text ("std::bad_alloc") says nothing to an operator.
+    std::fprintf(stderr, "tfe-plan %s: out of memory (an allocation failed); free memory or use a smaller input\n",
+                 argc > 1 ? argv[1] : "");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tfe-plan: %s\n", e.what());
