@@ -1,3 +1,5 @@
+#include <sys/stat.h>
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -605,4 +607,20 @@ TEST_CASE("convert: a head over the whole vocabulary may omit d2t (identity), as
   const auto d2t = f.tensor("d2t").as<int32_t>();
   CHECK(std::all_of(d2t.begin(), d2t.end(), [](int32_t x) { return x == 0; }));
   check_tensor(f, "lm_head", c.tensors.at("lm_head.weight"));
+}
+
+// A checkpoint cannot make convert read a file outside its directory, and a FIFO as config.json never
+// blocks: both are refused by name.
+TEST_CASE("convert: a shard that leads outside the checkpoint and a FIFO config.json are refused") {
+  Scratch s;
+  const auto ck = random_ckpt(DType::BF16, /*with_embed=*/true, DType::I64, H);
+  write_ckpt(s.dir / "outside", ck);
+  fs::rename(s.dir / "outside" / "model.safetensors", s.dir / "elsewhere.safetensors");
+  fs::create_symlink(s.dir / "elsewhere.safetensors", s.dir / "outside" / "model.safetensors");
+  CHECK(error_of(options(s.dir / "outside")).find("leads outside the checkpoint directory") != std::string::npos);
+
+  write_ckpt(s.dir / "fifo", ck);
+  fs::remove(s.dir / "fifo" / "config.json");
+  REQUIRE(::mkfifo((s.dir / "fifo" / "config.json").c_str(), 0600) == 0);
+  CHECK(error_of(options(s.dir / "fifo")).find("is a FIFO; give a regular file") != std::string::npos);
 }
