@@ -66,31 +66,12 @@ inline uint8_t float_to_fp8_e4m3(float f) {
   return sign | static_cast<uint8_t>(((ex + 7) << 3) | man);
 }
 
-// The index of the first e4m3 NaN code (0x7f or 0xff) in `bytes`, or -1 when every byte is a finite value.
-// FP8 weights must be finite: quantize_fp8 never writes a NaN code, and the FP8 GEMV widens e4m3 by bit
-// placement, which reads a NaN code as a finite weight (kernels/gemv.cuh, fp8x4_widen). The readers that
-// touch every byte (HeadFile's --verify, the runtime's upload) refuse a tensor that holds one.
-inline int64_t find_e4m3_nan(std::span<const std::byte> bytes) {
-  // Blocks of 4 KiB reduced without a branch (the loop vectorizes), then the one block that holds a NaN
-  // code searched byte by byte: a head's FP8 weights are scanned at memory speed.
-  constexpr size_t kBlock = 4096;
-  const auto is_nan = [](std::byte b) { return (std::to_integer<unsigned>(b) & 0x7fu) == 0x7fu; };
-  for (size_t begin = 0; begin < bytes.size(); begin += kBlock) {
-    const size_t end = std::min(bytes.size(), begin + kBlock);
-    unsigned any = 0;
-    for (size_t i = begin; i < end; ++i) any |= is_nan(bytes[i]) ? 1u : 0u;
-    if (any != 0)
-      for (size_t i = begin; i < end; ++i)
-        if (is_nan(bytes[i])) return static_cast<int64_t>(i);
-  }
-  return -1;
-}
-
-// The index of the first bf16 value of `values` that is NaN or infinite, or -1: scanned like
-// find_e4m3_nan, in blocks reduced without a branch.
-inline int64_t find_bf16_nonfinite(std::span<const bf16_bits> values) {
-  constexpr size_t kBlock = 2048;
-  const auto bad = [](bf16_bits b) { return (b & 0x7f80u) == 0x7f80u; };
+// The index of the first element of `values` for which `bad` holds, or -1. Blocks reduced without a
+// branch (the loop vectorizes), then the one block that holds a hit searched element by element: a head's
+// weights are scanned at memory speed.
+template <typename T, typename Bad>
+int64_t find_first_bad(std::span<const T> values, Bad bad) {
+  constexpr size_t kBlock = 4096 / sizeof(T);
   for (size_t begin = 0; begin < values.size(); begin += kBlock) {
     const size_t end = std::min(values.size(), begin + kBlock);
     unsigned any = 0;
@@ -100,6 +81,19 @@ inline int64_t find_bf16_nonfinite(std::span<const bf16_bits> values) {
         if (bad(values[i])) return static_cast<int64_t>(i);
   }
   return -1;
+}
+
+// The index of the first e4m3 NaN code (0x7f or 0xff) in `bytes`, or -1 when every byte is a finite value.
+// FP8 weights must be finite: quantize_fp8 never writes a NaN code, and the FP8 GEMV widens e4m3 by bit
+// placement, which reads a NaN code as a finite weight (kernels/gemv.cuh, fp8x4_widen). HeadFile's value
+// check, the writer and the runtime's upload refuse a tensor that holds one.
+inline int64_t find_e4m3_nan(std::span<const std::byte> bytes) {
+  return find_first_bad(bytes, [](std::byte b) { return (std::to_integer<unsigned>(b) & 0x7fu) == 0x7fu; });
+}
+
+// The index of the first bf16 value of `values` that is NaN or infinite (exponent all ones), or -1.
+inline int64_t find_bf16_nonfinite(std::span<const bf16_bits> values) {
+  return find_first_bad(values, [](bf16_bits b) { return (b & 0x7f80u) == 0x7f80u; });
 }
 
 }  // namespace tfe
