@@ -13,5 +13,9 @@ namespace tfe {
 // slot table (SlotTable::check_extend) and its taps against `row_width` = T * Ht values a row. Shared by
 // the CPU reference and the GPU runtime so that both refuse the same calls with the same messages.
 void check_extend_requests(const SlotTable& slots, std::span<const ExtendRequest> requests, int64_t row_width);
+// The same for rows in device memory: positions on the host (SlotTable::check_rows); the pointers must be
+// set and the stride hold a row. The runtime checks that the pointers are its device's memory; the
+// tokens' values are checked on the device.
+void check_extend_requests(const SlotTable& slots, std::span<const DeviceExtendRequest> requests, int64_t row_width);
 
 }  // namespace tfe

@@ -8,12 +8,30 @@
 
 namespace tfe {
 
-void check_extend_requests(const SlotTable& slots, std::span<const ExtendRequest> requests, int64_t row_width) {
+namespace {
+template <typename Request>
+void check_one_per_slot(std::span<const Request> requests) {
   for (size_t i = 0; i < requests.size(); ++i)
     for (size_t j = 0; j < i; ++j)
       if (requests[j].slot == requests[i].slot)
         fail("extend: slot {} appears in requests[{}] and requests[{}] (one request per slot and call)",
              requests[i].slot, j, i);
+}
+}  // namespace
+
+void check_extend_requests(const SlotTable& slots, std::span<const DeviceExtendRequest> requests, int64_t row_width) {
+  check_one_per_slot(requests);
+  for (const auto& r : requests) {
+    slots.check_rows(r.slot, r.first_pos, r.n_rows);
+    if (!r.taps) fail("extend of slot {}: taps is null", r.slot);
+    if (!r.tokens) fail("extend of slot {}: tokens is null", r.slot);
+    if (r.taps_stride != 0 && r.taps_stride < row_width)
+      fail("extend of slot {}: taps_stride = {} is below a row's {} values (T x Ht)", r.slot, r.taps_stride, row_width);
+  }
+}
+
+void check_extend_requests(const SlotTable& slots, std::span<const ExtendRequest> requests, int64_t row_width) {
+  check_one_per_slot(requests);
   for (const auto& r : requests) {
     slots.check_extend(r.slot, r.first_pos, r.n_rows, r.tokens);
     if (static_cast<int64_t>(r.taps.size()) != r.n_rows * row_width)
@@ -47,13 +65,20 @@ const SlotTable::State& SlotTable::filled(int slot) const {
 }
 
 void SlotTable::check_extend(int slot, int64_t first_pos, int64_t n_rows, std::span<const int32_t> tokens) const {
+  check_rows(slot, first_pos, n_rows);
+  if (static_cast<int64_t>(tokens.size()) != n_rows)
+    fail("extend of slot {}: {} tokens for {} rows (one token per row)", slot, tokens.size(), n_rows);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= limits_.vocab)
+      fail("extend of slot {}: tokens[{}] = {} is outside [0, {})", slot, i, tokens[i], limits_.vocab);
+}
+
+void SlotTable::check_rows(int slot, int64_t first_pos, int64_t n_rows) const {
   check_slot(slot);
   if (n_rows < 1) fail("extend of slot {}: a span of {} rows (at least 1 is needed)", slot, n_rows);
   if (n_rows > limits_.ring_rows)
     fail("extend of slot {}: span of {} rows exceeds the ring of {} rows (extend in chunks)", slot, n_rows,
          limits_.ring_rows);
-  if (static_cast<int64_t>(tokens.size()) != n_rows)
-    fail("extend of slot {}: {} tokens for {} rows (one token per row)", slot, tokens.size(), n_rows);
   if (first_pos < 0) fail("extend of slot {}: first position {} is negative", slot, first_pos);
   const int64_t last = first_pos + n_rows - 1;
   if (last > max_position(limits_.max_steps))
@@ -65,17 +90,23 @@ void SlotTable::check_extend(int slot, int64_t first_pos, int64_t n_rows, std::s
         "extend of slot {}: first position {} does not continue the slot (expected {}; {}reset the slot to "
         "start over)",
         slot, first_pos, int64_t{s->last_pos} + 1, first_pos <= s->last_pos ? "a step back; " : "a gap; ");
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] < 0 || tokens[i] >= limits_.vocab)
-      fail("extend of slot {}: tokens[{}] = {} is outside [0, {})", slot, i, tokens[i], limits_.vocab);
 }
 
 void SlotTable::commit_extend(int slot, int64_t first_pos, int64_t n_rows, std::span<const int32_t> tokens) {
   check_extend(slot, first_pos, n_rows, tokens);
+  commit_rows(slot, first_pos, n_rows);
+  auto& s = slots_[static_cast<size_t>(slot)];
+  s->last_token = tokens.back();
+  s->token_known = true;
+}
+
+void SlotTable::commit_rows(int slot, int64_t first_pos, int64_t n_rows) {
+  check_rows(slot, first_pos, n_rows);
   auto& s = slots_[static_cast<size_t>(slot)];
   if (!s) s = State{static_cast<int32_t>(first_pos), 0, 0};
   s->last_pos = static_cast<int32_t>(first_pos + n_rows - 1);
-  s->last_token = tokens.back();
+  s->last_token = 0;
+  s->token_known = false;
 }
 
 void SlotTable::reset(int slot) {
@@ -104,7 +135,11 @@ bool SlotTable::empty(int slot) const {
 
 int32_t SlotTable::first_pos(int slot) const { return filled(slot).first_pos; }
 int32_t SlotTable::last_pos(int slot) const { return filled(slot).last_pos; }
-int32_t SlotTable::last_token(int slot) const { return filled(slot).last_token; }
+int32_t SlotTable::last_token(int slot) const {
+  const State& s = filled(slot);
+  if (!s.token_known) fail("slot {}: its last token is in device memory (its last extend handed device tokens)", slot);
+  return s.last_token;
+}
 
 int32_t SlotTable::key_begin(int slot, int32_t pos) const {
   return std::max(filled(slot).first_pos, pos - limits_.window);

@@ -80,7 +80,7 @@ void GraphCache::prepare(const GraphKey& key, const Bindings& live, const Record
   ++counters_.captures;
 }
 
-void GraphCache::replay(const GraphKey& key, const Bindings& live) {
+void GraphCache::replay(const GraphKey& key, const Bindings& live, cudaStream_t stream) {
   auto it = execs_.find(key);
   if (it == execs_.end()) fail("graph {} has not been captured", key.str());
   Entry& e = it->second;
@@ -90,13 +90,13 @@ void GraphCache::replay(const GraphKey& key, const Bindings& live) {
         "replaying it would touch memory the runtime no longer owns",
         key.str(), e.bindings.arena, e.bindings.tables, e.bindings.host, live.arena, live.tables, live.host);
   touch(e);
-  TFE_CUDA(cudaGraphLaunch(e.exec.get(), stream_));
+  TFE_CUDA(cudaGraphLaunch(e.exec.get(), stream));
   ++counters_.replays;
 }
 
-void GraphCache::run(const GraphKey& key, const Bindings& live, const Record& record) {
+void GraphCache::run(const GraphKey& key, const Bindings& live, const Record& record, cudaStream_t stream) {
   prepare(key, live, record);
-  replay(key, live);
+  replay(key, live, stream);
 }
 
 void GraphCache::clear() {

@@ -50,10 +50,13 @@ class GraphCache {
   // Captures the executor of `key` if absent; re-captures and updates it if `live` differs from what it
   // was captured with. Does not launch.
   void prepare(const GraphKey& key, const Bindings& live, const Record& record);
-  // Replays the executor of `key` on the stream (it must exist).
-  void replay(const GraphKey& key, const Bindings& live);
+  // Replays the executor of `key` on `stream` (it must exist). Captures always run on the cache's stream; a
+  // replay may go to any stream of the device.
+  void replay(const GraphKey& key, const Bindings& live, cudaStream_t stream);
+  void replay(const GraphKey& key, const Bindings& live) { replay(key, live, stream_); }
   // prepare + replay.
-  void run(const GraphKey& key, const Bindings& live, const Record& record);
+  void run(const GraphKey& key, const Bindings& live, const Record& record, cudaStream_t stream);
+  void run(const GraphKey& key, const Bindings& live, const Record& record) { run(key, live, record, stream_); }
 
   bool contains(const GraphKey& key) const { return execs_.count(key) != 0; }
   size_t size() const { return execs_.size(); }

@@ -1,16 +1,24 @@
-// The draft pass's first node: the call's tables, which the host wrote into mapped pinned memory as one
-// buffer `host_tables` [rows, 4] (a row's slot, pos, first_pos, tok side by side), copied into the four
-// arena tables (slot, pos, first_pos, tok) where the pass's kernels read them.
+// The draft pass's first node: the call's tables. Row i drafts for the slot named by ids[i] (-1: padding,
+// the scratch slot); its position, first position and last token come from that slot's state, which the
+// extend pass keeps on the device (keep_state). They land in the four arena tables (slot, pos, first_pos,
+// tok) where the pass's kernels read them.
 //
-// Why a kernel and not a copy: a host-to-device copy on the stream is a copy-engine round trip of several
-// microseconds before the graph may start; a kernel's read of host memory is one trip over the host link
-// (BENCHMARKS.md, "A draft call without copies"). The loads are `ld.global.cv` (fetched again, never
-// from a cached line), since the host rewrites these bytes before every call.
+// `ids` is either host memory (host_tables: a blocking draft, whose slot ids the host wrote just before the
+// launch) or the arena (draft_slots: an enqueued draft, whose ids the caller's stream put there). A kernel's
+// read of host memory is one trip over the host link, cheaper than a copy on the stream before the graph
+// (BENCHMARKS.md, "A draft call without copies"). The loads are `ld.global.cv` (fetched again, never from a
+// cached line), since the ids are rewritten before every call.
+//
+// Why the state lives on the device: an engine's extend may hand device tokens, which the host never sees,
+// and a pass recorded into the engine's own graph must read positions as they are at replay, not as they
+// were at capture.
+//
+// A bad id (not -1, outside 0..max_slots-1, or a slot that holds no sequence) can come only from device
+// memory the host did not check: the row drafts from the scratch slot instead, so nothing is read out of
+// bounds, and the row and id are left in `error` (host memory) for the runtime to report at its next call.
 //
 // Why one CTA: reads of mapped host memory from many CTAs queue one behind another, about 0.75 us each on
-// the H200 (BENCHMARKS.md, "Tried and not kept": load_tables gathering g). Why one buffer of rows: the
-// host writes a row's four entries together and a thread reads them in one 16-byte load. (Four tables
-// read by one warp measured the same within 0.3 us a call: one warp's loads leave together.)
+// the H200 (BENCHMARKS.md, "Tried and not kept": load_tables gathering g).
 #pragma once
 #include "common.cuh"
 #include "load_tables.h"
@@ -19,31 +27,41 @@ namespace tfe {
 namespace kernels {
 
 struct LoadTablesParams {
-  const int* host_tables;  // [rows, 4] host memory, 16-byte aligned (validate: param_alignment)
+  const int* ids;          // [rows] host memory or the arena
+  const int4* slot_state;  // [slots]: {last_pos, first_pos, last_token, filled}, the arena
   int* slot;               // [rows] each, the arena
   int* pos;
   int* first_pos;
   int* tok;
+  long long* error;  // one record in host memory (kernels/constants.h kError*), written only for a bad id
   long long rows;
+  long long max_slots;  // slots 0..max_slots-1 hold sequences; max_slots is the scratch slot
 };
-static_assert(sizeof(LoadTablesParams) == 8 * 6, "one 8-byte slot per registry parameter");
+static_assert(sizeof(LoadTablesParams) == 8 * 9, "one 8-byte slot per registry parameter");
 
-static_assert(kHostTableColumns == 4, "a host_tables row is one int4");
-
-// One CTA of kLoadTablesThreads; thread i copies row i (launch_shape refuses more rows).
+// One CTA of kLoadTablesThreads; thread i fills row i (launch_shape refuses more rows).
 template <typename Cfg>
 __global__ void __launch_bounds__(kLoadTablesThreads) load_tables(const LoadTablesParams p) {
-  const long long i = threadIdx.x;
-  int4 v = make_int4(0, 0, 0, 0);
-  // Host memory is written before the launch, not by an earlier node: its load goes out before the wait.
-  if (i < p.rows) v = __ldcv(reinterpret_cast<const int4*>(p.host_tables) + i);
+  // draft_slots may be written by the node just before (an enqueued draft), so every load waits.
   start_after_predecessors();
-  if (i < p.rows) {
-    p.slot[i] = v.x;
-    p.pos[i] = v.y;
-    p.first_pos[i] = v.z;
-    p.tok[i] = v.w;
+  const long long i = threadIdx.x;
+  if (i >= p.rows) return;
+  const int id = __ldcv(p.ids + i);
+  int slot = static_cast<int>(p.max_slots);
+  int4 state = make_int4(0, 0, 0, 0);
+  if (id >= 0 && id < p.max_slots) {
+    state = __ldcv(p.slot_state + id);
+    if (state.w != 0) slot = id;
   }
+  if (slot != id && id != kPaddingSlot) {
+    // The scratch slot's state: zeros, like its ring.
+    state = make_int4(0, 0, 0, 0);
+    *reinterpret_cast<volatile long long*>(p.error) = error_record(kErrorDraftSlot, i, id);
+  }
+  p.slot[i] = slot;
+  p.pos[i] = state.x;
+  p.first_pos[i] = state.y;
+  p.tok[i] = state.z;
 }
 
 }  // namespace kernels

@@ -17,9 +17,8 @@ constexpr int kLoadTablesThreads = 128;  // a row a thread: the most rows a laun
 
 namespace tfe::kernel_desc {
 
-// The draft pass's first node: the call's tables (host_tables [rows <= 128, 4], a row's slot, pos,
-// first_pos and tok side by side) from host memory, where the host wrote them, into the four arena tables.
-// One CTA.
+// The draft pass's first node: each row's slot id (host_tables in host memory, or draft_slots in the
+// arena), then that slot's state (slot_state), into the four arena tables. One CTA.
 inline KernelDef load_tables() {
   const ReachFn table = [](const KernelSpec&, const Reach& r) { return product({r.rows, kI32}); };
   return {
@@ -27,17 +26,20 @@ inline KernelDef load_tables() {
       .source = "load_tables.cuh",
       .function = "tfe::kernels::load_tables",
       .constants = {},
-      .params = {in(
-                     "host_tables",
+      .params = {in("ids", table),
+                 in(
+                     "slot_state",
                      [](const KernelSpec&, const Reach& r) {
-                       return product({r.rows, kc::kHostTableColumns, kI32});
+                       return product({r.slots, kc::kSlotStateColumns, kI32});
                      },
-                     kc::kHostTableColumns * kI32),  // a row is one 16-byte load
-                 out("slot", table), out("pos", table), out("first_pos", table), out("tok", table), i64("rows")},
+                     kc::kSlotStateColumns * kI32),  // a slot's state is one 16-byte load
+                 out("slot", table), out("pos", table), out("first_pos", table), out("tok", table),
+                 out("error", [](const KernelSpec&, const Reach&) { return int64_t{8}; }), i64("rows"),
+                 i64("max_slots")},
       .launch =
           [](const KernelSpec& s, int64_t rows) {
             if (rows > kernels::kLoadTablesThreads)
-              fail("launch_shape {}: rows is {}; load_tables copies at most {} rows a table", s.uri(), rows,
+              fail("launch_shape {}: rows is {}; load_tables fills at most {} rows", s.uri(), rows,
                    kernels::kLoadTablesThreads);
             return LaunchShape{.block = kernels::kLoadTablesThreads};
           },

@@ -87,6 +87,8 @@ const std::vector<KernelDef>& kernel_defs() {
       kernel_desc::rescore(),
       kernel_desc::load_tables(),
       kernel_desc::store_outputs(),
+      kernel_desc::gather_taps(),
+      kernel_desc::keep_state(),
   });
   return defs;
 }

@@ -4,7 +4,9 @@
 #include "kernels/kernel_def.h"
 
 #include "kernels/copy_rows.h"
+#include "kernels/gather_taps.h"
 #include "kernels/gemv.h"
+#include "kernels/keep_state.h"
 #include "kernels/load_tables.h"
 #include "kernels/prepare_x.h"
 #include "kernels/qk_rope_kv.h"

@@ -53,6 +53,8 @@ std::string_view buffer_role_name(BufferRole r) {
       return "activation";
     case BufferRole::output:
       return "output";
+    case BufferRole::input:
+      return "input";
     case BufferRole::host:
       return "host";
   }
@@ -235,7 +237,7 @@ void check_arena(const Arena& a, ArenaKind kind) {
     if (b.name.empty()) fail("plan: {} holds a buffer without a name", which);
     if (!role_lives_in(b.role, kind))
       fail("plan: buffer `{}` of role {} cannot live in the {}", b.name, buffer_role_name(b.role), which);
-    if (!head_dtype(b.dtype)) fail("plan: buffer `{}` has dtype {}, not a device dtype", b.name, dtype_name(b.dtype));
+    if (!plan_dtype(b.dtype)) fail("plan: buffer `{}` has dtype {}, not a device dtype", b.name, dtype_name(b.dtype));
     const int64_t want = buffer_bytes(b);
     if (b.bytes != want) fail("plan: buffer `{}` has bytes = {}, its shape and dtype make {}", b.name, b.bytes, want);
     if (b.alignment < 1 || b.alignment > 4096 || (b.alignment & (b.alignment - 1)) != 0)
@@ -428,19 +430,21 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
   }
 }
 
-// The runtime's side of a draft pass (runtime/runtime.cpp): before the launch it writes the bucket's rows
-// of `host_tables`; once `host_done` is set it reads `host_token` and `host_conf`. So the pass begins with
-// the load_tables that reads those tables, and every step ends with the store_outputs that only a pass
+// The runtime's side of a draft pass (runtime/runtime.cpp): before a blocking pass it writes the bucket's
+// slot ids into `host_tables`; once `host_done` is set it reads `host_token` and `host_conf`. (An enqueued
+// pass is the same nodes with load_tables reading `draft_slots` and no store_outputs.) So the pass begins
+// with the load_tables that reads those ids, and every step ends with the store_outputs that only a pass
 // ending there runs: one that ran inside a longer pass would set host_done before its outputs were final,
 // and one that wrote elsewhere would leave the host reading the last call's outputs. (Both kernels' rows
 // are the bucket's streams: check_node checks every node's `rows`.)
-void check_draft_pass(const Bucket& b, int max_steps, const std::map<std::string, const KernelSpec*>& specs) {
+void check_draft_pass(const Bucket& b, int max_steps, int max_slots,
+                      const std::map<std::string, const KernelSpec*>& specs) {
   auto kernel = [&](const Node& n) -> const std::string& { return specs.at(n.spec)->kernel; };
   auto expect_binding = [&](const Node& n, std::string_view param, std::string_view buffer) {
     for (const Arg& a : n.args)
       if (a.param == param && a.kind == Arg::Kind::buffer && a.buffer == buffer && a.byte_offset == 0) return;
     fail("plan: bucket {} node {}: `{}` must bind host buffer `{}` at byte_offset 0, which the runtime {}", b.streams,
-         n.name, param, buffer, param == "host_tables" ? "writes before the launch" : "reads after it");
+         n.name, param, buffer, param == "ids" ? "writes before the launch" : "reads after it");
   };
   const Node& first = b.nodes.front();
   if (kernel(first) != "load_tables")
@@ -448,7 +452,13 @@ void check_draft_pass(const Bucket& b, int max_steps, const std::map<std::string
         "plan: bucket {}: the pass begins with node {} (kernel {}); it must begin with load_tables, which reads the "
         "tables the runtime wrote",
         b.streams, first.name, kernel(first));
-  expect_binding(first, "host_tables", "host_tables");
+  expect_binding(first, "ids", "host_tables");
+  for (const Arg& a : first.args)
+    if (a.param == "max_slots" && a.i != max_slots)
+      fail(
+          "plan: bucket {} node {}: `max_slots` = {}, the plan's max_slots is {}; a slot id past it would draft from "
+          "another slot's state",
+          b.streams, first.name, a.i, max_slots);
   for (size_t i = 0; i < b.nodes.size(); ++i) {
     const Node& n = b.nodes[i];
     const bool store = kernel(n) == "store_outputs";
@@ -474,6 +484,23 @@ void check_draft_pass(const Bucket& b, int max_steps, const std::map<std::string
   if (static_cast<int>(steps.size()) != max_steps)
     fail("plan: bucket {}: {} of the {} steps have nodes; a pass of every length must end with its store_outputs",
          b.streams, steps.size(), max_steps);
+}
+
+// The runtime's side of an extend chunk: rows from device memory start at the chunk's first node
+// (gather_taps fills the tables host rows upload), which host rows skip; every chunk ends with keep_state,
+// which the next draft pass reads.
+void check_extend_pass(const std::vector<Node>& nodes, const std::map<std::string, const KernelSpec*>& specs) {
+  auto kernel = [&](const Node& n) -> std::string_view {
+    return n.kind == Node::Kind::kernel ? std::string_view(specs.at(n.spec)->kernel) : std::string_view("gemm");
+  };
+  if (nodes.empty() || kernel(nodes.front()) != "gather_taps")
+    fail("plan: the extend pass must begin with gather_taps, which the runtime runs only for rows in device memory");
+  if (kernel(nodes.back()) != "keep_state")
+    fail("plan: the extend pass must end with keep_state, which keeps each slot's state for the next draft pass");
+  for (size_t i = 1; i + 1 < nodes.size(); ++i)
+    if (kernel(nodes[i]) == "gather_taps" || kernel(nodes[i]) == "keep_state")
+      fail("plan: extend node {} ({}) may only {} the pass", nodes[i].name, kernel(nodes[i]),
+           kernel(nodes[i]) == "gather_taps" ? "begin" : "end");
 }
 
 }  // namespace
@@ -592,8 +619,9 @@ void validate(const Plan& p) {
     }
     if (b.nodes.empty() || b.nodes.back().step != p.options.max_steps)
       fail("plan: bucket {} does not run all {} steps", b.streams, p.options.max_steps);
-    check_draft_pass(b, p.options.max_steps, uris);
+    check_draft_pass(b, p.options.max_steps, p.options.max_slots, uris);
   }
+  check_extend_pass(p.extend, uris);
   for (const auto& n : p.extend) {
     if (n.step != 0) fail("plan: extend node {} has step {}; extend nodes have step 0", n.name, n.step);
     if (n.last_step_only) fail("plan: extend node {} is last_step_only; only draft nodes may be", n.name);

@@ -17,7 +17,7 @@
 namespace tfe {
 
 // Version of the plan schema (YAML and struct). Loading another version is refused.
-inline constexpr int kPlanSchemaVersion = 16;
+inline constexpr int kPlanSchemaVersion = 17;
 
 // Where a buffer lives and what it is for.
 enum class BufferRole : uint8_t {
@@ -26,9 +26,13 @@ enum class BufferRole : uint8_t {
   table,       // an extend chunk's inputs, uploaded from the host before it, inside the tables region
   activation,  // written and read within a pass
   output,      // a pass's results, on the device (Runtime::device_outputs)
+  input,       // an enqueued draft's slot ids, written on the caller's stream before the pass
   host,        // in the host arena: mapped pinned host memory that the draft pass's kernels read and write
 };
 std::string_view buffer_role_name(BufferRole r);
+
+// A plan buffer's dtypes: a head's, and I64 for the device addresses an extend of device rows uploads.
+constexpr bool plan_dtype(DType t) { return head_dtype(t) || t == DType::I64; }
 
 // The order of a weight matrix's bytes in the weights arena.
 enum class Layout : uint8_t {

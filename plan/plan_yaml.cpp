@@ -202,11 +202,12 @@ Buffer load_buffer(const yaml::Field& f) {
   b.role =
       enum_from(m.at("role"), {std::pair{"weight", BufferRole::weight}, std::pair{"state", BufferRole::state},
                                std::pair{"table", BufferRole::table}, std::pair{"activation", BufferRole::activation},
-                               std::pair{"output", BufferRole::output}, std::pair{"host", BufferRole::host}});
+                               std::pair{"output", BufferRole::output}, std::pair{"input", BufferRole::input},
+                               std::pair{"host", BufferRole::host}});
   {
     const auto d = m.at("dtype");
     const auto t = dtype_from_name(d.str());
-    if (!t || !head_dtype(*t)) d.fail(fmt::format("dtype `{}` is not one of BF16, F32, I32, F8_E4M3", d.str()));
+    if (!t || !plan_dtype(*t)) d.fail(fmt::format("dtype `{}` is not one of BF16, F32, I32, F8_E4M3, I64", d.str()));
     b.dtype = *t;
   }
   b.shape = i64_list(m.at("shape"), kMaxRank, 1, kI64Max);

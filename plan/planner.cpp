@@ -329,14 +329,23 @@ class Planner {
     add(a, "ring_k", BufferRole::state, DType::BF16, {slots, p_.ring_rows, hh.kv_heads, hh.head_dim});
     add(a, "ring_v", BufferRole::state, DType::BF16, {slots, p_.ring_rows, hh.kv_heads, hh.head_dim});
     add(a, "slot_g", BufferRole::state, DType::BF16, {slots, H});
-    // The tables region: what an extend chunk uploads, in one copy.
+    // A slot's last real position, the first of its sequence, its last token and whether it holds one: what
+    // a draft pass starts from, kept on the device by the extend pass (keep_state).
+    add(a, "slot_state", BufferRole::state, DType::I32, {slots, kc::kSlotStateColumns});
+    // An enqueued draft's slot ids, from the caller's stream (load_tables reads them).
+    add(a, "draft_slots", BufferRole::input, DType::I32, {B});
+    // The tables region: what an extend chunk uploads, in one copy. Rows from device memory upload the
+    // addresses of their taps and token (row_taps_src, row_tok_src), and the chunk's first node
+    // (gather_taps) fills `taps` and `row_tok` from them; host rows upload `taps` and `row_tok` themselves.
     p_.tables_offset = align_up(a.bytes, kAlign);
     for (auto t : {"row_slot", "row_pos", "row_tok"}) add(a, t, BufferRole::table, DType::I32, {E});
-    for (auto t : {"last_row", "last_slot"}) add(a, t, BufferRole::table, DType::I32, {int64_t{o.max_slots}});
+    for (auto t : {"row_taps_src", "row_tok_src"}) add(a, t, BufferRole::table, DType::I64, {E});
+    for (auto t : {"last_row", "last_slot", "last_first"})
+      add(a, t, BufferRole::table, DType::I32, {int64_t{o.max_slots}});
     add(a, "taps", BufferRole::table, DType::BF16, {E, static_cast<int64_t>(hh.taps.size()) * hh.target_hidden});
     p_.tables_bytes = a.bytes - p_.tables_offset;
     // Draft activations, for the largest bucket; each name is one value of the step. The draft's tables
-    // first: the pass's first node (load_tables) copies them from the host arena.
+    // first: the pass's first node (load_tables) fills them from the slot ids and slot_state.
     for (auto t : {"slot", "pos", "first_pos", "tok"}) add(a, t, BufferRole::activation, DType::I32, {B});
     add(a, "g", BufferRole::activation, DType::BF16, {B, H});
     add(a, "x", BufferRole::activation, DType::BF16, {B, 2 * H});
@@ -372,17 +381,18 @@ class Planner {
     add(a, "out_conf", BufferRole::output, DType::F32, {B, int64_t{o.max_steps}});
   }
 
-  // Mapped pinned host memory (Plan::host): the draft's tables as the host writes them (host_tables: a row's
-  // slot, pos, first_pos and tok side by side, so that load_tables reads a row in one 16-byte load), the
-  // copy of its outputs that store_outputs writes for the host to read, and the word store_outputs sets
-  // last, which the host polls (host_done).
+  // Mapped pinned host memory (Plan::host): a blocking draft's slot ids as the host writes them
+  // (host_tables), the copy of its outputs that store_outputs writes for the host to read, the word
+  // store_outputs sets last, which the host polls (host_done), and the record a kernel leaves when device
+  // input the host never saw was bad (host_error).
   void lay_out_host() {
     const auto& o = p_.options;
     const int64_t B = o.buckets.back();
-    add(p_.host, "host_tables", BufferRole::host, DType::I32, {B, kc::kHostTableColumns});
+    add(p_.host, "host_tables", BufferRole::host, DType::I32, {B});
     add(p_.host, "host_token", BufferRole::host, DType::I32, {B, int64_t{o.max_steps}});
     add(p_.host, "host_conf", BufferRole::host, DType::F32, {B, int64_t{o.max_steps}});
     add(p_.host, "host_done", BufferRole::host, DType::I32, {1});
+    add(p_.host, "host_error", BufferRole::host, DType::I64, {1});
   }
 
   // ring_attention key chunks per (kv head, row) at `rows` rows: at least 32 keys a CTA, and up to 8 CTAs
@@ -599,8 +609,9 @@ class Planner {
     bucket.streams = streams;
     auto& nodes = bucket.nodes;
     nodes.push_back(kernel("s1.load_tables", 1, make_spec("load_tables", {}), fixed, B,
-                           {buf("host_tables", "host_tables"), buf("slot", "slot"), buf("pos", "pos"),
-                            buf("first_pos", "first_pos"), buf("tok", "tok"), i64("rows", B)}));
+                           {buf("ids", "host_tables"), buf("slot_state", "slot_state"), buf("slot", "slot"),
+                            buf("pos", "pos"), buf("first_pos", "first_pos"), buf("tok", "tok"),
+                            buf("error", "host_error"), i64("rows", B), i64("max_slots", p_.options.max_slots)}));
     nodes.push_back(
         kernel("s1.gather_g", 1, make_spec("copy_rows", {{"WIDTH", H}, {"THREADS", row_threads(H)}}), fixed, B,
                {buf("src", "slot_g"), buf("src_index", "slot"), buf("dst", "g"), none("dst_index"), i64("rows", B)}));
@@ -708,6 +719,12 @@ class Planner {
     const float eps = hh.rms_eps;
     const auto chunk = Node::Rows::chunk_rows;
     auto& nodes = p_.extend;
+    // Rows from device memory only: their taps and tokens into the tables, as host rows arrive.
+    nodes.push_back(kernel("extend.gather_taps", 0,
+                           make_spec("gather_taps", {{"WIDTH", T * Ht}, {"THREADS", row_threads(T * Ht)}}), chunk, E,
+                           {buf("row_taps_src", "row_taps_src"), buf("row_tok_src", "row_tok_src"), buf("taps", "taps"),
+                            buf("row_tok", "row_tok"), buf("row_slot", "row_slot"), buf("error", "host_error"),
+                            dyn_rows(), i64("vocab", hh.vocab)}));
     // Tap norms in place on the uploaded taps: tap i is the column slice [i*Ht, (i+1)*Ht) of each row.
     for (int64_t i = 0; i < T; ++i) {
       if (!hh.taps[static_cast<size_t>(i)].norm) continue;
@@ -737,6 +754,11 @@ class Planner {
                            Node::Rows::chunk_slots, p_.options.max_slots,
                            {buf("src", "e_g"), buf("src_index", "last_row"), buf("dst", "slot_g"),
                             buf("dst_index", "last_slot"), dyn_rows()}));
+    // ... and its position, first position and token: the next draft pass starts from them.
+    nodes.push_back(
+        kernel("extend.keep_state", 0, make_spec("keep_state", {}), Node::Rows::chunk_slots, p_.options.max_slots,
+               {buf("last_row", "last_row"), buf("last_slot", "last_slot"), buf("last_first", "last_first"),
+                buf("row_pos", "row_pos"), buf("row_tok", "row_tok"), buf("slot_state", "slot_state"), dyn_rows()}));
   }
 
   void finish() {

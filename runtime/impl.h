@@ -144,17 +144,28 @@ struct Runtime::Impl {
   std::map<std::string, cuda::LoadedKernel> kernels;  // by spec uri
   cuda::GemmRunner gemm;
   std::vector<std::vector<PreparedNode>> buckets;  // parallel to plan.buckets
-  std::vector<PreparedNode> extend;
+  // The same passes enqueued (draft_async): load_tables reads draft_slots, no store_outputs.
+  std::vector<std::vector<PreparedNode>> enqueued;
+  std::optional<PreparedNode> gather;  // the extend pass's first node, for rows in device memory only
+  std::vector<PreparedNode> extend;    // the rest of the extend pass
   std::optional<GraphCache> graphs;
   SlotTable slots;
   RuntimeStats stats;
   std::string broken;  // the first failure after which device state is unknown
   DeviceDraftOutputs last_outputs;
+  // Slot ids of draft_async's host form, copied from here on the stream: a ring of kIdRing tables, each
+  // reused once the copy that read it last has left it (`id_staged`).
+  static constexpr int kIdRing = 8;
+  cuda::PinnedMemory id_staging;
+  cuda::Event id_staged[kIdRing];
+  int next_ids = 0;
   // Tables the runtime fills, found once.
-  const Buffer *h_tables = nullptr, *h_token = nullptr, *h_conf = nullptr, *h_done = nullptr;
+  const Buffer *h_tables = nullptr, *h_token = nullptr, *h_conf = nullptr, *h_done = nullptr, *h_error = nullptr;
   const Buffer *t_row_slot = nullptr, *t_row_pos = nullptr, *t_row_tok = nullptr;
-  const Buffer *t_last_row = nullptr, *t_last_slot = nullptr, *t_taps = nullptr;
+  const Buffer *t_row_taps_src = nullptr, *t_row_tok_src = nullptr;
+  const Buffer *t_last_row = nullptr, *t_last_slot = nullptr, *t_last_first = nullptr, *t_taps = nullptr;
   const Buffer *b_out_token = nullptr, *b_out_conf = nullptr, *b_ring_k = nullptr, *b_ring_v = nullptr;
+  const Buffer *b_slot_state = nullptr, *b_draft_slots = nullptr;
 
   explicit Impl(Plan p, SlotLimits limits) : plan(std::move(p)), slots(limits) {}
   ~Impl() {
@@ -164,6 +175,7 @@ struct Runtime::Impl {
 
   Bindings bindings() const { return Bindings{arena, arena + plan.tables_offset, weights, workspace, host_device}; }
   int scratch_slot() const { return plan.options.max_slots; }
+  int32_t* draft_slots_device() const { return reinterpret_cast<int32_t*>(arena + b_draft_slots->offset); }
 
   void check_usable() const {
     if (!broken.empty())
@@ -206,11 +218,11 @@ struct Runtime::Impl {
     return staging[i].data();
   }
   // Copies [first, first + bytes) of the tables region from the current staging buffer.
-  void upload_tables(int64_t first, int64_t bytes) {
+  void upload_tables(int64_t first, int64_t bytes, cudaStream_t s) {
     const int64_t rel = first - plan.tables_offset;
     TFE_CUDA(cudaMemcpyAsync(arena + first, staging[cur_staging].data() + rel, static_cast<size_t>(bytes),
-                             cudaMemcpyHostToDevice, stream));
-    TFE_CUDA(cudaEventRecord(staged[cur_staging].get(), stream));
+                             cudaMemcpyHostToDevice, s));
+    TFE_CUDA(cudaEventRecord(staged[cur_staging].get(), s));
     stats.bytes_uploaded += static_cast<uint64_t>(bytes);
   }
   template <typename T>
@@ -250,11 +262,36 @@ struct Runtime::Impl {
   void load_kernels(const std::map<std::string, KernelImage>& images);
   void prepare_nodes();
   void capture_all();
-  GraphCache::Record draft_record(size_t bucket, int steps) {
-    return [this, bucket, steps](cudaStream_t s) {
-      launch_nodes(buckets[bucket], steps, plan.buckets[bucket].streams, 0, s);
+  GraphCache::Record draft_record(size_t bucket, int steps, bool enqueued_pass = false) {
+    return [this, bucket, steps, enqueued_pass](cudaStream_t s) {
+      launch_nodes((enqueued_pass ? enqueued : buckets)[bucket], steps, plan.buckets[bucket].streams, 0, s);
     };
   }
+
+  cudaStream_t stream_for(std::optional<cudaStream_t> s) const { return s ? *s : stream; }
+  // Whether `s` is recording into a graph (the caller's capture): then nothing may read host memory the
+  // runtime rewrites, nor wait on the host.
+  static bool capturing(cudaStream_t s) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    TFE_CUDA(cudaStreamIsCapturing(s, &status));
+    return status != cudaStreamCaptureStatusNone;
+  }
+  void refuse_capture(cudaStream_t s, std::string_view call, std::string_view why) const {
+    if (capturing(s)) fail("{}: the stream is capturing a graph; {}", call, why);
+  }
+  // Throws, once, what a kernel found wrong in device input the host never saw (kernels/constants.h
+  // kError*): load_tables' slot ids, gather_taps' tokens. The record is host memory, so reading it waits for
+  // nothing; a record still in flight is reported by a later call.
+  void report_device_errors(std::string_view call);
+  // Bucket index for n rows (n within 1..largest bucket).
+  size_t bucket_for(int n) const {
+    size_t b = 0;
+    while (plan.buckets[b].streams < n) ++b;
+    return b;
+  }
+  // Enqueues a draft pass whose slot ids are in draft_slots: the runtime's graph, or, on a capturing
+  // stream, the same launches node by node into the caller's graph. Then the outputs to `targets`.
+  DeviceDraftOutputs enqueue_draft(int n, int steps, const DraftTargets& targets, cudaStream_t s);
 };
 
 // Opens a runtime with test hooks (Runtime::open passes the defaults).

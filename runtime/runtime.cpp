@@ -72,6 +72,12 @@ void Runtime::Impl::open_device(const OpenOptions& o) {
     staged[i] = cuda::create_event();
     TFE_CUDA(cudaEventRecord(staged[i].get(), stream));
   }
+  id_staging = cuda::allocate_pinned(
+      static_cast<size_t>(kIdRing) * static_cast<size_t>(plan.options.buckets.back()) * 4, "slot id staging buffer");
+  for (cuda::Event& e : id_staged) {
+    e = cuda::create_event();
+    TFE_CUDA(cudaEventRecord(e.get(), stream));
+  }
   // The host arena starts zeroed, like the arena: a pass never reads bytes the host has not written.
   host_memory =
       cuda::allocate_mapped(static_cast<size_t>(std::max<int64_t>(plan.host.bytes, 1)), "host arena", &host_device);
@@ -261,8 +267,11 @@ void Runtime::Impl::prepare_nodes() {
   const auto knocked_out = [&](const Node& n) {
     return std::ranges::find(hooks.knock_out, node_base_name(n)) != hooks.knock_out.end();
   };
+  const auto kernel_of = [&](const Node& n) -> std::string_view {
+    return n.kind == Node::Kind::kernel ? std::string_view(plan.spec(n.spec).kernel) : std::string_view("gemm");
+  };
   for (const Bucket& b : plan.buckets) {
-    std::vector<PreparedNode> nodes;
+    std::vector<PreparedNode> nodes, enqueued_nodes;
     int last_step = 0;
     for (const Node& n : b.nodes) {
       if (n.step < last_step || n.step < 1 || n.step > plan.options.max_steps)
@@ -271,13 +280,28 @@ void Runtime::Impl::prepare_nodes() {
       last_step = n.step;
       if (knocked_out(n)) continue;
       nodes.push_back(prepare(n, b.streams, true));
+      // The enqueued pass: slot ids from draft_slots, outputs left in the arena.
+      if (kernel_of(n) == "store_outputs") continue;
+      if (kernel_of(n) != "load_tables") {
+        enqueued_nodes.push_back(nodes.back());
+        continue;
+      }
+      Node from_arena = n;
+      for (Arg& a : from_arena.args)
+        if (a.param == "ids") a.buffer = "draft_slots";
+      enqueued_nodes.push_back(prepare(from_arena, b.streams, true));
     }
     buckets.push_back(std::move(nodes));
+    enqueued.push_back(std::move(enqueued_nodes));
   }
   for (const Node& n : plan.extend) {
     if (n.rows == Node::Rows::fixed) fail("plan: extend node {} has a fixed row count", n.name);
-    extend.push_back(prepare(n, 0, false));
+    if (kernel_of(n) == "gather_taps")
+      gather.emplace(prepare(n, 0, false));
+    else
+      extend.push_back(prepare(n, 0, false));
   }
+  if (!gather) fail("plan: the extend pass has no gather_taps node");
 }
 
 void Runtime::Impl::capture_all() {
@@ -326,21 +350,34 @@ Runtime open_runtime(const HeadFile& file, const OpenOptions& o, const TestHooks
   r.h_token = table(p, "host_token", BufferRole::host);
   r.h_conf = table(p, "host_conf", BufferRole::host);
   r.h_done = table(p, "host_done", BufferRole::host);
+  r.h_error = table(p, "host_error", BufferRole::host);
   r.t_row_slot = table(p, "row_slot");
   r.t_row_pos = table(p, "row_pos");
   r.t_row_tok = table(p, "row_tok");
   r.t_last_row = table(p, "last_row");
   r.t_last_slot = table(p, "last_slot");
+  r.t_last_first = table(p, "last_first");
+  r.t_row_taps_src = table(p, "row_taps_src");
+  r.t_row_tok_src = table(p, "row_tok_src");
   r.t_taps = table(p, "taps");
+  r.b_slot_state = table(p, "slot_state", BufferRole::state);
+  r.b_draft_slots = table(p, "draft_slots", BufferRole::input);
   r.b_out_token = table(p, "out_token", BufferRole::output);
   r.b_out_conf = table(p, "out_conf", BufferRole::output);
   r.b_ring_k = table(p, "ring_k", BufferRole::state);
   r.b_ring_v = table(p, "ring_v", BufferRole::state);
   // An extend chunk uploads [row_slot .. taps] in one copy.
-  if (!(r.t_row_slot->offset < r.t_taps->offset && r.t_row_pos->offset < r.t_taps->offset &&
-        r.t_row_tok->offset < r.t_taps->offset && r.t_last_row->offset < r.t_taps->offset &&
-        r.t_last_slot->offset < r.t_taps->offset))
-    fail("plan: the tables region is not laid out as [row_slot row_pos row_tok last_row last_slot taps]");
+  for (const Buffer* t :
+       {r.t_row_pos, r.t_row_tok, r.t_row_taps_src, r.t_row_tok_src, r.t_last_row, r.t_last_slot, r.t_last_first})
+    if (!(r.t_row_slot->offset <= t->offset && t->offset < r.t_taps->offset))
+      fail("plan: table `{}` is not between row_slot and taps; an extend chunk uploads [row_slot .. taps] in one copy",
+           t->name);
+  const int64_t largest = p.options.buckets.back();
+  if (r.b_slot_state->bytes != int64_t{p.options.max_slots + 1} * kc::kSlotStateColumns * 4)
+    fail("plan: `slot_state` holds {} bytes; the slots' state is {} x {} int32", r.b_slot_state->bytes,
+         p.options.max_slots + 1, kc::kSlotStateColumns);
+  if (r.b_draft_slots->bytes < largest * 4)
+    fail("plan: `draft_slots` holds {} bytes; an enqueued draft takes {} slot ids", r.b_draft_slots->bytes, largest);
   // The host reads a draft's outputs as [streams, max_steps] of the largest bucket.
   const int64_t out_entries = int64_t{p.options.buckets.back()} * p.options.max_steps;
   for (const Buffer* b : {r.h_token, r.h_conf})
@@ -349,10 +386,10 @@ Runtime open_runtime(const HeadFile& file, const OpenOptions& o, const TestHooks
            p.options.buckets.back(), p.options.max_steps);
   if (r.h_done->bytes != 4)
     fail("plan: host buffer `host_done` holds {} bytes; the pass's completion word is one int32", r.h_done->bytes);
-  constexpr int64_t kTableRowBytes = kc::kHostTableColumns * 4;
-  if (r.h_tables->bytes < int64_t{p.options.buckets.back()} * kTableRowBytes)
-    fail("plan: host buffer `host_tables` holds {} bytes; the draft's tables take {} rows of {} bytes",
-         r.h_tables->bytes, p.options.buckets.back(), kTableRowBytes);
+  if (r.h_tables->bytes < largest * 4)
+    fail("plan: host buffer `host_tables` holds {} bytes; a draft takes {} slot ids", r.h_tables->bytes, largest);
+  if (r.h_error->bytes != 8)
+    fail("plan: host buffer `host_error` holds {} bytes; the error record is one int64", r.h_error->bytes);
 
   r.open_device(o);
   if (o.l2_resident_weight_bytes > 0) {
@@ -366,8 +403,9 @@ Runtime open_runtime(const HeadFile& file, const OpenOptions& o, const TestHooks
 
   const bool graphs_on = o.graphs && graphs_enabled_by_environment();
   if (graphs_on) {
+    // Room for every pass in both forms: blocking (draft) and enqueued (draft_async, captured lazily).
     const size_t capacity =
-        o.graph_capacity ? o.graph_capacity : p.buckets.size() * static_cast<size_t>(p.options.max_steps);
+        o.graph_capacity ? o.graph_capacity : 2 * p.buckets.size() * static_cast<size_t>(p.options.max_steps);
     r.graphs.emplace(r.stream, capacity, hooks.check_bindings);
     if (o.capture == OpenOptions::Capture::at_open) r.capture_all();
   }
@@ -398,90 +436,177 @@ void Runtime::release() noexcept {
   if (known && previous != device) TFE_CUDA_NOEXCEPT(cudaSetDevice(previous));
 }
 
-void Runtime::extend(std::span<const ExtendRequest> requests) {
+namespace {
+
+// The rows of one request piece that a chunk takes: `done` rows of the request already went to earlier
+// chunks, `at` is the piece's first row in the chunk.
+struct Piece {
+  int64_t done = 0, take = 0, at = 0;
+};
+
+// Runs an extend call in chunks of up to extend_rows rows. A chunk takes whole requests while they fit and
+// splits the one that does not; each slot it touches keeps the g and state of its last row in the chunk (a
+// later chunk of the same request overwrites them). `pack(q, piece, staging)` writes a piece's rows
+// (tokens and taps, or their addresses) into the chunk's tables; `upload_end(rows)` is where the chunk's
+// upload ends; `device_rows` runs gather_taps first.
+template <typename Request, typename Pack, typename UploadEnd>
+void run_extend(RuntimeAccess::Impl& r, std::span<const Request> requests, cudaStream_t s, bool device_rows, Pack pack,
+                UploadEnd upload_end) {
+  const int64_t E = r.plan.options.extend_rows;
+  size_t req = 0;
+  int64_t done = 0;  // rows of requests[req] already packed
+  while (req < requests.size()) {
+    std::byte* st = r.staging_buffer();
+    auto* row_slot = r.staged_table<int32_t>(st, r.t_row_slot);
+    auto* row_pos = r.staged_table<int32_t>(st, r.t_row_pos);
+    auto* last_row = r.staged_table<int32_t>(st, r.t_last_row);
+    auto* last_slot = r.staged_table<int32_t>(st, r.t_last_slot);
+    auto* last_first = r.staged_table<int32_t>(st, r.t_last_first);
+    int64_t rows = 0, slot_rows = 0;
+    while (req < requests.size() && rows < E) {
+      const Request& q = requests[req];
+      const Piece piece{done, std::min(q.n_rows - done, E - rows), rows};
+      for (int64_t i = 0; i < piece.take; ++i) {
+        row_slot[rows + i] = q.slot;
+        row_pos[rows + i] = static_cast<int32_t>(q.first_pos + done + i);
+      }
+      pack(q, piece, st);
+      last_row[slot_rows] = static_cast<int32_t>(rows + piece.take - 1);
+      last_slot[slot_rows] = q.slot;
+      // The sequence's first position: this request's, when it starts the slot.
+      last_first[slot_rows] = r.slots.empty(q.slot) ? static_cast<int32_t>(q.first_pos) : r.slots.first_pos(q.slot);
+      ++slot_rows;
+      rows += piece.take;
+      done += piece.take;
+      if (done == q.n_rows) ++req, done = 0;
+    }
+    const int64_t first = r.t_row_slot->offset;
+    r.upload_tables(first, upload_end(rows) - first, s);
+    if (device_rows) r.gather->kernel->launch(rows, s);
+    r.launch_nodes(r.extend, INT_MAX, rows, slot_rows, s);
+    ++r.stats.extend_chunks;
+  }
+}
+
+// Throws unless `p` is device memory of `device` (or managed memory).
+void check_device_pointer(const void* p, int device, std::string_view what) {
+  cudaPointerAttributes a{};
+  const cudaError_t e = cudaPointerGetAttributes(&a, p);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail("{} ({}) is not memory CUDA knows: {}", what, p, cudaGetErrorName(e));
+  }
+  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+    fail("{} ({}) is {} memory; it must be device memory of device {}", what, p,
+         a.type == cudaMemoryTypeHost ? "host" : "unregistered host", device);
+  if (a.type == cudaMemoryTypeDevice && a.device != device)
+    fail("{} ({}) is memory of device {}; the runtime runs on device {}", what, p, a.device, device);
+}
+
+}  // namespace
+
+void Runtime::Impl::report_device_errors(std::string_view call) {
+  std::atomic_ref<int64_t> record(*host_buffer<int64_t>(h_error));
+  const int64_t v = record.load(std::memory_order_acquire);
+  if (v == 0) return;
+  record.store(0, std::memory_order_relaxed);
+  const int64_t kind = (v >> 56) & 0xff, index = (v >> 32) & 0xffffff;
+  const auto value = static_cast<int32_t>(static_cast<uint32_t>(v & 0xffffffff));
+  if (kind == kc::kErrorDraftSlot)
+    fail(
+        "{}: an earlier draft_async found slot id {} in row {} of its device slot ids; an id must be -1 (padding) or "
+        "a slot in 0..{} that holds a sequence. That row drafted from the scratch slot (its outputs are "
+        "meaningless); nothing else changed, and this call did nothing",
+        call, value, index, plan.options.max_slots - 1);
+  if (kind == kc::kErrorExtendToken)
+    fail(
+        "{}: an earlier extend of device rows handed slot {} token {}, outside 0..{}; that row used token 0 "
+        "instead, so the slot's state is wrong: reset the slot. This call did nothing",
+        call, index, value, plan.header.vocab - 1);
+  fail("{}: a kernel left an error record of unknown kind {} (value {:#x}); this call did nothing", call, kind, v);
+}
+
+void Runtime::extend(std::span<const ExtendRequest> requests, std::optional<cudaStream_t> stream) {
   Impl& r = *impl_;
   r.check_usable();
+  r.report_device_errors("extend");
   const HeadHeader& h = r.plan.header;
   const int64_t row_width = static_cast<int64_t>(h.taps.size()) * h.target_hidden;
   // Every request is checked before anything changes (the CPU reference's checks and messages).
   check_extend_requests(r.slots, requests, row_width);
   if (requests.empty()) return;
+  const cudaStream_t s = r.stream_for(stream);
 
   DeviceScope scope(r.device);
+  r.refuse_capture(s, "extend",
+                   "an extend's tables cross from host memory the runtime reuses; record only draft_async");
+  const size_t row_bytes = static_cast<size_t>(row_width) * sizeof(bf16_bits);
   r.device_work([&] {
-    const int64_t E = r.plan.options.extend_rows;
-    const size_t row_bytes = static_cast<size_t>(row_width) * sizeof(bf16_bits);
-    size_t req = 0;
-    int64_t done = 0;  // rows of requests[req] already packed
-    while (req < requests.size()) {
-      std::byte* st = r.staging_buffer();
-      auto* row_slot = r.staged_table<int32_t>(st, r.t_row_slot);
-      auto* row_pos = r.staged_table<int32_t>(st, r.t_row_pos);
-      auto* row_tok = r.staged_table<int32_t>(st, r.t_row_tok);
-      auto* last_row = r.staged_table<int32_t>(st, r.t_last_row);
-      auto* last_slot = r.staged_table<int32_t>(st, r.t_last_slot);
-      auto* taps = r.staged_table<std::byte>(st, r.t_taps);
-      int64_t rows = 0, slot_rows = 0;
-      // A chunk takes whole requests while they fit and splits the one that does not; each slot it touches
-      // keeps the g of its last row in the chunk (a later chunk of the same request overwrites it).
-      while (req < requests.size() && rows < E) {
-        const ExtendRequest& q = requests[req];
-        const int64_t take = std::min(q.n_rows - done, E - rows);
-        for (int64_t i = 0; i < take; ++i) {
-          row_slot[rows + i] = q.slot;
-          row_pos[rows + i] = static_cast<int32_t>(q.first_pos + done + i);
-          row_tok[rows + i] = q.tokens[static_cast<size_t>(done + i)];
-        }
-        std::memcpy(taps + static_cast<size_t>(rows) * row_bytes, q.taps.data() + static_cast<size_t>(done * row_width),
-                    static_cast<size_t>(take) * row_bytes);
-        last_row[slot_rows] = static_cast<int32_t>(rows + take - 1);
-        last_slot[slot_rows] = q.slot;
-        ++slot_rows;
-        rows += take;
-        done += take;
-        if (done == q.n_rows) ++req, done = 0;
-      }
-      const int64_t first = r.t_row_slot->offset;
-      r.upload_tables(first, r.t_taps->offset + rows * static_cast<int64_t>(row_bytes) - first);
-      r.launch_nodes(r.extend, INT_MAX, rows, slot_rows, r.stream);
-      ++r.stats.extend_chunks;
-    }
+    run_extend(
+        r, requests, s, false,
+        [&](const ExtendRequest& q, const Piece& p, std::byte* st) {
+          auto* row_tok = r.staged_table<int32_t>(st, r.t_row_tok);
+          auto* taps = r.staged_table<std::byte>(st, r.t_taps);
+          for (int64_t i = 0; i < p.take; ++i) row_tok[p.at + i] = q.tokens[static_cast<size_t>(p.done + i)];
+          std::memcpy(taps + static_cast<size_t>(p.at) * row_bytes,
+                      q.taps.data() + static_cast<size_t>(p.done * row_width), static_cast<size_t>(p.take) * row_bytes);
+        },
+        [&](int64_t rows) { return r.t_taps->offset + rows * static_cast<int64_t>(row_bytes); });
   });
   for (const ExtendRequest& q : requests) r.slots.commit_extend(q.slot, q.first_pos, q.n_rows, q.tokens);
+}
+
+void Runtime::extend(std::span<const DeviceExtendRequest> requests, std::optional<cudaStream_t> stream) {
+  Impl& r = *impl_;
+  r.check_usable();
+  r.report_device_errors("extend");
+  const HeadHeader& h = r.plan.header;
+  const int64_t row_width = static_cast<int64_t>(h.taps.size()) * h.target_hidden;
+  check_extend_requests(r.slots, requests, row_width);
+  if (requests.empty()) return;
+  const cudaStream_t s = r.stream_for(stream);
+
+  DeviceScope scope(r.device);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    check_device_pointer(requests[i].taps, r.device, fmt::format("extend: requests[{}].taps", i));
+    check_device_pointer(requests[i].tokens, r.device, fmt::format("extend: requests[{}].tokens", i));
+  }
+  r.refuse_capture(s, "extend",
+                   "an extend's tables cross from host memory the runtime reuses; record only draft_async");
+  r.device_work([&] {
+    run_extend(
+        r, requests, s, true,
+        [&](const DeviceExtendRequest& q, const Piece& p, std::byte* st) {
+          auto* taps_src = r.staged_table<int64_t>(st, r.t_row_taps_src);
+          auto* tok_src = r.staged_table<int64_t>(st, r.t_row_tok_src);
+          const int64_t stride = q.taps_stride ? q.taps_stride : row_width;
+          for (int64_t i = 0; i < p.take; ++i) {
+            taps_src[p.at + i] = reinterpret_cast<int64_t>(q.taps + (p.done + i) * stride);
+            tok_src[p.at + i] = reinterpret_cast<int64_t>(q.tokens + p.done + i);
+          }
+        },
+        [&](int64_t) { return r.t_taps->offset; });
+  });
+  for (const DeviceExtendRequest& q : requests) r.slots.commit_rows(q.slot, q.first_pos, q.n_rows);
 }
 
 DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
   Impl& r = *impl_;
   r.check_usable();
+  r.report_device_errors("draft");
   r.slots.check_draft(slot_ids, steps);
   const int n = static_cast<int>(slot_ids.size());
-  size_t bucket = 0;
-  while (r.plan.buckets[bucket].streams < n) ++bucket;  // check_draft bounds n by the largest bucket
+  const size_t bucket = r.bucket_for(n);  // check_draft bounds n by the largest bucket
   const int streams = r.plan.buckets[bucket].streams;
   const int64_t max_steps = r.plan.options.max_steps;
 
   DeviceScope scope(r.device);
+  r.refuse_capture(r.stream, "draft", "it waits for its outputs on the host; record draft_async's device form");
   DraftResult out;
   r.device_work([&] {
-    // The tables go straight into the host arena, a row's four entries side by side: the pass's first node
-    // (load_tables) reads them from there.
-    auto* tables = r.host_buffer<int32_t>(r.h_tables);
-    for (int i = 0; i < streams; ++i) {
-      int32_t* row = tables + i * kc::kHostTableColumns;
-      if (i < n) {
-        const int slot = slot_ids[static_cast<size_t>(i)];
-        row[0] = slot;
-        row[1] = r.slots.last_pos(slot);
-        row[2] = r.slots.first_pos(slot);
-        row[3] = r.slots.last_token(slot);
-      } else {
-        // Padding: the scratch slot at position 0; its ring and g are zeros (valid) and its rows are dropped.
-        row[0] = r.scratch_slot();
-        row[1] = 0;
-        row[2] = 0;
-        row[3] = 0;
-      }
-    }
+    // The slot ids go straight into the host arena: the pass's first node (load_tables) reads them there.
+    auto* ids = r.host_buffer<int32_t>(r.h_tables);
+    for (int i = 0; i < streams; ++i) ids[i] = i < n ? slot_ids[static_cast<size_t>(i)] : kc::kPaddingSlot;
 
     // Cleared before the launch (a full fence: the store is visible before the launch is), set by the
     // pass's last node; the GPU never reads it.
@@ -497,7 +622,7 @@ DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
     // The pass's last node (store_outputs) copies the tokens and confidences into the host arena, then
     // sets host_done.
     r.wait_for_outputs();
-    r.stats.bytes_uploaded += static_cast<uint64_t>(4 * streams) * sizeof(int32_t);
+    r.stats.bytes_uploaded += static_cast<uint64_t>(streams) * sizeof(int32_t);
     r.stats.bytes_downloaded += static_cast<uint64_t>(streams * steps) * (sizeof(int32_t) + sizeof(float));
 
     const auto* tokens = r.host_buffer<const int32_t>(r.h_token);
@@ -519,20 +644,123 @@ DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
   return out;
 }
 
-DeviceDraftOutputs Runtime::device_outputs() const { return impl_->last_outputs; }
+DeviceDraftOutputs Runtime::Impl::enqueue_draft(int n, int steps, const DraftTargets& targets, cudaStream_t s) {
+  const size_t bucket = bucket_for(n);
+  const int streams = plan.buckets[bucket].streams;
+  const int64_t max_steps = plan.options.max_steps;
+  if (capturing(s)) {
+    // The caller's graph gets the launches the runtime's own graph holds (graphs/graph_cache.h: a graph is
+    // captured from this same function), so a replay of it drafts what a direct call drafts.
+    launch_nodes(enqueued[bucket], steps, streams, 0, s);
+    ++stats.eager_passes;
+  } else if (graphs) {
+    graphs->run(GraphKey{streams, steps, true}, bindings(), draft_record(bucket, steps, true), s);
+    ++stats.replays;
+  } else {
+    launch_nodes(enqueued[bucket], steps, streams, 0, s);
+    ++stats.eager_passes;
+  }
+  const DeviceDraftOutputs out{reinterpret_cast<const int32_t*>(arena + b_out_token->offset),
+                               reinterpret_cast<const float*>(arena + b_out_conf->offset), max_steps, n, steps};
+  const int64_t stride = targets.row_stride ? targets.row_stride : steps;
+  if (targets.tokens)
+    TFE_CUDA(cudaMemcpy2DAsync(targets.tokens, static_cast<size_t>(stride) * 4, out.tokens,
+                               static_cast<size_t>(max_steps) * 4, static_cast<size_t>(steps) * 4,
+                               static_cast<size_t>(n), cudaMemcpyDeviceToDevice, s));
+  if (targets.confidences)
+    TFE_CUDA(cudaMemcpy2DAsync(targets.confidences, static_cast<size_t>(stride) * 4, out.confidences,
+                               static_cast<size_t>(max_steps) * 4, static_cast<size_t>(steps) * 4,
+                               static_cast<size_t>(n), cudaMemcpyDeviceToDevice, s));
+  last_outputs = out;
+  return out;
+}
 
-void Runtime::reset(int slot) {
+namespace {
+void check_targets(const DraftTargets& t, int steps, int device) {
+  if (t.row_stride != 0 && t.row_stride < steps)
+    fail("draft_async: targets.row_stride = {} is below steps = {}", t.row_stride, steps);
+  if (t.tokens) check_device_pointer(t.tokens, device, "draft_async: targets.tokens");
+  if (t.confidences) check_device_pointer(t.confidences, device, "draft_async: targets.confidences");
+}
+}  // namespace
+
+DeviceDraftOutputs Runtime::draft_async(std::span<const int> slot_ids, int steps, const DraftTargets& targets,
+                                        std::optional<cudaStream_t> stream) {
   Impl& r = *impl_;
   r.check_usable();
-  r.slots.reset(slot);
-  // Zero the slot's ring so that what a slot computes never depends on an earlier sequence's keys.
+  r.report_device_errors("draft_async");
+  r.slots.check_draft(slot_ids, steps);
+  const cudaStream_t s = r.stream_for(stream);
   DeviceScope scope(r.device);
+  check_targets(targets, steps, r.device);
+  r.refuse_capture(s, "draft_async",
+                   "slot ids in host memory would be read at each replay from a buffer the runtime reuses; pass them "
+                   "in device memory (draft_async's device form, e.g. draft_slots())");
+  const int n = static_cast<int>(slot_ids.size());
+  const int streams = r.plan.buckets[r.bucket_for(n)].streams;
+  return r.device_work([&] {
+    // A table of the ring, free once the copy that last read it has run (a wait only when kIdRing
+    // enqueued drafts are still ahead of the device).
+    const int i = r.next_ids;
+    r.next_ids = (r.next_ids + 1) % Impl::kIdRing;
+    TFE_CUDA(cudaEventSynchronize(r.id_staged[i].get()));
+    auto* ids =
+        reinterpret_cast<int32_t*>(r.id_staging.data()) + static_cast<size_t>(i) * r.plan.options.buckets.back();
+    for (int k = 0; k < streams; ++k) ids[k] = k < n ? slot_ids[static_cast<size_t>(k)] : kc::kPaddingSlot;
+    TFE_CUDA(cudaMemcpyAsync(r.draft_slots_device(), ids, static_cast<size_t>(streams) * 4, cudaMemcpyHostToDevice, s));
+    TFE_CUDA(cudaEventRecord(r.id_staged[i].get(), s));
+    r.stats.bytes_uploaded += static_cast<uint64_t>(streams) * 4;
+    return r.enqueue_draft(n, steps, targets, s);
+  });
+}
+
+DeviceDraftOutputs Runtime::draft_async(const int32_t* device_slots, int n, int steps, const DraftTargets& targets,
+                                        std::optional<cudaStream_t> stream) {
+  Impl& r = *impl_;
+  r.check_usable();
+  r.report_device_errors("draft_async");
+  const SlotLimits& l = r.slots.limits();
+  if (n < 1 || n > l.max_streams)
+    fail("draft_async: n = {} slots is outside 1..{} (the largest streams bucket)", n, l.max_streams);
+  if (steps < 1 || steps > l.max_steps)
+    fail("draft_async: steps = {} is outside 1..{} (max_steps)", steps, l.max_steps);
+  if (!device_slots) fail("draft_async: device_slots is null");
+  const cudaStream_t s = r.stream_for(stream);
+  DeviceScope scope(r.device);
+  check_device_pointer(device_slots, r.device, "draft_async: device_slots");
+  check_targets(targets, steps, r.device);
+  const int streams = r.plan.buckets[r.bucket_for(n)].streams;
+  return r.device_work([&] {
+    int32_t* own = r.draft_slots_device();
+    if (device_slots != own)
+      TFE_CUDA(cudaMemcpyAsync(own, device_slots, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToDevice, s));
+    // The bucket's rows past n are padding (id -1: every byte 0xff).
+    if (streams > n) TFE_CUDA(cudaMemsetAsync(own + n, 0xff, static_cast<size_t>(streams - n) * 4, s));
+    return r.enqueue_draft(n, steps, targets, s);
+  });
+}
+
+int32_t* Runtime::draft_slots() const { return impl_->draft_slots_device(); }
+
+DeviceDraftOutputs Runtime::device_outputs() const { return impl_->last_outputs; }
+
+void Runtime::reset(int slot, std::optional<cudaStream_t> stream) {
+  Impl& r = *impl_;
+  r.check_usable();
+  r.report_device_errors("reset");
+  (void)r.slots.empty(slot);  // refuses a slot outside 0..max_slots-1 before anything changes
+  const cudaStream_t s = r.stream_for(stream);
+  DeviceScope scope(r.device);
+  r.refuse_capture(s, "reset", "the host's slot table changes at the call, not at a replay");
+  r.slots.reset(slot);
+  // Zero the slot's ring and state so that what a slot computes never depends on an earlier sequence's keys
+  // (and a draft over it, from device ids, is reported rather than run on stale state).
   r.device_work([&] {
     const size_t per_slot = static_cast<size_t>(r.b_ring_k->bytes / (r.plan.options.max_slots + 1));
-    TFE_CUDA(
-        cudaMemsetAsync(r.arena + r.b_ring_k->offset + per_slot * static_cast<size_t>(slot), 0, per_slot, r.stream));
-    TFE_CUDA(
-        cudaMemsetAsync(r.arena + r.b_ring_v->offset + per_slot * static_cast<size_t>(slot), 0, per_slot, r.stream));
+    TFE_CUDA(cudaMemsetAsync(r.arena + r.b_ring_k->offset + per_slot * static_cast<size_t>(slot), 0, per_slot, s));
+    TFE_CUDA(cudaMemsetAsync(r.arena + r.b_ring_v->offset + per_slot * static_cast<size_t>(slot), 0, per_slot, s));
+    const size_t state = static_cast<size_t>(kc::kSlotStateColumns) * 4;
+    TFE_CUDA(cudaMemsetAsync(r.arena + r.b_slot_state->offset + state * static_cast<size_t>(slot), 0, state, s));
   });
 }
 
@@ -560,6 +788,7 @@ void Runtime::synchronize() const {
   r.check_usable();
   DeviceScope scope(r.device);
   r.device_work([&] { TFE_CUDA(cudaStreamSynchronize(r.stream)); });
+  r.report_device_errors("synchronize");
 }
 
 }  // namespace tfe

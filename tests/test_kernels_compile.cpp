@@ -213,7 +213,7 @@ TEST_CASE("kernels: every description has a launch, a reach for each pointer and
   const KernelSpec topk = make_spec("topk", {{"VOCAB", 300}, {"CAND_K", 16}, {"SPLIT", 1}});
   CHECK_THROWS_WITH_AS(param_reach(topk, "rows", Reach{}), doctest::Contains("topk has no pointer parameter `rows`"),
                        Error);
-  CHECK(param_alignment(make_spec("load_tables", {}), "host_tables") == kc::kHostTableColumns * 4);
+  CHECK(param_alignment(make_spec("load_tables", {}), "slot_state") == kc::kSlotStateColumns * 4);
 }
 
 // The launch shapes (kernels/<kernel>.h) read the same shape functions and constants as the kernels do

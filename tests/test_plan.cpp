@@ -522,10 +522,11 @@ TEST_CASE("make_plan: weights are the tensors in use, 256-byte aligned, each fro
 }
 
 TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role its parameter needs") {
-  // What each pointer parameter may bind. An extend reads the tables the host uploaded; a draft pass
-  // reads its tables as activations, which its first node (load_tables) copies from the host arena, and
-  // its later steps read the tokens it drafted itself. Only the draft's tables and outputs live in host
-  // memory.
+  // What each pointer parameter may bind. An extend reads the tables the host uploaded (for device rows,
+  // gather_taps fills taps and row_tok from the uploaded addresses); a draft pass reads its tables as
+  // activations, which its first node (load_tables) fills from slot ids (host memory, or draft_slots for
+  // an enqueued pass) and slot_state, and its later steps read the tokens it drafted itself. Only a
+  // blocking draft's ids and outputs, and the error record, live in host memory.
   using R = BufferRole;
   const std::map<std::string, std::set<R>> roles = {
       {"w", {R::weight}},
@@ -545,7 +546,18 @@ TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role
       {"dst_index", {R::table}},
       {"tokens", {R::table, R::activation}},
       {"tok", {R::activation}},
-      {"host_tables", {R::host}},
+      {"ids", {R::host}},
+      {"slot_state", {R::state}},
+      {"error", {R::host}},
+      {"row_taps_src", {R::table}},
+      {"row_tok_src", {R::table}},
+      {"taps", {R::table}},
+      {"row_tok", {R::table}},
+      {"row_slot", {R::table}},
+      {"row_pos", {R::table}},
+      {"last_row", {R::table}},
+      {"last_slot", {R::table}},
+      {"last_first", {R::table}},
       {"host_token", {R::host}},
       {"host_conf", {R::host}},
       {"host_done", {R::host}},
@@ -596,7 +608,7 @@ TEST_CASE("make_plan: every buffer argument binds an existing buffer of the role
         REQUIRE(roles.count(a.param));
         CHECK_MESSAGE(roles.at(a.param).count(b.role), "binds " << b.name << " of role " << buffer_role_name(b.role));
         if (b.role == R::table && param_writes(p.spec(n->spec).kernel, a.param))
-          CHECK(n->name.starts_with("extend.tap_norm"));
+          CHECK((n->name.starts_with("extend.tap_norm") || n->name == "extend.gather_taps"));
         CHECK(a.byte_offset < b.bytes);
       }
     }
@@ -685,14 +697,17 @@ TEST_CASE("make_plan: buffers never overlap, stay inside their arena, and the ta
   }
 }
 
-TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, and writes its outputs there") {
+TEST_CASE("make_plan: a draft pass reads its slot ids from the host arena once, and writes its outputs there") {
   for (const auto& [name, h] : golden_heads()) {
     CAPTURE(name);
     const Plan p = make_plan(h, golden_options());
     const int64_t B = p.options.buckets.back(), steps = p.options.max_steps;
-    // host_tables: a row's slot, pos, first_pos and tok side by side, one 16-byte load for load_tables.
-    std::map<std::string, std::vector<int64_t>> want = {
-        {"host_tables", {B, 4}}, {"host_token", {B, steps}}, {"host_conf", {B, steps}}, {"host_done", {1}}};
+    // host_tables: a row's slot id; host_error: the record of bad device input, one int64.
+    std::map<std::string, std::vector<int64_t>> want = {{"host_tables", {B}},
+                                                        {"host_token", {B, steps}},
+                                                        {"host_conf", {B, steps}},
+                                                        {"host_done", {1}},
+                                                        {"host_error", {1}}};
     REQUIRE(p.host.buffers.size() == want.size());
     for (const Buffer& b : p.host.buffers) {
       CAPTURE(b.name);
@@ -702,8 +717,9 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
     }
     for (const Bucket& bucket : p.buckets) {
       CAPTURE(bucket.streams);
-      // The first node copies the tables; no other node reads them from host memory, and only each
-      // step's store_outputs, which runs in the pass that ends at its step, writes host memory.
+      // The first node reads the ids; no other node reads host memory, and only each step's
+      // store_outputs, which runs in the pass that ends at its step, writes host memory (but the error
+      // record, which load_tables writes only for a bad id).
       const Node& first = bucket.nodes.front();
       CHECK(first.name == "s1.load_tables");
       CHECK(p.spec(first.spec).kernel == "load_tables");
@@ -713,21 +729,25 @@ TEST_CASE("make_plan: a draft pass reads its tables from the host arena once, an
           if (a.kind != Arg::Kind::buffer || !p.host.find(a.buffer)) continue;
           CAPTURE(n.name);
           CAPTURE(a.param);
-          if (param_writes(kernel, a.param))
+          if (a.buffer == "host_error")
+            CHECK(&n == &first);
+          else if (param_writes(kernel, a.param))
             CHECK((kernel == "store_outputs" && n.last_step_only));
           else
             CHECK(&n == &first);
         }
       }
     }
+    // An extend touches host memory only through gather_taps' error record.
     for (const Node& n : p.extend)
-      for (const Arg& a : n.args) CHECK_MESSAGE(!p.host.find(a.buffer), n.name << " binds host memory");
+      for (const Arg& a : n.args)
+        if (p.host.find(a.buffer))
+          CHECK_MESSAGE((n.name == "extend.gather_taps" && a.buffer == "host_error"), n.name << " binds host memory");
   }
-  // One CTA copies the tables, a row a thread: more rows than it covers are refused, not truncated.
+  // One CTA fills the tables, a row a thread: more rows than it covers are refused, not truncated.
   const KernelSpec load = make_spec("load_tables", {});
   CHECK(launch_shape(load, 128).block == 128);
-  CHECK_THROWS_WITH_AS(launch_shape(load, 129), doctest::Contains("rows is 129; load_tables copies at most 128"),
-                       Error);
+  CHECK_THROWS_WITH_AS(launch_shape(load, 129), doctest::Contains("rows is 129; load_tables fills at most 128"), Error);
 }
 
 TEST_CASE(
@@ -1279,33 +1299,29 @@ TEST_CASE(
   refused(
       "a grid wider than the kernel's mapping", [&](Plan& p) { ++find(p, "s1.lm_head").launch.grid[0]; },
       "node s1.lm_head: launch grid");
-  // load_tables reads 16 bytes a row from host_tables: a table of one int32 a row (16 rows, 64 bytes, as
-  // the host tables were laid out before schema 12) is a quarter of what it reaches.
+  // load_tables reads one slot id a row: host_tables of half the bucket's rows is refused.
   refused(
-      "the draft's host tables one int32 a row",
+      "the draft's slot ids for half the rows",
       [&](Plan& p) {
         for (Buffer& b : p.host.buffers)
           if (b.name == "host_tables") {
-            b.shape = {b.shape[0]};
-            b.bytes /= 4;
+            b.shape = {b.shape[0] / 2};
+            b.bytes /= 2;
           }
       },
-      "node s1.load_tables arg `host_tables`: kernel load_tables reaches 256 bytes");
-  // ... and reads each row in one 16-byte load: the tables moved 4 bytes on (alignment 4, still within the
-  // host arena and overlapping nothing) are refused.
+      "node s1.load_tables arg `ids`: kernel load_tables reaches 64 bytes");
+  // ... and each slot's state in one 16-byte load: slot_state moved 4 bytes on (alignment 4, still within
+  // the arena and overlapping nothing) is refused.
   refused(
-      "the draft's host tables 4 bytes off a 16-byte row",
+      "the slots' state 4 bytes off a 16-byte row",
       [&](Plan& p) {
-        for (Buffer& b : p.host.buffers) b.offset += 256;
-        p.host.bytes += 256;
-        for (Buffer& b : p.host.buffers)
-          if (b.name == "host_tables") {
+        for (Buffer& b : p.arena.buffers)
+          if (b.name == "slot_state") {
             b.alignment = 4;
-            b.offset = 4;
+            b.offset += 4;
           }
       },
-      "node s1.load_tables arg `host_tables`: kernel load_tables loads it in 16-byte units, but `host_tables` "
-      "offset 4 + byte_offset 0 is not a multiple of 16");
+      "loads it in 16-byte units, but `slot_state` offset");
   // A plan made for sm_80 (attention in one CTA a cluster, the GEMV's 96 KB ring within 163 KB), whose
   // attention node is then made to ask for more than sm_80's 163 KB.
   {
@@ -1447,7 +1463,8 @@ TEST_CASE(
 
 TEST_CASE(
     "validate: a draft pass must begin with load_tables of host_tables and end every step with its "
-    "store_outputs to host_token, host_conf and host_done") {
+    "store_outputs to host_token, host_conf and host_done; an extend must begin with gather_taps and end with "
+    "keep_state") {
   const Plan good = make_plan(preset_header("tiny"), golden_options());
   CHECK_NOTHROW(validate(good));
   const auto nodes = [](Plan& p) -> std::vector<Node>& { return p.buckets.back().nodes; };
@@ -1459,10 +1476,22 @@ TEST_CASE(
   // Each edit keeps every node's own checks (reach, alignment, launch) satisfied: only the pass's contract
   // with the runtime is broken.
   refused(
-      "the tables read from another host buffer",
-      [&](Plan& p) { param(find(p, "s1.load_tables"), "host_tables").buffer = "host_token"; },
-      "bucket 16 node s1.load_tables: `host_tables` must bind host buffer `host_tables` at byte_offset 0, which "
+      "the slot ids read from another host buffer",
+      [&](Plan& p) { param(find(p, "s1.load_tables"), "ids").buffer = "host_token"; },
+      "bucket 16 node s1.load_tables: `ids` must bind host buffer `host_tables` at byte_offset 0, which "
       "the runtime writes before the launch");
+  refused(
+      "slot ids checked against another max_slots",
+      [&](Plan& p) {
+        for (auto& b : p.buckets) param(b.nodes.front(), "max_slots").i += 1;
+      },
+      "`max_slots` = 65, the plan's max_slots is 64");
+  refused(
+      "an extend that keeps no state", [&](Plan& p) { p.extend.pop_back(); },
+      "the extend pass must end with keep_state");
+  refused(
+      "an extend that gathers device rows after the tap norms", [&](Plan& p) { std::swap(p.extend[0], p.extend[1]); },
+      "the extend pass must begin with gather_taps");
   refused(
       "the completion word written into the outputs",
       [&](Plan& p) { param(find(p, "s3.store_outputs"), "host_done").buffer = "host_conf"; },

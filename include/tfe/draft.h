@@ -17,6 +17,17 @@ struct ExtendRequest {
   std::span<const int32_t> tokens;  // [n_rows]: the target token that follows each row
 };
 
+// The same rows with their taps and tokens in device memory (Runtime::extend's device form): nothing
+// crosses to the host. Row r's T * Ht taps start at taps + r * taps_stride.
+struct DeviceExtendRequest {
+  int slot = 0;
+  int64_t first_pos = 0;
+  int64_t n_rows = 0;
+  const bf16_bits* taps = nullptr;  // device memory of the runtime's device
+  int64_t taps_stride = 0;          // elements from one row's taps to the next (>= T * Ht); 0: T * Ht
+  const int32_t* tokens = nullptr;  // device memory: [n_rows] contiguous
+};
+
 // Outputs of a draft over `streams` slots (in the order given) and `steps` steps.
 struct DraftResult {
   int streams = 0;

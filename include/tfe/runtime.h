@@ -3,13 +3,24 @@
 // open() reads the head, makes (or loads) its plan, uploads the weights the plan names, allocates one
 // device range (weights, arena, cuBLASLt workspace), loads every kernel and captures a CUDA graph per
 // (streams bucket, steps). Then an engine calls, per round:
-//   extend(requests)  the real rows the target verified (taps + the token that follows each), eager;
-//   draft(slots, n)   n chained draft steps for each slot: one graph replay;
-//   reset(slot)       when a sequence ends.
-// State lives on the device: per slot a K/V ring of ring_rows() rows and the last real row's g. The host
-// keeps the SlotTable (<tfe/slots.h>), which checks every call before anything changes; a refused call
-// changes nothing. Draft rows written into a ring are overwritten by the next extend, so a rejected draft
-// needs no rollback.
+//   extend(requests)        the real rows the target verified (taps + the token that follows each), eager;
+//                           taps and tokens in host memory, or in device memory (DeviceExtendRequest);
+//   draft(slots, n)         n chained draft steps for each slot: one graph replay; returns host copies;
+//   draft_async(slots, n)   the same, enqueued only: outputs stay on the device, nothing waits, and it can
+//                           be recorded into the caller's own stream capture (docs/runtime.md);
+//   reset(slot)             when a sequence ends.
+// State lives on the device: per slot a K/V ring of ring_rows() rows, the last real row's g, and its
+// position, first position and token. The host keeps the SlotTable (<tfe/slots.h>) of positions, which
+// checks every call before anything changes; a refused call changes nothing. Draft rows written into a
+// ring are overwritten by the next extend, so a rejected draft needs no rollback.
+//
+// What the host never sees (device tokens, device slot ids) is checked on the device: a bad value is
+// replaced by one in range (token 0, the scratch slot), so nothing is read out of bounds, and a later call
+// (at the latest synchronize()) throws tfe::Error naming it. The affected slot's state is then wrong and
+// the slot should be reset.
+//
+// Streams: every call that takes `stream` enqueues there (nullopt: stream()). Calls on different streams
+// are ordered by the caller, as with any CUDA library handle.
 //
 // Errors are tfe::Error with a message naming what, where and the limit. A CUDA failure during a call
 // leaves the device state unknown: the runtime then refuses every later call (naming the first failure)
@@ -86,6 +97,14 @@ struct DeviceDraftOutputs {
   int steps = 0;
 };
 
+// Device buffers an enqueued draft also copies its outputs into (on its stream, after the pass): row r and
+// step s at r * row_stride + (s - 1). Null pointers: that output stays only in device_outputs().
+struct DraftTargets {
+  int32_t* tokens = nullptr;
+  float* confidences = nullptr;
+  int64_t row_stride = 0;  // elements, >= steps; 0: steps
+};
+
 class Runtime {
  public:
   static Runtime open(const std::string& head_path, const OpenOptions& options = {});
@@ -101,7 +120,11 @@ class Runtime {
   // Absorbs real rows (see ExtendRequest): every request is checked before anything changes; then the
   // rows run in chunks of up to plan_options().extend_rows rows. Asynchronous on stream(): the request's
   // spans may be released on return.
-  void extend(std::span<const ExtendRequest> requests);
+  void extend(std::span<const ExtendRequest> requests, std::optional<cudaStream_t> stream = std::nullopt);
+  // The same from device memory: the rows' taps are copied on the device (any row stride), the tokens are
+  // read there (a token outside the vocabulary is replaced and reported later, see above); the host
+  // uploads only the chunk's tables (slots, positions, row addresses) and never waits for the device.
+  void extend(std::span<const DeviceExtendRequest> requests, std::optional<cudaStream_t> stream = std::nullopt);
   // Drafts `steps` tokens for each slot (distinct, non-empty, at most the largest bucket). Blocks until
   // the host copies of tokens and confidences are ready: one graph launch, the tables and the outputs
   // crossing in mapped host memory (the plan's host arena), no copy; the host polls the word the pass's last node sets
@@ -109,8 +132,22 @@ class Runtime {
   // stream() is ordered after the pass; other streams that read device_outputs() wait on stream() first.
   // `hidden` of the result is left empty.
   DraftResult draft(std::span<const int> slots, int steps);
+  // Enqueues the same draft and returns at once: the slot ids cross in one copy on the stream, the outputs
+  // stay in device_outputs() (and `targets`, where given). Not for a capturing stream: the host's ids would
+  // be read at replay from memory the runtime has since reused (use the device form below).
+  DeviceDraftOutputs draft_async(std::span<const int> slots, int steps, const DraftTargets& targets = {},
+                                 std::optional<cudaStream_t> stream = std::nullopt);
+  // The same with `n` slot ids read on the device at `device_slots` (the caller's, or draft_slots()), so
+  // that a stream capture records a pass whose slots the caller may change before each replay; positions
+  // and tokens are read at replay too. The host checks n and steps; the device checks the ids (see above).
+  // On a capturing stream the pass is recorded node by node (the launches a graph of the runtime's own
+  // holds); otherwise it is a replay of the runtime's graph.
+  DeviceDraftOutputs draft_async(const int32_t* device_slots, int n, int steps, const DraftTargets& targets = {},
+                                 std::optional<cudaStream_t> stream = std::nullopt);
+  // The runtime's own slot-id buffer [largest bucket] in device memory, for draft_async's device form.
+  int32_t* draft_slots() const;
   DeviceDraftOutputs device_outputs() const;
-  void reset(int slot);
+  void reset(int slot, std::optional<cudaStream_t> stream = std::nullopt);
 
   RuntimeStats stats() const;
   // The options of the plan the runtime runs (the artifact's, or those asked; arch: the device's).
@@ -123,7 +160,8 @@ class Runtime {
   int device() const;
   bool graphs_enabled() const;
 
-  // Waits for the stream; throws on an asynchronous CUDA failure.
+  // Waits for the stream; throws on an asynchronous CUDA failure, then on bad device input found since
+  // the last call (see above).
   void synchronize() const;
 
  private:

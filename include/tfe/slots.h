@@ -48,6 +48,10 @@ class SlotTable {
   void check_extend(int slot, int64_t first_pos, int64_t n_rows, std::span<const int32_t> tokens) const;
   // check_extend, then records the slot's new last position and token.
   void commit_extend(int slot, int64_t first_pos, int64_t n_rows, std::span<const int32_t> tokens);
+  // The same for rows whose tokens are in device memory (checked there): every check but the tokens'; the
+  // slot's last token is then unknown to the host (last_token throws).
+  void check_rows(int slot, int64_t first_pos, int64_t n_rows) const;
+  void commit_rows(int slot, int64_t first_pos, int64_t n_rows);
   // Empties a slot; its next extend may start at any position.
   void reset(int slot);
 
@@ -57,7 +61,8 @@ class SlotTable {
 
   bool empty(int slot) const;
   // Position where the slot's current sequence started, its last real position, and the token that
-  // follows it. Each throws naming the slot when the slot is unknown or empty.
+  // follows it. Each throws naming the slot when the slot is unknown or empty (last_token also when its
+  // last extend handed device tokens).
   int32_t first_pos(int slot) const;
   int32_t last_pos(int slot) const;
   int32_t last_token(int slot) const;
@@ -69,6 +74,7 @@ class SlotTable {
     int32_t first_pos = 0;
     int32_t last_pos = 0;
     int32_t last_token = 0;
+    bool token_known = true;
   };
   void check_slot(int slot) const;
   const State& filled(int slot) const;
