@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -173,18 +174,27 @@ Array as_array(nb::handle h, const std::string& name, std::string_view expected)
   return a;
 }
 
-// Where a checked array's data may be read from: the host only, for now. Device-resident extend will
-// take CUDA tensors here (on the runtime's device, ordered on its stream) once the runtime has it.
-void check_host(const Array& a, const std::string& name, std::string_view call) {
-  const int t = a.device_type();
-  if (t == nb::device::cpu::value || t == nb::device::cuda_host::value) return;
-  if (t == nb::device::cuda::value || t == nb::device::cuda_managed::value)
-    fail(
-        "{}: a tensor on {}; {} takes host memory for now (device-resident {} is not there yet): pass a CPU "
-        "tensor (e.g. .cpu())",
-        name, device_text(a), call, call);
-  fail("{}: on {}; {} takes host (cpu) memory", name, device_text(a), call);
+bool on_host(const Array& a) {
+  return a.device_type() == nb::device::cpu::value || a.device_type() == nb::device::cuda_host::value;
 }
+bool on_cuda(const Array& a) {
+  return a.device_type() == nb::device::cuda::value || a.device_type() == nb::device::cuda_managed::value;
+}
+
+// Where a checked array's data may be read from. `device` < 0: the host only (the CPU reference, the
+// blocking draft's slots); otherwise also CUDA memory of that device.
+void check_place(const Array& a, const std::string& name, std::string_view call, int device = -1) {
+  if (on_host(a)) return;
+  if (on_cuda(a)) {
+    if (device < 0)
+      fail("{}: a tensor on {}; {} takes host memory: pass a CPU tensor (e.g. .cpu())", name, device_text(a), call);
+    if (a.device_type() == nb::device::cuda::value && a.device_id() != device)
+      fail("{}: a tensor on {}, but the runtime runs on cuda:{}", name, device_text(a), device);
+    return;
+  }
+  fail("{}: on {}; {} takes host (cpu) or CUDA memory", name, device_text(a), call);
+}
+void check_host(const Array& a, const std::string& name, std::string_view call) { check_place(a, name, call); }
 
 // Row-major with no gaps, and aligned for its element type: the library reads it as one flat span.
 void check_layout(const Array& a, const std::string& name) {
@@ -211,48 +221,86 @@ void check_ndim(const Array& a, const std::string& name, size_t ndim, std::strin
 }
 
 // taps: [rows, T * Ht] bf16. torch's bfloat16 arrives as DLPack bfloat16; numpy has no bf16, so uint16
-// arrays holding the bits (e.g. torch_tensor.view(torch.uint16).numpy()) are taken too.
-Array check_taps(nb::handle h, const std::string& name, int64_t row_width, std::string_view call) {
+// arrays holding the bits (e.g. torch_tensor.view(torch.uint16).numpy()) are taken too. On the host the
+// rows are packed; on the device (`device` >= 0) a row's values are packed and rows may be any stride apart
+// (a slice of a wider hidden-state buffer).
+Array check_taps(nb::handle h, const std::string& name, int64_t row_width, std::string_view call, int device = -1) {
   Array a = as_array(h, name, "bfloat16");
-  check_host(a, name, call);
+  check_place(a, name, call, device);
   if (!is(a.dtype(), dl::dtype_code::Bfloat, 16) && !is(a.dtype(), dl::dtype_code::UInt, 16))
     fail("{}: expected bfloat16 (or uint16 holding bf16 bits), got {}", name, dtype_text(a.dtype()));
   check_ndim(a, name, 2, fmt::format("[rows, taps * target_hidden = {}]", row_width));
   if (static_cast<int64_t>(a.shape(1)) != row_width)
     fail("{}: expected shape [rows, {}] (taps * target_hidden), got {}", name, row_width, shape_text(a));
-  check_layout(a, name);
+  if (on_host(a)) {
+    check_layout(a, name);
+  } else {
+    if (a.shape(1) > 1 && a.stride(1) != 1)
+      fail("{}: a row's values must be contiguous (stride 1), got strides [{}, {}] in elements", name, a.stride(0),
+           a.stride(1));
+    if (a.shape(0) > 1 && a.stride(0) < row_width)
+      fail("{}: rows {} elements apart overlap rows of {} values", name, a.stride(0), row_width);
+    if (reinterpret_cast<uintptr_t>(a.data()) % 2 != 0) fail("{}: its data at {} is not 2-byte aligned", name, a.data());
+  }
   return a;
 }
 
-Array check_tokens(nb::handle h, const std::string& name, std::string_view call) {
+Array check_tokens(nb::handle h, const std::string& name, std::string_view call, int device = -1) {
   Array a = as_array(h, name, "int32");
-  check_host(a, name, call);
+  check_place(a, name, call, device);
   if (!is(a.dtype(), dl::dtype_code::Int, 32)) fail("{}: expected int32, got {}", name, dtype_text(a.dtype()));
   check_ndim(a, name, 1, "[rows]");
   check_layout(a, name);
   return a;
 }
 
+using AnyRequest = std::variant<tfe::ExtendRequest, tfe::DeviceExtendRequest>;
+
 // One extend request, checked; `arrays` keeps what its spans point into alive until the call returns.
-tfe::ExtendRequest check_request(nb::handle slot, nb::handle first_pos, nb::handle taps, nb::handle tokens,
-                                 const std::string& prefix, int64_t row_width, std::vector<Array>& arrays) {
-  tfe::ExtendRequest r;
-  r.slot = as_int32(slot, prefix + "slot");
-  r.first_pos = as_int(first_pos, prefix + "first_pos");
-  const Array t = check_taps(taps, prefix + "taps", row_width, "extend");
-  const Array k = check_tokens(tokens, prefix + "tokens", "extend");
+// `device` >= 0: taps and tokens may both be CUDA memory of that device (the runtime's device form).
+AnyRequest check_request(nb::handle slot, nb::handle first_pos, nb::handle taps, nb::handle tokens,
+                         const std::string& prefix, int64_t row_width, std::vector<Array>& arrays, int device = -1) {
+  const int32_t s = as_int32(slot, prefix + "slot");
+  const int64_t first = as_int(first_pos, prefix + "first_pos");
+  const Array t = check_taps(taps, prefix + "taps", row_width, "extend", device);
+  const Array k = check_tokens(tokens, prefix + "tokens", "extend", device);
   if (t.shape(0) != k.shape(0))
     fail("{}taps has {} rows but {}tokens has {} entries (one token per row)", prefix, t.shape(0), prefix, k.shape(0));
-  r.n_rows = static_cast<int64_t>(t.shape(0));
-  r.taps = {static_cast<const tfe::bf16_bits*>(t.data()), t.size()};
-  r.tokens = {static_cast<const int32_t*>(k.data()), k.size()};
+  if (on_host(t) != on_host(k))
+    fail("{}taps is on {} but {}tokens on {}: give both on the device or both on the host", prefix, device_text(t),
+         prefix, device_text(k));
   arrays.push_back(t);
   arrays.push_back(k);
-  return r;
+  const auto rows = static_cast<int64_t>(t.shape(0));
+  if (on_host(t))
+    return tfe::ExtendRequest{s, first, rows, {static_cast<const tfe::bf16_bits*>(t.data()), t.size()},
+                              {static_cast<const int32_t*>(k.data()), k.size()}};
+  return tfe::DeviceExtendRequest{s,
+                                  first,
+                                  rows,
+                                  static_cast<const tfe::bf16_bits*>(t.data()),
+                                  rows > 1 ? static_cast<int64_t>(t.stride(0)) : row_width,
+                                  static_cast<const int32_t*>(k.data())};
 }
 
-// extend(slot, first_pos, taps, tokens) or extend([(slot, first_pos, taps, tokens), ...]).
-std::vector<tfe::ExtendRequest> check_extend(nb::handle requests, int64_t row_width, std::vector<Array>& arrays) {
+// extend(slot, first_pos, taps, tokens) or extend([(slot, first_pos, taps, tokens), ...]), in one form.
+template <typename Request>
+std::vector<Request> one_form(std::vector<AnyRequest>&& any) {
+  std::vector<Request> out;
+  for (size_t i = 0; i < any.size(); ++i) {
+    if (!std::holds_alternative<Request>(any[i]))
+      fail(
+          "requests[{}]: on the {}, but requests[0] is on the {}; one extend call takes host rows or device rows, "
+          "not both",
+          i, std::holds_alternative<tfe::ExtendRequest>(any[i]) ? "host" : "device",
+          std::holds_alternative<tfe::ExtendRequest>(any[0]) ? "host" : "device");
+    out.push_back(std::get<Request>(any[i]));
+  }
+  return out;
+}
+
+std::vector<AnyRequest> check_any_extend(nb::handle requests, int64_t row_width, std::vector<Array>& arrays,
+                                         int device) {
   const auto items = as_sequence(requests);
   if (!items)
     type_error(fmt::format("requests: expected a list of (slot, first_pos, taps, tokens), got {}", py_type(requests)));
@@ -261,19 +309,21 @@ std::vector<tfe::ExtendRequest> check_extend(nb::handle requests, int64_t row_wi
     if (items->size() != 4)
       type_error(
           fmt::format("requests: expected a (slot, first_pos, taps, tokens) tuple, got {} items", items->size()));
-    return {check_request((*items)[0], (*items)[1], (*items)[2], (*items)[3], "", row_width, arrays)};
+    return {check_request((*items)[0], (*items)[1], (*items)[2], (*items)[3], "", row_width, arrays, device)};
   }
-  std::vector<tfe::ExtendRequest> out;
+  std::vector<AnyRequest> out;
   for (size_t i = 0; i < items->size(); ++i) {
     const std::string prefix = fmt::format("requests[{}].", i);
     const auto fields = as_sequence((*items)[i]);
     if (!fields || fields->size() != 4)
       type_error(fmt::format("requests[{}]: expected a (slot, first_pos, taps, tokens) tuple, got {}", i,
                              fields ? fmt::format("{} items", fields->size()) : py_type((*items)[i])));
-    out.push_back(check_request((*fields)[0], (*fields)[1], (*fields)[2], (*fields)[3], prefix, row_width, arrays));
+    out.push_back(
+        check_request((*fields)[0], (*fields)[1], (*fields)[2], (*fields)[3], prefix, row_width, arrays, device));
   }
   return out;
 }
+
 
 // draft's slots: a list, tuple or range of ints, or a 1-D integer array on the host.
 std::vector<int> check_slots(nb::handle h) {
@@ -573,14 +623,54 @@ nb::dict stats_dict(const tfe::RuntimeStats& s) {
 
 int64_t row_width(const tfe::HeadHeader& h) { return static_cast<int64_t>(h.taps.size()) * h.target_hidden; }
 
-// The two forms of extend, as one argument list: (slot, first_pos, taps, tokens) or (requests).
-std::vector<tfe::ExtendRequest> extend_args(nb::handle a, nb::handle first_pos, nb::handle taps, nb::handle tokens,
-                                            int64_t width, std::vector<Array>& arrays) {
+// The two forms of extend, as one argument list: (slot, first_pos, taps, tokens) or (requests). `device`
+// >= 0: device rows are taken too.
+std::vector<AnyRequest> extend_args(nb::handle a, nb::handle first_pos, nb::handle taps, nb::handle tokens,
+                                    int64_t width, std::vector<Array>& arrays, int device = -1) {
   const bool single = !first_pos.is_none() || !taps.is_none() || !tokens.is_none();
-  if (!single) return check_extend(a, width, arrays);
+  if (!single) return check_any_extend(a, width, arrays, device);
   if (first_pos.is_none() || taps.is_none() || tokens.is_none())
     type_error("extend: give slot, first_pos, taps and tokens, or one list of (slot, first_pos, taps, tokens)");
-  return {check_request(a, first_pos, taps, tokens, "", width, arrays)};
+  return {check_request(a, first_pos, taps, tokens, "", width, arrays, device)};
+}
+
+// A 2-D CUDA target of an enqueued draft: [rows >= n, >= steps] of `dtype`, rows any stride apart.
+void* check_target(nb::handle h, const std::string& name, int n, int steps, dl::dtype dtype, std::string_view dtype_name,
+                   int device, int64_t& row_stride, std::vector<Array>& arrays) {
+  const Array a = as_array(h, name, dtype_name);
+  if (!on_cuda(a)) fail("{}: on {}; an enqueued draft writes device memory", name, device_text(a));
+  check_place(a, name, "draft_async", device);
+  if (a.dtype() != dtype) fail("{}: expected {}, got {}", name, dtype_name, dtype_text(a.dtype()));
+  check_ndim(a, name, 2, "[slots, steps]");
+  if (static_cast<int>(a.shape(0)) < n || static_cast<int>(a.shape(1)) < steps)
+    fail("{}: shape {} holds less than [{}, {}] (slots, steps)", name, shape_text(a), n, steps);
+  if (a.shape(1) > 1 && a.stride(1) != 1) fail("{}: a row's steps must be contiguous (stride 1)", name);
+  const int64_t stride = a.shape(0) > 1 ? a.stride(0) : steps;
+  if (row_stride != 0 && stride != row_stride)
+    fail("{}: rows {} elements apart, but the other target's are {}; give both the same layout", name, stride,
+         row_stride);
+  row_stride = stride;
+  arrays.push_back(a);
+  return const_cast<void*>(a.data());
+}
+
+// A call's stream: None is the runtime's own (nullopt), else as stream_arg reads it.
+std::optional<cudaStream_t> call_stream(nb::handle s, int device) {
+  if (s.is_none()) return std::nullopt;
+  return stream_arg(s, device);
+}
+
+// Views of a draft's outputs in the runtime's arena, [rows, steps] with their row stride: the Runtime object
+// stays alive while they do. Not flagged read-only, which some consumers' from_dlpack refuses; the next
+// draft overwrites them anyway.
+nb::object device_draft_result(PyRuntime& r, const tfe::DeviceDraftOutputs& o, int device) {
+  const size_t shape[2] = {static_cast<size_t>(o.rows), static_cast<size_t>(o.steps)};
+  const int64_t strides[2] = {o.row_stride, 1};
+  nb::object owner = nb::find(&r);
+  auto view = [&](const void* data, dl::dtype d) {
+    return nb::ndarray<>(const_cast<void*>(data), 2, shape, owner, strides, d, nb::device::cuda::value, device).cast();
+  };
+  return g_draft_result(view(o.tokens, nb::dtype<int32_t>()), view(o.confidences, nb::dtype<float>()));
 }
 
 }  // namespace
@@ -896,7 +986,8 @@ NB_MODULE(_tfe, m) {
           "extend",
           [](PyReference& r, nb::handle a, nb::handle first_pos, nb::handle taps, nb::handle tokens) {
             std::vector<Array> arrays;
-            const auto requests = extend_args(a, first_pos, taps, tokens, row_width(r.ref->header()), arrays);
+            const auto requests = one_form<tfe::ExtendRequest>(
+                extend_args(a, first_pos, taps, tokens, row_width(r.ref->header()), arrays));
             nb::gil_scoped_release release;
             const std::lock_guard lock(r.mu);
             r.ref->extend(requests);
@@ -983,14 +1074,25 @@ NB_MODULE(_tfe, m) {
                   "l2_resident_weight_bytes: int = 0, **options: object) -> None"))
       .def(
           "extend",
-          [](PyRuntime& r, nb::handle a, nb::handle first_pos, nb::handle taps, nb::handle tokens) {
+          [](PyRuntime& r, nb::handle a, nb::handle first_pos, nb::handle taps, nb::handle tokens, nb::handle stream) {
             std::vector<Array> arrays;
-            const auto requests = extend_args(a, first_pos, taps, tokens,
-                                              r.read([](tfe::Runtime& rt) { return row_width(rt.header()); }), arrays);
-            r.run([&](tfe::Runtime& rt) { rt.extend(requests); });
+            const auto [width, device] =
+                r.read([](tfe::Runtime& rt) { return std::pair{row_width(rt.header()), rt.device()}; });
+            auto any = extend_args(a, first_pos, taps, tokens, width, arrays, device);
+            const std::optional<cudaStream_t> s = call_stream(stream, device);
+            if (!any.empty() && std::holds_alternative<tfe::DeviceExtendRequest>(any[0])) {
+              const auto requests = one_form<tfe::DeviceExtendRequest>(std::move(any));
+              r.run([&](tfe::Runtime& rt) { rt.extend(requests, s); });
+            } else {
+              const auto requests = one_form<tfe::ExtendRequest>(std::move(any));
+              r.run([&](tfe::Runtime& rt) { rt.extend(requests, s); });
+            }
           },
           "requests"_a.none(), "first_pos"_a.none() = nb::none(), "taps"_a.none() = nb::none(),
-          "tokens"_a.none() = nb::none())
+          "tokens"_a.none() = nb::none(), nb::kw_only(), "stream"_a.none() = nb::none(),
+          "Absorbs real rows: taps [rows, taps * target_hidden] bfloat16 and tokens [rows] int32, both on the host\n"
+          "or both on the runtime's device (no copy to the host; rows of device taps may be any stride apart).\n"
+          "Enqueued on `stream` (None: the runtime's stream); device tensors must be ready in that stream's order.")
       .def(
           "draft",
           [](PyRuntime& r, nb::handle slots, nb::handle steps) {
@@ -1001,11 +1103,72 @@ NB_MODULE(_tfe, m) {
           "slots"_a.none(), "steps"_a.none())
       .def(
           "reset",
-          [](PyRuntime& r, nb::handle slot) {
+          [](PyRuntime& r, nb::handle slot, nb::handle stream) {
             const int s = as_int32(slot, "slot");
-            r.run([&](tfe::Runtime& rt) { rt.reset(s); });
+            const std::optional<cudaStream_t> st = call_stream(stream, r.read([](tfe::Runtime& rt) { return rt.device(); }));
+            r.run([&](tfe::Runtime& rt) { rt.reset(s, st); });
           },
-          "slot"_a.none())
+          "slot"_a.none(), nb::kw_only(), "stream"_a.none() = nb::none())
+      .def(
+          "draft_async",
+          [](PyRuntime& r, nb::handle slots, nb::handle steps, nb::handle tokens, nb::handle confidences,
+             nb::handle stream) {
+            const int n_steps = as_int32(steps, "steps");
+            const int device = r.read([](tfe::Runtime& rt) { return rt.device(); });
+            const std::optional<cudaStream_t> s = call_stream(stream, device);
+            std::vector<Array> arrays;
+            // Slot ids on the device: read there at every replay of a capture. Otherwise a host list.
+            const int32_t* device_ids = nullptr;
+            int n = 0;
+            std::vector<int> host_ids;
+            Array ids;
+            if (nb::try_cast(slots, ids) && on_cuda(ids)) {
+              check_place(ids, "slots", "draft_async", device);
+              if (!is(ids.dtype(), dl::dtype_code::Int, 32))
+                fail("slots: expected int32 on the device, got {}", dtype_text(ids.dtype()));
+              check_ndim(ids, "slots", 1, "[streams]");
+              check_layout(ids, "slots");
+              device_ids = static_cast<const int32_t*>(ids.data());
+              n = static_cast<int>(ids.shape(0));
+              arrays.push_back(ids);
+            } else {
+              host_ids = check_slots(slots);
+              n = static_cast<int>(host_ids.size());
+            }
+            tfe::DraftTargets t;
+            if (!tokens.is_none())
+              t.tokens = static_cast<int32_t*>(check_target(tokens, "tokens", n, n_steps, nb::dtype<int32_t>(), "int32",
+                                                            device, t.row_stride, arrays));
+            if (!confidences.is_none())
+              t.confidences = static_cast<float*>(check_target(confidences, "confidences", n, n_steps,
+                                                               nb::dtype<float>(), "float32", device, t.row_stride,
+                                                               arrays));
+            const tfe::DeviceDraftOutputs o = r.run([&](tfe::Runtime& rt) {
+              return device_ids ? rt.draft_async(device_ids, n, n_steps, t, s) : rt.draft_async(host_ids, n_steps, t, s);
+            });
+            return device_draft_result(r, o, device);
+          },
+          "slots"_a.none(), "steps"_a.none(), nb::kw_only(), "tokens"_a.none() = nb::none(),
+          "confidences"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
+          "Enqueues a draft and returns at once: (tokens, confidences) as device arrays [slots, steps] (DLPack,\n"
+          "torch.from_dlpack takes them), valid until the next draft. `slots`: a list of ints, or an int32 CUDA\n"
+          "tensor whose ids are read on the device (the form a torch.cuda.graph capture can record; the ids may\n"
+          "change between replays). `tokens`/`confidences`: CUDA tensors [slots, >= steps] the outputs are also\n"
+          "copied into. Enqueued on `stream` (None: the runtime's stream; inside a capture, pass\n"
+          "torch.cuda.current_stream()).")
+      .def_prop_ro(
+          "draft_slots",
+          [](PyRuntime& r) {
+            const auto [p, rows, device] = r.read([](tfe::Runtime& rt) {
+              return std::tuple{rt.draft_slots(), rt.plan_options().buckets.back(), rt.device()};
+            });
+            const size_t shape[1] = {static_cast<size_t>(rows)};
+            return nb::ndarray<>(p, 1, shape, nb::find(&r), nullptr, nb::dtype<int32_t>(), nb::device::cuda::value,
+                                 device)
+                .cast();
+          },
+          "The runtime's own slot-id buffer on the device [largest bucket] int32: write ids here and pass it (or a\n"
+          "slice) to draft_async.")
       .def(
           "device_outputs",
           [](PyRuntime& r) {
@@ -1013,17 +1176,7 @@ NB_MODULE(_tfe, m) {
               return std::pair{rt.device_outputs(), rt.device()};
             });
             if (!o.tokens || o.rows < 1) fail("device_outputs: no draft has run yet");
-            const size_t shape[2] = {static_cast<size_t>(o.rows), static_cast<size_t>(o.steps)};
-            const int64_t strides[2] = {o.row_stride, 1};
-            // Views into the runtime's arena: the Runtime object stays alive while they do. Not flagged
-            // read-only, which some consumers' from_dlpack refuses; the next draft overwrites them anyway.
-            nb::object owner = nb::find(&r);
-            auto view = [&](const void* data, dl::dtype d) {
-              return nb::ndarray<>(const_cast<void*>(data), 2, shape, owner, strides, d, nb::device::cuda::value,
-                                   device)
-                  .cast();
-            };
-            return g_draft_result(view(o.tokens, nb::dtype<int32_t>()), view(o.confidences, nb::dtype<float>()));
+            return device_draft_result(r, o, device);
           },
           "The last draft's tokens and confidences on the device, as DLPack arrays (torch.from_dlpack takes them):\n"
           "[slots, steps] with a row stride of max_steps, written in the runtime's stream order, valid until the\n"

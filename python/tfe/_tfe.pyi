@@ -164,11 +164,30 @@ class Runtime:
         **options: object,
     ) -> None: ...
     @overload
-    def extend(self, slot: int, first_pos: int, taps: _ArrayLike, tokens: _ArrayLike) -> None: ...
+    def extend(
+        self, slot: int, first_pos: int, taps: _ArrayLike, tokens: _ArrayLike, *, stream: _StreamLike = None
+    ) -> None:
+        """Taps [rows, taps * target_hidden] bfloat16 and tokens [rows] int32, both on the host or both on the
+        runtime's device (no host copy; device taps' rows may be any stride apart)."""
     @overload
-    def extend(self, requests: Sequence[_ExtendTuple]) -> None: ...
+    def extend(self, requests: Sequence[_ExtendTuple], *, stream: _StreamLike = None) -> None: ...
     def draft(self, slots: Sequence[int] | _ArrayLike, steps: int) -> DraftResult: ...
-    def reset(self, slot: int) -> None: ...
+    def draft_async(
+        self,
+        slots: Sequence[int] | _ArrayLike,
+        steps: int,
+        *,
+        tokens: _ArrayLike | None = None,
+        confidences: _ArrayLike | None = None,
+        stream: _StreamLike = None,
+    ) -> DraftResult:
+        """Enqueues a draft; returns (tokens, confidences) as device DLPack arrays [slots, steps], valid until
+        the next draft. An int32 CUDA tensor of slot ids is read on the device (a torch.cuda.graph capture can
+        record this form)."""
+    @property
+    def draft_slots(self) -> _ArrayLike:
+        """The runtime's own device slot-id buffer [largest bucket] int32."""
+    def reset(self, slot: int, *, stream: _StreamLike = None) -> None: ...
     def device_outputs(self) -> DraftResult:
         """The last draft's outputs on the device as DLPack arrays (not numpy), valid until the next draft."""
     def synchronize(self) -> None: ...

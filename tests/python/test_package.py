@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -506,7 +507,7 @@ def test_reference_refusals_change_nothing(ref_setup):
         ((0, 6, taps, np.arange(6, dtype=np.int32)[::2]), tfe.Error, r"tokens: not C-contiguous"),
         ((0, 6, taps, misaligned), tfe.Error, r"tokens: its data .* not aligned"),
         ((0, 6, FakeDeviceArray((3, W), 4, 16), tokens), tfe.Error,
-         r"taps: a tensor on cuda:0; extend takes host memory for now \(device-resident extend is not there yet\)"),
+         r"taps: a tensor on cuda:0; extend takes host memory: pass a CPU tensor"),
         ((0, 6, taps, FakeDeviceArray((3,), 0, 32)), tfe.Error, r"tokens: a tensor on cuda:0"),
         ((99, 6, taps, tokens), tfe.Error, r"slot 99 is outside 0\.\.3"),
         ((-1, 6, taps, tokens), tfe.Error, r"slot -1 is outside"),
@@ -612,7 +613,7 @@ def test_reference_refuses_cuda_tensors(heads):
     taps, tokens = random_rows(head.header, 2, seed=1)
     ref = tfe.Reference(head, max_slots=2, max_steps=2)
     t = torch.from_numpy(taps.astype(np.int32)).to(torch.int16).view(torch.bfloat16).cuda()
-    with pytest.raises(tfe.Error, match="device-resident extend is not there yet"):
+    with pytest.raises(tfe.Error, match="extend takes host memory"):
         ref.extend(0, 0, t, torch.from_numpy(tokens))
 
 
@@ -710,7 +711,7 @@ def test_runtime_refusals_change_nothing(runtime):
         ((5, 6, more, more_tokens), "a gap"),
         ((5, 4, more.astype(np.float32), more_tokens), "taps: expected bfloat16"),
         ((9, 0, more, more_tokens), "slot 9 is outside"),
-        ((5, 4, FakeDeviceArray((2, row_width(h)), 4, 16), more_tokens), "device-resident extend is not there yet"),
+        ((5, 4, FakeDeviceArray((2, row_width(h)), 4, 16), more_tokens), "give both on the device or both on the host"),
     ]:
         with pytest.raises(tfe.Error, match=pattern):
             runtime.extend(*args)
@@ -742,9 +743,108 @@ def test_runtime_takes_a_torch_stream(heads):
         assert rt.stream == s.cuda_stream
         taps, tokens = random_rows(rt.header, 2, seed=1)
         cuda_taps = torch.from_numpy(taps.astype(np.int32)).to(torch.int16).view(torch.bfloat16).cuda()
-        with pytest.raises(tfe.Error, match="device-resident extend is not there yet"):
+        with pytest.raises(tfe.Error, match="give both on the device or both on the host"):
             rt.extend(0, 0, cuda_taps, torch.from_numpy(tokens))
         rt.extend(0, 0, cuda_taps.cpu(), torch.from_numpy(tokens))
         assert rt.draft([0], 1).tokens.shape == (1, 1)
     with pytest.raises(tfe.Error, match="legacy default stream"):
         tfe.Runtime(heads("tiny"), stream=torch.cuda.default_stream())
+
+
+# ---------------------------------------------------------------------------------- the engine's door (GPU)
+
+
+def cuda_rows(taps, tokens, pad=0):
+    """Host rows as CUDA tensors; with `pad`, the taps are a view of a wider buffer (rows `pad` apart more)."""
+    t = torch.from_numpy(taps.astype(np.int32)).to(torch.int16).view(torch.bfloat16).cuda()
+    if pad:
+        wide = torch.full((t.shape[0], t.shape[1] + pad), float("nan"), dtype=torch.bfloat16, device="cuda")
+        wide[:, : t.shape[1]] = t
+        t = wide[:, : t.shape[1]]
+    return t, torch.from_numpy(tokens).cuda()
+
+
+def twin_runtimes(heads, **options):
+    head = heads("tiny")
+    options = dict(buckets=[1, 4], max_steps=3, max_slots=6, stream=torch.cuda.current_stream(), **options)
+    return tfe.Runtime(head, **options), tfe.Runtime(head, **options)
+
+
+@needs_torch_cuda
+def test_device_extend_and_draft_async_equal_the_host_forms(heads):
+    host, device = twin_runtimes(heads)
+    h = host.header
+    for slot in range(4):
+        taps, tokens = random_rows(h, 3 + slot, seed=20 + slot)
+        host.extend(slot, 0, taps, tokens)
+        device.extend(slot, 0, *cuda_rows(taps, tokens, pad=8))
+    for steps in (1, 3):
+        want = host.draft([3, 0, 2], steps)
+        tokens, confs = device.draft_async([3, 0, 2], steps)
+        assert np.array_equal(torch.from_dlpack(tokens).cpu().numpy(), want.tokens)
+        assert torch.equal(torch.from_dlpack(confs).cpu(), torch.from_numpy(want.confidences))
+        ids = torch.tensor([3, 0, 2], dtype=torch.int32, device="cuda")
+        out_tokens = torch.full((3, steps), -7, dtype=torch.int32, device="cuda")
+        out_confs = torch.full((3, steps), float("nan"), device="cuda")
+        device.draft_async(ids, steps, tokens=out_tokens, confidences=out_confs)
+        assert np.array_equal(out_tokens.cpu().numpy(), want.tokens)
+        assert torch.equal(out_confs.cpu(), torch.from_numpy(want.confidences))
+
+
+@needs_torch_cuda
+def test_draft_async_in_a_torch_cuda_graph_equals_the_direct_call(heads):
+    recorded, direct = twin_runtimes(heads)
+    h = direct.header
+    slots = [0, 1, 2, 3]
+    for s in slots:
+        taps, tokens = random_rows(h, 2 + s, seed=40 + s)
+        recorded.extend(s, 0, *cuda_rows(taps, tokens))
+        direct.extend(s, 0, taps, tokens)
+    ids = torch.tensor(slots, dtype=torch.int32, device="cuda")
+    out_tokens = torch.zeros((4, 3), dtype=torch.int32, device="cuda")
+    out_confs = torch.zeros((4, 3), device="cuda")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        recorded.draft_async(ids, 3, tokens=out_tokens, confidences=out_confs, stream=torch.cuda.current_stream())
+    rng = np.random.default_rng(3)
+    next_pos = {s: 2 + s for s in slots}
+    for round_ in range(6):
+        order = [int(x) for x in rng.permutation(slots)]  # the engine's batch order changes between replays
+        ids.copy_(torch.tensor(order, dtype=torch.int32))
+        out_tokens.fill_(-7)
+        out_confs.fill_(float("nan"))
+        graph.replay()
+        want = direct.draft(order, 3)
+        assert np.array_equal(out_tokens.cpu().numpy(), want.tokens), round_
+        assert torch.equal(out_confs.cpu(), torch.from_numpy(want.confidences)), round_
+        for s in slots:
+            taps, tokens = random_rows(h, 1 + (round_ + s) % 3, seed=100 * round_ + s)
+            recorded.extend(s, next_pos[s], *cuda_rows(taps, tokens))
+            direct.extend(s, next_pos[s], taps, tokens)
+            next_pos[s] += len(tokens)
+
+
+@needs_torch_cuda
+def test_a_device_round_does_not_wait_for_the_device(heads):
+    """With the stream held busy by a long kernel, extend of device rows and draft_async return at once: a
+    call that synchronized would wait for the kernel."""
+    rt, _ = twin_runtimes(heads)
+    h = rt.header
+    taps, tokens = random_rows(h, 4, seed=2)
+    rt.extend(0, 0, *cuda_rows(taps, tokens))
+    more = cuda_rows(*random_rows(h, 2, seed=3))
+    ids = torch.tensor([0], dtype=torch.int32, device="cuda")
+    rt.draft_async(ids, 2)  # captures the enqueued graph outside the timed round
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        torch.cuda._sleep(2_000_000_000)  # about a second of GPU time on the runtime's (= torch's) stream
+        start = time.perf_counter()
+        rt.extend(0, 4, *more)
+        rt.draft_async(ids, 2)
+        elapsed = time.perf_counter() - start
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert elapsed < 0.1, f"a round took {elapsed:.3f} s of host time behind a busy stream"
