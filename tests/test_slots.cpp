@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/extend_check.h"
 #include <tfe/slots.h>
 
 using namespace tfe;
@@ -115,6 +116,46 @@ TEST_CASE("slots: every extend refusal names what was wrong and changes nothing"
   bad[1] = -3;
   refuse(1, 0, 3, bad, "tokens[1] = -3 is outside [0, 100)");
   refuse(1, max_position(2), 2, random_tokens(2, rng), "exceeds 2147483645");
+}
+
+TEST_CASE("slots: rows whose tokens are on the device are checked and recorded by position alone") {
+  std::mt19937 rng(std::random_device{}());
+  SlotTable t(limits());
+  t.commit_extend(0, 0, 4, random_tokens(4, rng));
+  t.commit_rows(0, 4, 2);
+  CHECK(t.last_pos(0) == 5);
+  CHECK(t.first_pos(0) == 0);
+  CHECK_THROWS_WITH_AS(t.last_token(0), doctest::Contains("slot 0: its last token is in device memory"), Error);
+  const auto c = random_tokens(1, rng);
+  t.commit_extend(0, 6, 1, c);  // a host extend makes it known again
+  CHECK(t.last_token(0) == c.back());
+  t.commit_rows(2, 50, 3);  // a fresh slot starts where its rows do
+  CHECK(t.first_pos(2) == 50);
+  CHECK_THROWS_WITH_AS(t.commit_rows(2, 54, 1), doctest::Contains("expected 53; a gap"), Error);
+  CHECK_THROWS_WITH_AS(t.check_rows(1, 0, 7), doctest::Contains("exceeds the ring of 6 rows"), Error);
+  CHECK(t.last_pos(2) == 52);
+
+  // The whole call's check: pointers set, a stride that holds a row, one request per slot.
+  const bf16_bits taps[1] = {};
+  const int32_t tokens[1] = {};
+  auto request = [&](int slot, int64_t first, int64_t stride) {
+    return DeviceExtendRequest{slot, first, 1, taps, stride, tokens};
+  };
+  const int64_t width = 8;
+  CHECK_NOTHROW(check_extend_requests(t, std::vector{request(1, 0, 0), request(3, 0, width + 5)}, width));
+  CHECK_THROWS_WITH_AS(check_extend_requests(t, std::vector{request(1, 0, width - 1)}, width),
+                       doctest::Contains("taps_stride = 7 is below a row's 8 values"), Error);
+  CHECK_THROWS_WITH_AS(check_extend_requests(t, std::vector{request(1, 0, 0), request(1, 1, 0)}, width),
+                       doctest::Contains("slot 1 appears in requests[0] and requests[1]"), Error);
+  DeviceExtendRequest no_taps = request(1, 0, 0);
+  no_taps.taps = nullptr;
+  CHECK_THROWS_WITH_AS(check_extend_requests(t, std::vector{no_taps}, width), doctest::Contains("taps is null"), Error);
+  DeviceExtendRequest no_tokens = request(1, 0, 0);
+  no_tokens.tokens = nullptr;
+  CHECK_THROWS_WITH_AS(check_extend_requests(t, std::vector{no_tokens}, width), doctest::Contains("tokens is null"),
+                       Error);
+  CHECK_THROWS_WITH_AS(check_extend_requests(t, std::vector{request(0, 3, 0)}, width),
+                       doctest::Contains("a step back"), Error);
 }
 
 TEST_CASE("slots: every draft refusal names what was wrong") {
