@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/error.h"
+
 namespace tfe {
 
 std::vector<float> rope_inv_freq(const HeadHeader& h) {
@@ -32,5 +34,14 @@ std::vector<float> rope_inv_freq(const HeadHeader& h) {
 }
 
 float attention_scale(int64_t hd) { return 1.0f / std::sqrt(static_cast<float>(hd)); }
+
+int rescored_candidates(const HeadHeader& h, int requested) {
+  if (requested == 0) return h.cand_k;
+  if (h.head_type == HeadType::dense)
+    fail("cand_k = {} is set, but the head is dense: only a two_stage head rescores candidates (give 0)", requested);
+  if (requested < 0 || requested > h.draft_vocab)
+    fail("cand_k = {} is outside 1..{} (the head's draft_vocab)", requested, h.draft_vocab);
+  return requested;
+}
 
 }  // namespace tfe

@@ -15,5 +15,8 @@ namespace tfe {
 std::vector<float> rope_inv_freq(const HeadHeader& h);
 // Attention score scale 1 / sqrt(hd) in fp32; the planner passes this same value to the kernels.
 float attention_scale(int64_t hd);
+// The candidates a two_stage head rescores per row: the header's cand_k where `requested` is 0, else
+// `requested` (PlanOptions::cand_k, ReferenceOptions::cand_k), refused for a dense head or past draft_vocab.
+int rescored_candidates(const HeadHeader& h, int requested);
 
 }  // namespace tfe

@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "head/numerics.h"
 #include "kernels/weight_layout.h"
 
 namespace tfe {
@@ -181,13 +182,11 @@ void validate(const PlanOptions& o) {
 }
 
 int plan_cand_k(const HeadHeader& h, const PlanOptions& o) {
-  if (o.cand_k == 0) return h.cand_k;
-  if (h.head_type == HeadType::dense)
-    fail("plan options: cand_k = {} is set, but the head is dense: only a two_stage head rescores candidates (give 0)",
-         o.cand_k);
-  if (o.cand_k > h.draft_vocab)
-    fail("plan options: cand_k = {} exceeds the head's draft_vocab = {}", o.cand_k, h.draft_vocab);
-  return o.cand_k;
+  try {
+    return rescored_candidates(h, o.cand_k);
+  } catch (const Error& e) {
+    fail("plan options: {}", e.what());
+  }
 }
 
 }  // namespace tfe

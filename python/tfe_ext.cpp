@@ -240,7 +240,8 @@ Array check_taps(nb::handle h, const std::string& name, int64_t row_width, std::
            a.stride(1));
     if (a.shape(0) > 1 && a.stride(0) < row_width)
       fail("{}: rows {} elements apart overlap rows of {} values", name, a.stride(0), row_width);
-    if (reinterpret_cast<uintptr_t>(a.data()) % 2 != 0) fail("{}: its data at {} is not 2-byte aligned", name, a.data());
+    if (reinterpret_cast<uintptr_t>(a.data()) % 2 != 0)
+      fail("{}: its data at {} is not 2-byte aligned", name, a.data());
   }
   return a;
 }
@@ -273,7 +274,10 @@ AnyRequest check_request(nb::handle slot, nb::handle first_pos, nb::handle taps,
   arrays.push_back(k);
   const auto rows = static_cast<int64_t>(t.shape(0));
   if (on_host(t))
-    return tfe::ExtendRequest{s, first, rows, {static_cast<const tfe::bf16_bits*>(t.data()), t.size()},
+    return tfe::ExtendRequest{s,
+                              first,
+                              rows,
+                              {static_cast<const tfe::bf16_bits*>(t.data()), t.size()},
                               {static_cast<const int32_t*>(k.data()), k.size()}};
   return tfe::DeviceExtendRequest{s,
                                   first,
@@ -323,7 +327,6 @@ std::vector<AnyRequest> check_any_extend(nb::handle requests, int64_t row_width,
   }
   return out;
 }
-
 
 // draft's slots: a list, tuple or range of ints, or a 1-D integer array on the host.
 std::vector<int> check_slots(nb::handle h) {
@@ -635,8 +638,8 @@ std::vector<AnyRequest> extend_args(nb::handle a, nb::handle first_pos, nb::hand
 }
 
 // A 2-D CUDA target of an enqueued draft: [rows >= n, >= steps] of `dtype`, rows any stride apart.
-void* check_target(nb::handle h, const std::string& name, int n, int steps, dl::dtype dtype, std::string_view dtype_name,
-                   int device, int64_t& row_stride, std::vector<Array>& arrays) {
+void* check_target(nb::handle h, const std::string& name, int n, int steps, dl::dtype dtype,
+                   std::string_view dtype_name, int device, int64_t& row_stride, std::vector<Array>& arrays) {
   const Array a = as_array(h, name, dtype_name);
   if (!on_cuda(a)) fail("{}: on {}; an enqueued draft writes device memory", name, device_text(a));
   check_place(a, name, "draft_async", device);
@@ -965,12 +968,13 @@ NB_MODULE(_tfe, m) {
       .def(
           "__init__",
           [](PyReference* self, nb::handle head, nb::handle max_slots, nb::handle max_steps, nb::handle fp8,
-             nb::handle threads) {
+             nb::handle threads, nb::handle cand_k) {
             tfe::ReferenceOptions o;
             o.max_slots = as_int32(max_slots, "max_slots");
             o.max_steps = as_int32(max_steps, "max_steps");
             o.fp8 = as_fp8(fp8, "fp8");
             o.threads = as_int32(threads, "threads");
+            o.cand_k = as_int32(cand_k, "cand_k");
             if (o.max_slots < 1) fail("max_slots: {} must be >= 1", o.max_slots);
             if (o.max_steps < 1 || o.max_steps > 16) fail("max_steps: {} is outside 1..16", o.max_steps);
             if (o.threads < 0) fail("threads: {} must be >= 0 (0: every hardware thread)", o.threads);
@@ -979,9 +983,9 @@ NB_MODULE(_tfe, m) {
             new (self) PyReference{std::move(file), std::move(ref), {}};
           },
           "head"_a.none(), nb::kw_only(), "max_slots"_a.none() = 16, "max_steps"_a.none() = 8, "fp8"_a.none() = "auto",
-          "threads"_a.none() = 0,
+          "threads"_a.none() = 0, "cand_k"_a.none() = 0,
           nb::sig("def __init__(self, head: str | os.PathLike[str] | HeadFile, *, max_slots: int = 16, "
-                  "max_steps: int = 8, fp8: str = 'auto', threads: int = 0) -> None"))
+                  "max_steps: int = 8, fp8: str = 'auto', threads: int = 0, cand_k: int = 0) -> None"))
       .def(
           "extend",
           [](PyReference& r, nb::handle a, nb::handle first_pos, nb::handle taps, nb::handle tokens) {
@@ -1076,8 +1080,9 @@ NB_MODULE(_tfe, m) {
           "extend",
           [](PyRuntime& r, nb::handle a, nb::handle first_pos, nb::handle taps, nb::handle tokens, nb::handle stream) {
             std::vector<Array> arrays;
-            const auto [width, device] =
-                r.read([](tfe::Runtime& rt) { return std::pair{row_width(rt.header()), rt.device()}; });
+            const auto [width, device] = r.read([](tfe::Runtime& rt) {
+              return std::pair{row_width(rt.header()), rt.device()};
+            });
             auto any = extend_args(a, first_pos, taps, tokens, width, arrays, device);
             const std::optional<cudaStream_t> s = call_stream(stream, device);
             if (!any.empty() && std::holds_alternative<tfe::DeviceExtendRequest>(any[0])) {
@@ -1105,7 +1110,8 @@ NB_MODULE(_tfe, m) {
           "reset",
           [](PyRuntime& r, nb::handle slot, nb::handle stream) {
             const int s = as_int32(slot, "slot");
-            const std::optional<cudaStream_t> st = call_stream(stream, r.read([](tfe::Runtime& rt) { return rt.device(); }));
+            const std::optional<cudaStream_t> st =
+                call_stream(stream, r.read([](tfe::Runtime& rt) { return rt.device(); }));
             r.run([&](tfe::Runtime& rt) { rt.reset(s, st); });
           },
           "slot"_a.none(), nb::kw_only(), "stream"_a.none() = nb::none())
@@ -1140,11 +1146,11 @@ NB_MODULE(_tfe, m) {
               t.tokens = static_cast<int32_t*>(check_target(tokens, "tokens", n, n_steps, nb::dtype<int32_t>(), "int32",
                                                             device, t.row_stride, arrays));
             if (!confidences.is_none())
-              t.confidences = static_cast<float*>(check_target(confidences, "confidences", n, n_steps,
-                                                               nb::dtype<float>(), "float32", device, t.row_stride,
-                                                               arrays));
+              t.confidences = static_cast<float*>(check_target(
+                  confidences, "confidences", n, n_steps, nb::dtype<float>(), "float32", device, t.row_stride, arrays));
             const tfe::DeviceDraftOutputs o = r.run([&](tfe::Runtime& rt) {
-              return device_ids ? rt.draft_async(device_ids, n, n_steps, t, s) : rt.draft_async(host_ids, n_steps, t, s);
+              return device_ids ? rt.draft_async(device_ids, n, n_steps, t, s)
+                                : rt.draft_async(host_ids, n_steps, t, s);
             });
             return device_draft_result(r, o, device);
           },

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/extend_check.h"
+#include "head/numerics.h"
 #include "reference/parallel.h"
 
 namespace tfe {
@@ -44,6 +45,7 @@ Reference::Reference(const HeadFile& file, const ReferenceOptions& options)
       header_(file.header()),
       options_(options),
       threads_(ref::resolve_threads(options.threads)),
+      cand_k_(rescored_candidates(file.header(), options.cand_k)),
       ring_rows_(tfe::ring_rows(header_.window, options.max_steps)),
       slots_(slot_limits(header_, options)) {
   for (const auto& name : linears_in_use(header_)) {
@@ -272,7 +274,7 @@ DraftResult Reference::draft(std::span<const int> slot_ids, int steps, DraftTrac
         target = draft_id + d2t[static_cast<size_t>(draft_id)];
         confidence = top.confidence;
       } else {
-        candidates = ref::topk(row(std::span<const float>(scores), b, Vd), h.cand_k);
+        candidates = ref::topk(row(std::span<const float>(scores), b, Vd), cand_k_);
         std::vector<int32_t> targets;
         const auto nf = ref::widen(row(std::span<const bf16_bits>(n), b, H));
         const auto& head = linear("target_head");

@@ -21,6 +21,7 @@ struct ReferenceOptions {
   int max_steps = 8;  // 1..16, as the planner allows
   Fp8Mode fp8 = Fp8Mode::automatic;
   int threads = 0;  // linears split over output rows; 0: hardware threads. Results do not depend on it.
+  int cand_k = 0;   // two_stage: the candidates rescored per row; 0: the header's (as PlanOptions::cand_k)
 };
 
 // What extend computed for each row, in request order (rows of all requests concatenated).
@@ -111,6 +112,7 @@ class Reference {
   HeadHeader header_;
   ReferenceOptions options_;
   int threads_ = 1;
+  int cand_k_ = 0;  // two_stage: candidates rescored per row (ReferenceOptions::cand_k, else the header's)
   int ring_rows_ = 0;
   std::vector<ref::Linear> linears_;
   std::vector<float> inv_freq_;

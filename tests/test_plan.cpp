@@ -377,7 +377,8 @@ TEST_CASE("make_plan: cand_k overrides the header's candidates for a two_stage h
   const HeadHeader h = preset_header("tiny-two-stage");
   REQUIRE(h.draft_vocab == 300);
   o.cand_k = 301;
-  CHECK_THROWS_WITH_AS(make_plan(h, o), doctest::Contains("cand_k = 301 exceeds the head's draft_vocab = 300"), Error);
+  CHECK_THROWS_WITH_AS(make_plan(h, o), doctest::Contains("cand_k = 301 is outside 1..300 (the head's draft_vocab)"),
+                       Error);
   // 0 takes the header's; a value in range takes its place in every node and buffer that holds candidates.
   for (const int cand_k : {0, 1, 40, 300}) {
     CAPTURE(cand_k);

@@ -773,3 +773,29 @@ TEST_CASE("tfe-plan reference writes vectors that the reference reproduces") {
   const auto v2 = SafetensorsFile::open(out);
   CHECK_FALSE(std::ranges::equal(v2.find("taps")->as<bf16_bits>(), taps));
 }
+
+TEST_CASE("reference: a cand_k override rescores that many candidates, and is refused where the plan refuses it") {
+  std::mt19937_64 rng(fresh_seed());
+  const HeadHeader h = preset_header("tiny-two-stage");
+  const auto bytes = test::random_head_bytes(h, rng());
+  const HeadFile file = open_bytes(bytes);
+  const Rows r = random_rows(h, 5, rng);
+  const std::vector<ExtendRequest> req = {request(0, 0, r, 0, 5, h)};
+  const std::vector<int> slots = {0};
+  for (int cand_k : {0, 1, 3}) {
+    CAPTURE(cand_k);
+    Reference ref(file, {.max_slots = 1, .max_steps = 2, .fp8 = Fp8Mode::automatic, .threads = 1, .cand_k = cand_k});
+    ref.extend(req);
+    DraftTrace tr;
+    ref.draft(slots, 2, &tr);
+    for (int step = 1; step <= 2; ++step)
+      CHECK(tr.at(0, step).candidates.size() == static_cast<size_t>(cand_k ? cand_k : h.cand_k));
+  }
+  CHECK_THROWS_WITH_AS(Reference(file, {.max_slots = 1, .cand_k = static_cast<int>(h.draft_vocab) + 1}),
+                       doctest::Contains("is outside 1.."), Error);
+  const HeadHeader dense = preset_header("tiny");
+  const auto dense_bytes = test::random_head_bytes(dense, rng());
+  const HeadFile dense_file = open_bytes(dense_bytes);
+  CHECK_THROWS_WITH_AS(Reference(dense_file, {.max_slots = 1, .cand_k = 4}),
+                       doctest::Contains("cand_k = 4 is set, but the head is dense"), Error);
+}

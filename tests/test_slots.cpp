@@ -154,8 +154,8 @@ TEST_CASE("slots: rows whose tokens are on the device are checked and recorded b
   no_tokens.tokens = nullptr;
   CHECK_THROWS_WITH_AS(check_extend_requests(t, std::vector{no_tokens}, width), doctest::Contains("tokens is null"),
                        Error);
-  CHECK_THROWS_WITH_AS(check_extend_requests(t, std::vector{request(0, 3, 0)}, width),
-                       doctest::Contains("a step back"), Error);
+  CHECK_THROWS_WITH_AS(check_extend_requests(t, std::vector{request(0, 3, 0)}, width), doctest::Contains("a step back"),
+                       Error);
 }
 
 TEST_CASE("slots: every draft refusal names what was wrong") {

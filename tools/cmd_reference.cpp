@@ -27,6 +27,7 @@ struct Args {
   uint64_t seed = 0;
   std::string fp8 = "auto";
   int threads = 0;
+  int cand_k = 0;
   std::string out;
 };
 
@@ -79,6 +80,7 @@ void run(const Args& a) {
   opt.max_steps = a.steps;
   opt.fp8 = fp8_mode_from_name(a.fp8);
   opt.threads = a.threads;
+  opt.cand_k = a.cand_k;
   Reference ref(file, opt);
   if (a.rows > max_position(a.steps) + int64_t{1})
     fail("--rows = {} exceeds the largest position {} + 1", a.rows, max_position(a.steps));
@@ -200,6 +202,9 @@ void add_reference(CLI::App& app) {
   cmd->add_option("--fp8", args->fp8, "FP8 forms: auto, off, require")
       ->check(CLI::IsMember({"auto", "off", "require"}));
   cmd->add_option("--threads", args->threads, "threads for the linears (0: all); results do not depend on it")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--cand-k", args->cand_k,
+                  "two_stage: candidates rescored per row, as the plan option (0: the header's)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("-o,--output", args->out, "output .safetensors")->required();
   cmd->callback([args] { run(*args); });

@@ -123,6 +123,7 @@ class Reference:
         max_steps: int = 8,
         fp8: str = "auto",
         threads: int = 0,
+        cand_k: int = 0,
     ) -> None: ...
     @overload
     def extend(self, slot: int, first_pos: int, taps: _ArrayLike, tokens: _ArrayLike) -> None: ...

@@ -42,6 +42,7 @@ ReferenceOptions reference_options(const PlanOptions& plan) {
   ReferenceOptions r;
   r.max_slots = plan.max_slots;
   r.max_steps = plan.max_steps;
+  r.cand_k = plan.cand_k;
   r.fp8 = plan.fp8;
   return r;
 }

@@ -66,8 +66,8 @@ DraftResult read_back(const int32_t* tokens, const float* confidences, int64_t r
   r.confidences.resize(r.tokens.size());
   CHECK_CUDA(cudaMemcpy2D(r.tokens.data(), steps * 4, tokens, static_cast<size_t>(row_stride) * 4, steps * 4, rows,
                           cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy2D(r.confidences.data(), steps * 4, confidences, static_cast<size_t>(row_stride) * 4,
-                          steps * 4, rows, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy2D(r.confidences.data(), steps * 4, confidences, static_cast<size_t>(row_stride) * 4, steps * 4,
+                          rows, cudaMemcpyDeviceToHost));
   return r;
 }
 
@@ -121,8 +121,7 @@ TFE_GPU_TEST_CASE("device calls: draft_async equals draft bit for bit, into NaN-
   cuda::DeviceMemory confs = cuda::allocate_device(slots.size() * stride * 4, "targets.confidences");
   cuda::DeviceMemory ids = cuda::allocate_device(slots.size() * 4, "device slot ids");
   CHECK_CUDA(cudaMemcpy(ids.data(), slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
-  const DraftTargets targets{reinterpret_cast<int32_t*>(tokens.data()), reinterpret_cast<float*>(confs.data()),
-                             stride};
+  const DraftTargets targets{reinterpret_cast<int32_t*>(tokens.data()), reinterpret_cast<float*>(confs.data()), stride};
   const int n = static_cast<int>(slots.size());
   for (int steps = 1; steps <= po.max_steps; ++steps) {
     CAPTURE(steps);
@@ -183,8 +182,8 @@ TFE_GPU_TEST_CASE("device calls: a draft recorded in the caller's capture, repla
   for (int round = 0; round < 12; ++round) {
     CAPTURE(round);
     std::shuffle(slots.begin(), slots.end(), rng);  // the engine's batch order changes between replays
-    CHECK_CUDA(cudaMemcpyAsync(engine_ids.data(), slots.data(), slots.size() * 4, cudaMemcpyHostToDevice,
-                               caller.get()));
+    CHECK_CUDA(
+        cudaMemcpyAsync(engine_ids.data(), slots.data(), slots.size() * 4, cudaMemcpyHostToDevice, caller.get()));
     fill_nan(tokens.data(), tokens.bytes());
     fill_nan(confs.data(), confs.bytes());
     CHECK_CUDA(cudaGraphLaunch(exec.get(), caller.get()));
@@ -215,8 +214,8 @@ TFE_GPU_TEST_CASE("device calls: a bad device token or slot id is replaced, repo
   rt.reset(1);
 
   cuda::DeviceMemory ids = cuda::allocate_device(3 * 4, "device slot ids");
-  for (const std::vector<int32_t>& bad : {std::vector<int32_t>{0, 999, -1}, std::vector<int32_t>{0, 7, -1},
-                                          std::vector<int32_t>{0, -5, -1}}) {
+  for (const std::vector<int32_t>& bad :
+       {std::vector<int32_t>{0, 999, -1}, std::vector<int32_t>{0, 7, -1}, std::vector<int32_t>{0, -5, -1}}) {
     CAPTURE(bad[1]);
     CHECK_CUDA(cudaMemcpy(ids.data(), bad.data(), 12, cudaMemcpyHostToDevice));
     rt.draft_async(reinterpret_cast<const int32_t*>(ids.data()), 3, 2);
