@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU side on a machine with a CUDA device: build there, run every GPU test, run the compute-sanitizer
-# tools (memcheck, racecheck, initcheck, synccheck) over a reduced set, and a short draft_loop. Logs go to
-# $OUT (else out/gpu_test; 8 files at most). The last line sums everything: "N passed, N failed".
+# tools (memcheck, racecheck, initcheck, synccheck) over a reduced set, a short draft_loop, then the Python
+# package (installed into the machine's python3, no downloads) with its GPU tests and the round cost of
+# Python against C++ (bench/round_cost.py on a llama3-8b-eagle3-shaped random head). Logs go to $OUT (else
+# out/gpu_test). The last line sums everything: "N passed, N failed". GPU_TEST_PYTHON=0 leaves Python out.
 #
 # Usage: scripts/gpu_test.sh [BUILD_DIR]   (default build-gpu)
 # nlohmann-json and CLI11 may be missing there: run scripts/stage_deps.sh on a machine that has them and
@@ -31,7 +33,7 @@ finish() {
 
 echo "== configure and build ($build)"
 if ! configure_build . "$build" >"$out/build.log" 2>&1 ||
-   ! cmake --build "$build" -j "$(nproc)" --target tfe_gpu_tests draft_loop tfe-plan >>"$out/build.log" 2>&1; then
+   ! cmake --build "$build" -j "$(nproc)" --target tfe_gpu_tests draft_loop tfe-plan round_cost >>"$out/build.log" 2>&1; then
   tail -30 "$out/build.log"
   record build 0 1
   finish
@@ -89,5 +91,33 @@ if "$build/tfe-plan" random --preset tiny --seed 3 -o "$head" >"$out/draft_loop.
 else
   tail -5 "$out/draft_loop.log"
   record draft_loop 0 1
+fi
+
+if [ "${GPU_TEST_PYTHON:-1}" = 1 ]; then
+  echo "== python package: install, GPU tests, round cost"
+  if CMAKE_PREFIX_PATH="$PWD/.deps" python3 -m pip install --no-build-isolation --no-deps --quiet . \
+       >"$out/python_install.log" 2>&1; then
+    python3 -m pytest -q tests/python >"$out/python_tests.log" 2>&1
+    rc=$?
+    tail -3 "$out/python_tests.log"
+    # A GPU test skipped on a GPU machine means the device or torch was not seen.
+    if [ "$rc" -eq 0 ] && ! grep -qE "skipped.*(no CUDA|needs a GPU|torch)" "$out/python_tests.log"; then
+      record python_tests 1 0
+    else
+      record python_tests 0 1
+    fi
+    big="$build/round_cost_llama3.tfe"
+    if "$build/tfe-plan" random --preset llama3-8b-eagle3 --seed 1 -o "$big" >"$out/round_cost.log" 2>&1 &&
+       python3 bench/round_cost.py --head "$big" --round-cost "$build/bench/round_cost" >>"$out/round_cost.log" 2>&1; then
+      tail -5 "$out/round_cost.log"
+      record round_cost 1 0
+    else
+      tail -5 "$out/round_cost.log"
+      record round_cost 0 1
+    fi
+  else
+    tail -5 "$out/python_install.log"
+    record python_install 0 1
+  fi
 fi
 finish
