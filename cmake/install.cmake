@@ -5,6 +5,9 @@ include(CMakePackageConfigHelpers)
 
 set(TFE_INSTALLED_LIBRARIES tfe_core tfe_head tfe_kernels tfe_plan tfe_compiler tfe_reference tfe_device
                             tfe_graphs tfe_runtime)
+if(TFE_HAVE_NCCL)
+  list(APPEND TFE_INSTALLED_LIBRARIES tfe_distributed)
+endif()
 install(TARGETS ${TFE_INSTALLED_LIBRARIES} EXPORT tfeTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS tfe-plan RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/tfe DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

@@ -33,7 +33,8 @@ finish() {
 
 echo "== configure and build ($build)"
 if ! configure_build . "$build" >"$out/build.log" 2>&1 ||
-   ! cmake --build "$build" -j "$(nproc)" --target tfe_gpu_tests draft_loop tfe-plan round_cost >>"$out/build.log" 2>&1; then
+   ! cmake --build "$build" -j "$(nproc)" --target tfe_gpu_tests draft_loop tfe-plan round_cost tfe_broadcast_ranks \
+     >>"$out/build.log" 2>&1; then
   tail -30 "$out/build.log"
   record build 0 1
   finish
@@ -92,6 +93,22 @@ else
   tail -5 "$out/draft_loop.log"
   record draft_loop 0 1
 fi
+
+echo "== drafts to every rank (NCCL)"
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+for mode in "--ranks 1 --capture" "--ranks 2" "--ranks 2 --capture" "--ranks 2 --kill-rank 1 --kill-after 5 --timeout-ms 5000"; do
+  # shellcheck disable=SC2086 # the mode is its words
+  "$build/tests/tfe_broadcast_ranks" $mode >>"$out/broadcast.log" 2>&1
+  rc=$?
+  tail -1 "$out/broadcast.log"
+  if [ "$rc" -eq 0 ]; then
+    record "broadcast $mode" 1 0
+  elif [ "$rc" -eq 77 ] && [ "$gpus" -lt 2 ]; then
+    table+=("$(printf '%-28s skipped: %s GPU(s)' "broadcast $mode" "$gpus")")
+  else
+    record "broadcast $mode" 0 1
+  fi
+done
 
 if [ "${GPU_TEST_PYTHON:-1}" = 1 ]; then
   echo "== python package: install, GPU tests, round cost"

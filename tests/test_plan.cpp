@@ -1464,7 +1464,7 @@ TEST_CASE(
 
 TEST_CASE(
     "validate: a draft pass must begin with load_tables of host_tables and end every step with its "
-    "store_outputs to host_token, host_conf and host_done; an extend must begin with gather_taps and end with "
+    "store_outputs to host_token, host_conf and host_done, and an extend must begin with gather_taps and end with "
     "keep_state") {
   const Plan good = make_plan(preset_header("tiny"), golden_options());
   CHECK_NOTHROW(validate(good));
