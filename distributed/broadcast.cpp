@@ -87,8 +87,7 @@ struct DraftBroadcast::Impl {
     settle(ncclCommUserRank(comm, &me), "ncclCommUserRank");
     settle(ncclCommCuDevice(comm, &device), "ncclCommCuDevice");
     if (device != options.device)
-      fail("broadcast: the communicator's rank {} runs on device {}, options.device is {}", me, device,
-           options.device);
+      fail("broadcast: the communicator's rank {} runs on device {}, options.device is {}", me, device, options.device);
     ranks = count;
     rank = me;
     if (rank != 0) {
@@ -191,7 +190,8 @@ void DraftBroadcast::wait(cudaStream_t stream) {
     if (ncclCommGetAsyncError(b.comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
       b.abort(fmt::format("the communicator reports {}", nccl_text(async)));
     if (Clock::now() > deadline)
-      b.abort(fmt::format("no completion within {} ms: a rank may have died or stopped calling", b.options.timeout.count()));
+      b.abort(fmt::format("no completion within {} ms: a rank may have died or stopped calling",
+                          b.options.timeout.count()));
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }

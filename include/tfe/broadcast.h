@@ -26,9 +26,9 @@
 namespace tfe {
 
 struct BroadcastOptions {
-  int max_streams = 0;  // rows a broadcast carries at most: rank 0's largest streams bucket
-  int max_steps = 0;    // rank 0's plan max_steps (its outputs' row stride)
-  int device = 0;       // this rank's GPU
+  int max_streams = 0;                       // rows a broadcast carries at most: rank 0's largest streams bucket
+  int max_steps = 0;                         // rank 0's plan max_steps (its outputs' row stride)
+  int device = 0;                            // this rank's GPU
   std::chrono::milliseconds timeout{60000};  // wait()'s bound
 };
 

@@ -39,14 +39,19 @@ from ._tfe import (
     random_head,
 )
 
+try:  # built where NCCL was found (docs/distributed.md)
+    from ._tfe import DraftBroadcast, nccl_unique_id
+except ImportError:
+    pass
+
 
 class ExtendRequest(NamedTuple):
     """One slot's real rows for extend([...]): positions first_pos .. first_pos + rows - 1."""
 
     slot: int
     first_pos: int
-    taps: Any  # bf16 [rows, taps * target_hidden] (or uint16 bits), host memory, C-contiguous
-    tokens: Any  # int32 [rows]: the target token that follows each row
+    taps: Any  # bf16 [rows, taps * target_hidden] (or uint16 bits): host (C-contiguous) or the runtime's device
+    tokens: Any  # int32 [rows]: the target token that follows each row, in the same memory as taps
 
 
 __all__ = [
@@ -60,6 +65,7 @@ __all__ = [
     "Reference",
     "Runtime",
     "TensorInfo",
+    *(["DraftBroadcast", "nccl_unique_id"] if "DraftBroadcast" in globals() else []),
     "__version__",
     "compile",
     "convert",

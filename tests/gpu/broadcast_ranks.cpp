@@ -84,7 +84,9 @@ int rank_main(const Options& o, int rank, const std::vector<int>& id_pipes, int 
   plan.buckets = {1, 4, 16};
   plan.max_steps = o.steps;
   plan.max_slots = 16;
-  tfe::BroadcastOptions bo{.max_streams = plan.buckets.back(), .max_steps = plan.max_steps, .device = rank,
+  tfe::BroadcastOptions bo{.max_streams = plan.buckets.back(),
+                           .max_steps = plan.max_steps,
+                           .device = rank,
                            .timeout = std::chrono::milliseconds(o.timeout_ms)};
   cudaStream_t stream = nullptr;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -114,7 +116,8 @@ int rank_main(const Options& o, int rank, const std::vector<int>& id_pipes, int 
     oo.stream = stream;
     rt.emplace(tfe::Runtime::open(tfe::HeadFile::from_bytes(head_bytes), oo));
     std::vector<tfe::ExtendRequest> prefix;
-    for (int s : slots) prefix.push_back(rows_of(s, 0, 3 + s, taps[static_cast<size_t>(s)], tokens[static_cast<size_t>(s)]));
+    for (int s : slots)
+      prefix.push_back(rows_of(s, 0, 3 + s, taps[static_cast<size_t>(s)], tokens[static_cast<size_t>(s)]));
     rt->extend(prefix);
   }
   int32_t* ids = nullptr;

@@ -848,3 +848,14 @@ def test_a_device_round_does_not_wait_for_the_device(heads):
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     assert elapsed < 0.1, f"a round took {elapsed:.3f} s of host time behind a busy stream"
+
+
+@pytest.mark.skipif(not hasattr(tfe, "DraftBroadcast"), reason="the package was built without NCCL")
+def test_draft_broadcast_refuses_bad_arguments_by_name():
+    with pytest.raises(tfe.Error, match=r"unique_id: 3 bytes; an NCCL unique id is 128"):
+        tfe.DraftBroadcast(b"abc", 2, 0, max_streams=4, max_steps=2)
+    with pytest.raises(tfe.Error, match=r"timeout: -1 s is outside \(0, 86400\]"):
+        tfe.DraftBroadcast(bytes(128), 2, 0, max_streams=4, max_steps=2, timeout=-1.0)
+    if not has_gpu:
+        with pytest.raises(RuntimeError, match="needs a CUDA device"):
+            tfe.DraftBroadcast(bytes(128), 2, 0, max_streams=4, max_steps=2)
