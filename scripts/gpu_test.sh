@@ -123,6 +123,14 @@ if [ "${GPU_TEST_PYTHON:-1}" = 1 ]; then
     else
       record python_tests 0 1
     fi
+    if [ "$gpus" -ge 2 ]; then
+      if torchrun --nproc-per-node 2 tests/distributed/torch_ranks.py >"$out/torch_ranks.log" 2>&1; then
+        record "torch.distributed ranks" 1 0
+      else
+        record "torch.distributed ranks" 0 1
+      fi
+      tail -2 "$out/torch_ranks.log"
+    fi
     big="$build/round_cost_llama3.tfe"
     if "$build/tfe-plan" random --preset llama3-8b-eagle3 --seed 1 -o "$big" >"$out/round_cost.log" 2>&1 &&
        python3 bench/round_cost.py --head "$big" --round-cost "$build/bench/round_cost" >>"$out/round_cost.log" 2>&1; then
