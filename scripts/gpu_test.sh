@@ -109,6 +109,10 @@ for mode in "--ranks 1 --capture" "--ranks 2" "--ranks 2 --capture" "--ranks 2 -
     record "broadcast $mode" 0 1
   fi
 done
+if [ "$gpus" -ge 2 ]; then
+  # The broadcast's cost inside a round, against the draft's own time (1, 4, 16 slots).
+  "$build/tests/tfe_broadcast_ranks" --ranks 2 --measure --slots 16 --steps 4 --rounds 200 2>&1 | tee -a "$out/broadcast.log"
+fi
 
 if [ "${GPU_TEST_PYTHON:-1}" = 1 ]; then
   echo "== python package: install, GPU tests, round cost"

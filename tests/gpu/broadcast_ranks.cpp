@@ -8,11 +8,14 @@
 //   --capture       the same with rank 0's draft + send and the others' receive recorded once into each
 //                   rank's own CUDA graph and replayed every round;
 //   --kill-rank R   rank R exits at round --kill-after without a word; every surviving rank's wait() must
-//                   throw within its timeout (--timeout-ms), naming it, instead of hanging.
+//                   throw within its timeout (--timeout-ms), naming it, instead of hanging;
+//   --measure       no checks: rank 0 prints, at 1, 4 and 16 slots, the median draft and broadcast times
+//                   (CUDA events around each on its stream, --rounds rounds).
 // Exit status: 0 all checks passed; 1 a check failed; 77 fewer GPUs than --ranks (skipped, never passed).
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -41,6 +44,7 @@ struct Options {
   int kill_rank = -1;
   int kill_after = 5;
   int timeout_ms = 5000;
+  bool measure = false;
 };
 
 void check(cudaError_t e, const char* what) {
@@ -124,6 +128,44 @@ int rank_main(const Options& o, int rank, const std::vector<int>& id_pipes, int 
   check(cudaMalloc(&ids, slots.size() * 4), "cudaMalloc ids");
   check(cudaMemcpy(ids, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice), "copy ids");
 
+  if (o.measure) {
+    cudaEvent_t e[3];
+    for (auto& x : e) check(cudaEventCreate(&x), "cudaEventCreate");
+    for (int n : {1, 4, 16}) {
+      if (n > o.slots) break;
+      std::vector<float> draft_us, send_us;
+      for (int i = 0; i < o.rounds + 10; ++i) {
+        if (rank == 0) {
+          check(cudaEventRecord(e[0], stream), "record");
+          const tfe::DeviceDraftOutputs d = rt->draft_async(ids, n, o.steps, {}, stream);
+          check(cudaEventRecord(e[1], stream), "record");
+          bc.send(d, stream);
+          check(cudaEventRecord(e[2], stream), "record");
+        } else {
+          bc.receive(n, o.steps, stream);
+        }
+        bc.wait(stream);
+        if (rank != 0 || i < 10) continue;  // 10 rounds of warm-up (captures, NCCL's first use)
+        float a = 0, b = 0;
+        check(cudaEventElapsedTime(&a, e[0], e[1]), "elapsed");
+        check(cudaEventElapsedTime(&b, e[1], e[2]), "elapsed");
+        draft_us.push_back(a * 1000);
+        send_us.push_back(b * 1000);
+      }
+      if (rank == 0) {
+        std::sort(draft_us.begin(), draft_us.end());
+        std::sort(send_us.begin(), send_us.end());
+        const float d = draft_us[draft_us.size() / 2], s = send_us[send_us.size() / 2];
+        std::printf(
+            "{\"ranks\": %d, \"slots\": %d, \"steps\": %d, \"draft_us\": %.1f, \"broadcast_us\": %.1f, "
+            "\"broadcast_over_draft\": %.3f}\n",
+            o.ranks, n, o.steps, d, s, s / d);
+        std::fflush(stdout);
+      }
+    }
+    return 0;
+  }
+
   auto pass = [&](cudaStream_t s) {
     if (rank == 0) return bc.send(rt->draft_async(ids, o.slots, o.steps, {}, s), s);
     return bc.receive(o.slots, o.steps, s);
@@ -183,6 +225,8 @@ int main(int argc, char** argv) {
   app.add_option("--kill-rank", o.kill_rank, "this rank exits without a word at round --kill-after");
   app.add_option("--kill-after", o.kill_after);
   app.add_option("--timeout-ms", o.timeout_ms, "each rank's wait() bound")->check(CLI::PositiveNumber);
+  app.add_flag("--measure", o.measure, "rank 0 prints draft and broadcast times at 1, 4 and 16 slots");
+  app.add_option("--slots", o.slots, "sequences (--measure: the most measured)")->check(CLI::Range(1, 16));
   CLI11_PARSE(app, argc, argv);
 
   // Counting devices initializes CUDA in this process, which a forked child must not inherit: ask a child.
@@ -232,6 +276,15 @@ int main(int argc, char** argv) {
   }
   for (int r = 0; r < o.ranks; ++r) close(out_write[static_cast<size_t>(r)]);
 
+  if (o.measure) {
+    int bad = 0;
+    for (pid_t pid : pids) {
+      int status = 0;
+      waitpid(pid, &status, 0);
+      bad += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    return bad == 0 ? 0 : 1;
+  }
   const size_t bytes = static_cast<size_t>(o.slots) * static_cast<size_t>(o.steps) * 8;
   int failures = 0, rounds_checked = 0;
   for (int round = 0; round < o.rounds; ++round) {
