@@ -859,3 +859,36 @@ def test_draft_broadcast_refuses_bad_arguments_by_name():
     if not has_gpu:
         with pytest.raises(RuntimeError, match="needs a CUDA device"):
             tfe.DraftBroadcast(bytes(128), 2, 0, max_streams=4, max_steps=2)
+
+
+@needs_torch_cuda
+def test_device_tensors_are_refused_by_name_and_nothing_changes(heads):
+    rt, _ = twin_runtimes(heads)
+    h = rt.header
+    W = row_width(h)
+    taps, tokens = random_rows(h, 3, seed=60)
+    rt.extend(0, 0, *cuda_rows(taps, tokens))
+    baseline = rt.draft([0], 2)
+    t, k = cuda_rows(*random_rows(h, 2, seed=61))
+    wide = torch.zeros((W, 2), dtype=torch.bfloat16, device="cuda").t()  # a row's values W apart
+    for args, pattern in [
+        ((0, 3, t.float(), k), r"taps: expected bfloat16"),
+        ((0, 3, wide, k), r"taps: a row's values must be contiguous"),
+        ((0, 3, t, k.long()), r"tokens: expected int32"),
+        ((0, 3, t, torch.arange(4, dtype=torch.int32, device="cuda")[::2]), r"tokens: not C-contiguous"),
+        ((0, 3, t, k.cpu()), r"give both on the device or both on the host"),
+        ((0, 3, t[:, :-1], k), rf"taps: expected shape \[rows, {W}\]"),
+        ((0, 4, t, k), r"a gap"),
+    ]:
+        with pytest.raises(tfe.Error, match=pattern):
+            rt.extend(*args)
+    ids = torch.tensor([0], dtype=torch.int32, device="cuda")
+    with pytest.raises(tfe.Error, match=r"slots: expected int32 on the device"):
+        rt.draft_async(ids.long(), 2)
+    with pytest.raises(tfe.Error, match=r"tokens: shape \[1, 1\] holds less than \[1, 2\]"):
+        rt.draft_async(ids, 2, tokens=torch.zeros((1, 1), dtype=torch.int32, device="cuda"))
+    with pytest.raises(tfe.Error, match=r"confidences: expected float32"):
+        rt.draft_async(ids, 2, confidences=torch.zeros((1, 2), dtype=torch.float64, device="cuda"))
+    with pytest.raises(tfe.Error, match=r"tokens: on cpu; an enqueued draft writes device memory"):
+        rt.draft_async(ids, 2, tokens=torch.zeros((1, 2), dtype=torch.int32))
+    assert same_draft(rt.draft([0], 2), baseline)
