@@ -488,10 +488,28 @@ void run_extend(RuntimeAccess::Impl& r, std::span<const Request> requests, cudaS
   }
 }
 
+// This thread in relaxed capture mode for a scope: a query that records nothing (cudaPointerGetAttributes)
+// may still be refused as potentially unsafe inside a global or thread-local capture, which it would then
+// invalidate.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { TFE_CUDA(cudaThreadExchangeStreamCaptureMode(&previous_)); }
+  ~RelaxedCaptureMode() { TFE_CUDA_NOEXCEPT(cudaThreadExchangeStreamCaptureMode(&previous_)); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode previous_ = cudaStreamCaptureModeRelaxed;
+};
+
 // Throws unless `p` is device memory of `device` (or managed memory).
 void check_device_pointer(const void* p, int device, std::string_view what) {
   cudaPointerAttributes a{};
-  const cudaError_t e = cudaPointerGetAttributes(&a, p);
+  cudaError_t e = cudaSuccess;
+  {
+    const RelaxedCaptureMode relaxed;
+    e = cudaPointerGetAttributes(&a, p);
+  }
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     fail("{} ({}) is not memory CUDA knows: {}", what, p, cudaGetErrorName(e));
