@@ -10,8 +10,14 @@
 //
 // Every --report-every rounds it prints one JSON line: per window position the drafts asked and kept,
 // and the mean time per round (draft, extend, whole).
+//
+// --device-rows runs the round as an engine whose target lives on the GPU: the accepted rows' taps and
+// tokens are in device memory (here copied up from the synthetic target, standing in for its forward),
+// extend takes them there (DeviceExtendRequest), and the draft is enqueued with device slot ids
+// (draft_async); only this example's host-side verify copies the drafted tokens down.
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -51,6 +57,30 @@ struct Options {
   uint64_t seed = 1;
   std::string fp8 = "auto";
   bool probe = false;
+  bool device_rows = false;
+};
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) refuse("{}: {}", what, cudaGetErrorName(e));
+}
+
+// Device memory for the engine's side of --device-rows: a round's accepted rows and the slot ids.
+struct DeviceRound {
+  void* taps = nullptr;
+  void* tokens = nullptr;
+  void* ids = nullptr;
+  DeviceRound(int64_t rows, int64_t width, int slots) {
+    check(cudaMalloc(&taps, static_cast<size_t>(rows * width) * sizeof(tfe::bf16_bits)), "cudaMalloc taps");
+    check(cudaMalloc(&tokens, static_cast<size_t>(rows) * sizeof(int32_t)), "cudaMalloc tokens");
+    check(cudaMalloc(&ids, static_cast<size_t>(slots) * sizeof(int32_t)), "cudaMalloc ids");
+  }
+  ~DeviceRound() {
+    cudaFree(taps);
+    cudaFree(tokens);
+    cudaFree(ids);
+  }
+  DeviceRound(const DeviceRound&) = delete;
+  DeviceRound& operator=(const DeviceRound&) = delete;
 };
 
 // The synthetic target: taps and verification, a pure function of the seed and the call sequence.
@@ -141,15 +171,65 @@ int run(const Options& o) {
                           .dump()
                           .c_str());
 
+  const int64_t width = static_cast<int64_t>(header.taps.size()) * header.target_hidden;
+  std::optional<DeviceRound> dev;
+  if (o.device_rows) {
+    dev.emplace(int64_t{o.slots} * (o.steps + 1), width, o.slots);
+    check(cudaMemcpy(dev->ids, slots.data(), slots.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "copy ids");
+  }
+  // One round's draft: the blocking call, or the enqueued one with device ids and the tokens copied down.
+  auto draft = [&] {
+    if (!dev) return rt.draft(slots, o.steps);
+    const tfe::DeviceDraftOutputs out =
+        rt.draft_async(static_cast<const int32_t*>(dev->ids), o.slots, o.steps, {}, rt.stream());
+    tfe::DraftResult d;
+    d.streams = o.slots;
+    d.steps = o.steps;
+    d.tokens.resize(static_cast<size_t>(o.slots * o.steps));
+    d.confidences.resize(d.tokens.size());
+    check(cudaMemcpy2DAsync(d.tokens.data(), o.steps * 4, out.tokens, static_cast<size_t>(out.row_stride) * 4,
+                            o.steps * 4, o.slots, cudaMemcpyDeviceToHost, rt.stream()),
+          "copy tokens");
+    check(cudaMemcpy2DAsync(d.confidences.data(), o.steps * 4, out.confidences, static_cast<size_t>(out.row_stride) * 4,
+                            o.steps * 4, o.slots, cudaMemcpyDeviceToHost, rt.stream()),
+          "copy confidences");
+    rt.synchronize();
+    return d;
+  };
+  // One round's extend: from the host, or from device memory the "target" wrote.
+  auto extend = [&](const std::vector<Pending>& pending) {
+    if (!dev) {
+      std::vector<tfe::ExtendRequest> requests;
+      for (const auto& p : pending) requests.push_back(p.request());
+      rt.extend(requests);
+      return;
+    }
+    std::vector<tfe::DeviceExtendRequest> requests;
+    int64_t at = 0;
+    for (const auto& p : pending) {
+      const auto n = static_cast<int64_t>(p.tokens.size());
+      auto* taps = static_cast<tfe::bf16_bits*>(dev->taps) + at * width;
+      auto* tokens = static_cast<int32_t*>(dev->tokens) + at;
+      check(cudaMemcpyAsync(taps, p.taps.data(), p.taps.size() * sizeof(tfe::bf16_bits), cudaMemcpyHostToDevice,
+                            rt.stream()),
+            "copy taps");
+      check(cudaMemcpyAsync(tokens, p.tokens.data(), p.tokens.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                            rt.stream()),
+            "copy tokens");
+      requests.push_back({p.slot, p.first_pos, n, taps, 0, tokens});
+      at += n;
+    }
+    rt.extend(requests);
+  };
+
   std::vector<uint64_t> asked(static_cast<size_t>(o.steps)), kept(asked.size());
   double draft_ms = 0, extend_ms = 0, round_ms = 0;
   uint64_t window_rounds = 0, tokens_out = 0, resets = 0;
   for (int round = 1; round <= o.rounds; ++round) {
     const auto t0 = Clock::now();
-    const tfe::DraftResult d = rt.draft(slots, o.steps);
+    const tfe::DraftResult d = draft();
     const auto t1 = Clock::now();
     std::vector<Pending> pending;
-    std::vector<tfe::ExtendRequest> requests;
     std::vector<int> restart;
     for (int i = 0; i < o.slots; ++i) {
       const int slot = slots[static_cast<size_t>(i)];
@@ -172,8 +252,7 @@ int run(const Options& o) {
       tokens_out += p.tokens.size();
       pending.push_back(std::move(p));
     }
-    for (const auto& p : pending) requests.push_back(p.request());
-    rt.extend(requests);
+    extend(pending);
     for (int slot : restart) {
       rt.reset(slot);
       prefill(rt, target, slot, o.prompt);
@@ -231,6 +310,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seed of the synthetic target");
   app.add_option("--fp8", o.fp8, "FP8 mode without an artifact: auto, off, require");
   app.add_flag("--probe", o.probe, "exit 0 when a CUDA device is present, 1 otherwise");
+  app.add_flag("--device-rows", o.device_rows,
+               "accepted rows and slot ids in device memory (extend's device form, draft_async)");
   CLI11_PARSE(app, argc, argv);
 
   int devices = 0;

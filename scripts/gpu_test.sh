@@ -86,6 +86,8 @@ echo "== draft_loop on a tiny head"
 head="$build/draft_loop_tiny.tfe"
 if "$build/tfe-plan" random --preset tiny --seed 3 -o "$head" >"$out/draft_loop.log" 2>&1 &&
    "$build/examples/draft_loop" --head "$head" --slots 4 --steps 5 --rounds 100 --report-every 50 \
+     >>"$out/draft_loop.log" 2>&1 &&
+   "$build/examples/draft_loop" --head "$head" --slots 4 --steps 5 --rounds 100 --report-every 50 --device-rows \
      >>"$out/draft_loop.log" 2>&1; then
   tail -2 "$out/draft_loop.log"
   record draft_loop 1 0
