@@ -27,13 +27,14 @@ inline KernelDef load_tables() {
       .source = "load_tables.cuh",
       .function = "tfe::kernels::load_tables",
       .constants = {},
-      .params = {in(
-                     "host_tables",
+      .params = {host(in(
+                     "host_tables", DType::I32,
                      [](const KernelSpec&, const Reach& r) {
                        return product({r.rows, kc::kHostTableColumns, kI32});
                      },
-                     kc::kHostTableColumns * kI32),  // a row is one 16-byte load
-                 out("slot", table), out("pos", table), out("first_pos", table), out("tok", table), i64("rows")},
+                     kc::kHostTableColumns * kI32)),  // a row is one 16-byte load
+                 out("slot", DType::I32, table), out("pos", DType::I32, table), out("first_pos", DType::I32, table),
+                 out("tok", DType::I32, table), i64("rows")},
       .launch =
           [](const KernelSpec& s, int64_t rows) {
             if (rows > kernels::kLoadTablesThreads)

@@ -1260,11 +1260,10 @@ TEST_CASE(
   auto refused = [&](const char* what, const std::function<void(Plan&)>& edit, const char* message) {
     check_refused(good, what, edit, message);
   };
-  // 16 rows of top1 records (16 bytes per lm_head CTA) do not fit next_token's 64 bytes.
+  // 16 rows of the SwiGLU's ffn-wide output do not fit h1's 16 rows of hidden.
   refused(
-      "a gemv output bound to a smaller buffer",
-      [&](Plan& p) { param(find(p, "s1.lm_head"), "y").buffer = "next_token"; },
-      "node s1.lm_head arg `y`: kernel gemv reaches");
+      "a gemv output bound to a smaller buffer", [&](Plan& p) { param(find(p, "s1.w_gate_up"), "y").buffer = "h1"; },
+      "node s1.w_gate_up arg `y`: kernel gemv reaches");
   refused(
       "an input read past its buffer's end", [&](Plan& p) { param(find(p, "s2.wo"), "x").byte_offset = 256; },
       "node s2.wo arg `x`: kernel gemv reaches");
@@ -1443,6 +1442,47 @@ TEST_CASE(
   refused(
       "a width past the constants' range", [&](Plan& p) { constant(p, "rmsnorm", "WIDTH") = int64_t{1} << 40; },
       "WIDTH = 1099511627776 is outside 1..16777216");
+}
+
+TEST_CASE("validate: a kernel argument bound to a buffer of another dtype or role is refused by name") {
+  HeadHeader fp8_head = preset_header("tiny");
+  fp8_head.fp8 = linears_in_use(fp8_head);
+  const Plan good = make_plan(fp8_head, golden_options());
+  REQUIRE(good.fp8);
+  CHECK_NOTHROW(validate(good));
+  const auto find = plan_node;
+  const auto param = node_arg;
+  auto refused = [&](const char* what, const std::function<void(Plan&)>& edit, const char* message) {
+    check_refused(good, what, edit, message);
+  };
+  // Each buffer is large enough for what the kernel reaches, so only its dtype or role is wrong.
+  refused(
+      "an e4m3 matrix read as a bf16 norm weight", [&](Plan& p) { param(find(p, "s1.final_norm"), "w").buffer = "wo"; },
+      "node s1.final_norm arg `w`: buffer `wo` is F8_E4M3, but kernel rmsnorm takes BF16 there");
+  refused(
+      "a bf16 matrix read by an FP8 gemv", [&](Plan& p) { param(find(p, "s1.wo"), "w").buffer = "embed"; },
+      "node s1.wo arg `w`: buffer `embed` is BF16, but kernel gemv takes F8_E4M3 there");
+  refused(
+      "bf16 activations read as top1 records", [&](Plan& p) { param(find(p, "s1.top1"), "part").buffer = "m"; },
+      "node s1.top1 arg `part`: buffer `m` is BF16, but kernel top1 takes F32 there");
+  refused(
+      "token ids read as rows", [&](Plan& p) { param(find(p, "s1.post_norm"), "x").buffer = "slot"; },
+      "node s1.post_norm arg `x`: buffer `slot` is I32, but kernel rmsnorm takes BF16 there");
+  refused(
+      "a weight read as a gemv's x", [&](Plan& p) { param(find(p, "s1.wo"), "x").buffer = "embed"; },
+      "node s1.wo arg `x`: buffer `embed` has role weight, but kernel gemv takes state, table, activation or output "
+      "there");
+  refused(
+      "an activation as the key ring", [&](Plan& p) { param(find(p, "s1.attention"), "ring_k").buffer = "x"; },
+      "node s1.attention arg `ring_k`: buffer `x` has role activation, but kernel ring_attention takes state there");
+  refused(
+      "the draft map read from host memory", [&](Plan& p) { param(find(p, "s1.top1"), "d2t").buffer = "host_tables"; },
+      "node s1.top1 arg `d2t`: buffer `host_tables` has role host, but kernel top1 takes weight there");
+  refused(
+      "the outputs' host copy written into the arena",
+      [&](Plan& p) { param(find(p, "s1.store_outputs"), "host_token").buffer = "next_token"; },
+      "node s1.store_outputs arg `host_token`: buffer `next_token` has role activation, but kernel store_outputs "
+      "takes host there");
 }
 
 TEST_CASE(
