@@ -4,9 +4,11 @@
 #pragma once
 #include <bit>
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include <tfe/dtype.h>
@@ -24,6 +26,17 @@ inline bf16_bits float_to_bf16(float f) {
 }
 
 inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+// `d` as a 32-bit float, or nullopt where no float stands for it: not finite, a magnitude past FLT_MAX, or a
+// nonzero that would round to 0 (an rms_eps of 1e-300 is not 0).
+inline std::optional<float> float32_of(double d) {
+  if (!std::isfinite(d) || std::fabs(d) > FLT_MAX) return std::nullopt;
+  const float f = static_cast<float>(d);
+  if (f == 0.0f && d != 0.0) return std::nullopt;
+  return f;
+}
+// What float32_of refuses, for messages.
+inline constexpr const char* kFloat32Range = "a 32-bit float holds 0 and magnitudes 1.4e-45..3.4028235e+38";
 
 // e4m3 (fn): 1 sign, 4 exponent (bias 7), 3 mantissa; no inf; 0x7f / 0xff are NaN; max 448.
 inline float fp8_e4m3_to_float(uint8_t v) {

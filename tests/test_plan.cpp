@@ -71,6 +71,18 @@ TEST_CASE("header YAML: missing, unknown and mistyped keys are refused by name a
                        doctest::Contains("rms_eps: expected a finite float"), Error);
   CHECK_THROWS_WITH_AS(header_from_yaml_text(replace("window: 15", "window: 600")),
                        doctest::Contains("window = 600 is outside 1..511"), Error);
+  CHECK_THROWS_WITH_AS(header_from_yaml_text(replace("rms_eps: 1e-06", "rms_eps: 1e-300")),
+                       doctest::Contains("rms_eps: `1e-300` does not fit a 32-bit float"), Error);
+  CHECK_THROWS_WITH_AS(header_from_yaml_text(replace("window: 15", "window: 4294967296")),
+                       doctest::Contains("window: 4294967296 is outside 1..511"), Error);
+  CHECK_THROWS_WITH_AS(header_from_yaml_text(replace("vocab: 1000", "vocab: 99999999999999999999")),
+                       doctest::Contains("vocab: 99999999999999999999 is outside 1..16777216"), Error);
+  CHECK_THROWS_WITH_AS(header_from_yaml_text(replace("ffn: 160", "ffn: 160\n\"f\\x1b[2Jn\\x07\": 3")),
+                       doctest::Contains("unknown key `f\\x1b[2Jn\\x07`"), Error);
+  // yaml-cpp's own message for this is "bad file".
+  const std::string deep = "ffn: " + std::string(600, '[') + "1" + std::string(600, ']');
+  CHECK_THROWS_WITH_AS(header_from_yaml_text(replace("ffn: 160", deep)),
+                       doctest::Contains("header YAML: nesting deeper than 499 levels (line"), Error);
   CHECK_THROWS_WITH_AS(header_from_yaml_text(replace("ffn: 160", "ffn: 160\nffn: 161")),
                        doctest::Contains("key `ffn` appears twice"), Error);
   // The line of the offending key is named.
