@@ -22,6 +22,7 @@
 #include "core/numeric.h"
 #include "head/presets.h"
 #include "head/random_head.h"
+#include "hostile_inputs.h"
 #include "test_util.h"
 
 using namespace tfe;
@@ -337,6 +338,19 @@ TEST_CASE("safetensors reader: a header of many small objects is read in linear 
   const auto t0 = std::chrono::steady_clock::now();
   CHECK_THROWS_AS(SafetensorsFile::from_bytes(image, "big.safetensors"), Error);
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+}
+
+// The fuzz target's seeds (tests/fuzz/seeds/fuzz_head_file.cpp): refused by name in well under a second.
+TEST_CASE("head file: a 1 MiB header of small objects and a deeply nested tfe.header are refused in < 1 s") {
+  const auto refused_quickly = [](const Bytes& image, const char* message) {
+    CAPTURE(message);
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH_AS(HeadFile::from_bytes(image), doctest::Contains(message), Error);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+  };
+  refused_quickly(test::safetensors_image(test::many_objects_header(size_t{1} << 20)),
+                  "tensor `k0` has unknown field `a`");
+  refused_quickly(test::safetensors_image(test::deep_metadata_header(10000)), "nests deeper than 8 levels");
 }
 
 TEST_CASE("safetensors reader: accepts zero-size tensors, reports metadata and header bytes") {

@@ -20,6 +20,7 @@
 #include "plan/plan.h"
 #include "plan/plan_yaml.h"
 #include "head/presets.h"
+#include "hostile_inputs.h"
 #include "plan_edits.h"
 #include "test_util.h"
 
@@ -1642,6 +1643,18 @@ TEST_CASE("yaml reader: a mapping with many keys is read in linear time") {
   text += "k17: again\n";
   yaml::Context ctx{"test YAML"};
   CHECK_THROWS_WITH_AS(yaml::Map(yaml::parse(ctx, text)), doctest::Contains("key `k17` appears twice"), Error);
+}
+
+// The fuzz target's seeds (tests/fuzz/seeds/fuzz_plan_yaml.cpp): refused by name in well under a second.
+TEST_CASE("plan YAML: a 1 MiB map of many keys and deep nesting are refused by name in < 1 s") {
+  const auto refused_quickly = [](const std::string& text, const char* message) {
+    CAPTURE(message);
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH_AS(load_plan_yaml(text), doctest::Contains(message), Error);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+  };
+  refused_quickly(test::many_keys_yaml(size_t{1} << 20), "plan YAML: <root>: missing key `schema_version`");
+  refused_quickly(test::deep_yaml(1000), "plan YAML: nesting deeper than 499 levels (line 1");
 }
 
 TEST_CASE("plan YAML: random corruption of a plan is refused with tfe::Error or loads a valid plan") {
