@@ -491,7 +491,7 @@ TEST_CASE("head file: a value is stated as written, against the format's limit, 
            "unexpected tensor `b\\x1b[2Jias\\x07`");
 }
 
-TEST_CASE("printable: control bytes, C1 controls and bytes that are not UTF-8 as \\xNN; text and UTF-8 kept") {
+TEST_CASE("printable: control bytes, C1 controls and bytes that are not UTF-8 as hex escapes, text and UTF-8 kept") {
   CHECK(printable("embed") == "embed");
   CHECK(printable("a\x1b[31mb\n\r\t\x7f") == "a\\x1b[31mb\\x0a\\x0d\\x09\\x7f");
   CHECK(printable("caf\xc3\xa9 \xe2\x82\xac") == "caf\xc3\xa9 \xe2\x82\xac");
