@@ -4,6 +4,9 @@
 # $OUT (else out/gpu_test; 8 files at most). The last line sums everything: "N passed, N failed".
 #
 # Usage: scripts/gpu_test.sh [BUILD_DIR]   (default build-gpu)
+# TFE_SOAK_ROUNDS=N adds the soak run (tests/gpu/soak.cpp: N extend/draft rounds with resets, host and
+# device memory and the CPU reference sampled every TFE_SOAK_EVERY rounds, default N / 10); 1000000 is
+# the issue's figure (its table goes to $OUT/soak.log).
 # nlohmann-json and CLI11 may be missing there: run scripts/stage_deps.sh on a machine that has them and
 # carry .deps/ along; this script then configures with -DCMAKE_PREFIX_PATH=.deps.
 set -uo pipefail
@@ -31,7 +34,7 @@ finish() {
 
 echo "== configure and build ($build)"
 if ! configure_build . "$build" >"$out/build.log" 2>&1 ||
-   ! cmake --build "$build" -j "$(nproc)" --target tfe_gpu_tests draft_loop tfe-plan >>"$out/build.log" 2>&1; then
+   ! cmake --build "$build" -j "$(nproc)" --target tfe_gpu_tests tfe_soak draft_loop tfe-plan >>"$out/build.log" 2>&1; then
   tail -30 "$out/build.log"
   record build 0 1
   finish
@@ -89,5 +92,15 @@ if "$build/tfe-plan" random --preset tiny --seed 3 -o "$head" >"$out/draft_loop.
 else
   tail -5 "$out/draft_loop.log"
   record draft_loop 0 1
+fi
+if [ -n "${TFE_SOAK_ROUNDS:-}" ]; then
+  echo "== soak: $TFE_SOAK_ROUNDS rounds"
+  every=${TFE_SOAK_EVERY:-$(((TFE_SOAK_ROUNDS + 9) / 10))}
+  if "$build/tests/tfe_soak" --rounds "$TFE_SOAK_ROUNDS" --every "$every" >"$out/soak.log" 2>&1; then
+    record soak 1 0
+  else
+    record soak 0 1
+  fi
+  cat "$out/soak.log"
 fi
 finish
