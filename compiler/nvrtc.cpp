@@ -68,7 +68,7 @@ Program compile_program(const std::string& label, const std::string& source, con
   std::string log = program_log(prog.get(), label);
   if (r != NVRTC_SUCCESS)
     fail("nvrtc: compiling {} failed ({})\n  constants: {}\n  options: {}\n  log:\n{}", label, nvrtcGetErrorString(r),
-         constants_text(constants), fmt::join(opts, " "), log);
+         constants_text(constants), fmt::join(opts, " "), Verbatim{log});
   if (log_out) *log_out = std::move(log);
   return prog;
 }

@@ -4,10 +4,16 @@
 #pragma once
 #include <bit>
 #include <algorithm>
+#include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <future>
+#include <optional>
 #include <span>
+#include <thread>
+#include <vector>
 
 #include <tfe/dtype.h>
 
@@ -24,6 +30,17 @@ inline bf16_bits float_to_bf16(float f) {
 }
 
 inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+// `d` as a 32-bit float, or nullopt where no float stands for it: not finite, a magnitude past FLT_MAX, or a
+// nonzero that would round to 0 (an rms_eps of 1e-300 is not 0).
+inline std::optional<float> float32_of(double d) {
+  if (!std::isfinite(d) || std::fabs(d) > FLT_MAX) return std::nullopt;
+  const float f = static_cast<float>(d);
+  if (f == 0.0f && d != 0.0) return std::nullopt;
+  return f;
+}
+// What float32_of refuses, for messages.
+inline constexpr const char* kFloat32Range = "a 32-bit float holds 0 and magnitudes 1.4e-45..3.4028235e+38";
 
 // e4m3 (fn): 1 sign, 4 exponent (bias 7), 3 mantissa; no inf; 0x7f / 0xff are NaN; max 448.
 inline float fp8_e4m3_to_float(uint8_t v) {
@@ -66,21 +83,59 @@ inline uint8_t float_to_fp8_e4m3(float f) {
   return sign | static_cast<uint8_t>(((ex + 7) << 3) | man);
 }
 
-// The index of the first element of `values` for which `bad` holds, or -1. Blocks reduced without a
-// branch (the loop vectorizes), then the one block that holds a hit searched element by element: a head's
-// weights are scanned at memory speed.
-template <typename T, typename Bad>
-int64_t find_first_bad(std::span<const T> values, Bad bad) {
+namespace detail {
+
+// The first index in [begin, end) of `values` for which `bad` holds, or -1; gives up (-1) once `stop()` says
+// an earlier band has a hit. Blocks reduced without a branch (the loop vectorizes), then the one block that
+// holds a hit searched element by element.
+template <typename T, typename Bad, typename Stop>
+int64_t find_first_bad_in(std::span<const T> values, size_t begin, size_t end, Bad bad, Stop stop) {
   constexpr size_t kBlock = 4096 / sizeof(T);
-  for (size_t begin = 0; begin < values.size(); begin += kBlock) {
-    const size_t end = std::min(values.size(), begin + kBlock);
+  for (size_t first = begin; first < end; first += kBlock) {
+    const size_t last = std::min(end, first + kBlock);
     unsigned any = 0;
-    for (size_t i = begin; i < end; ++i) any |= bad(values[i]) ? 1u : 0u;
+    for (size_t i = first; i < last; ++i) any |= bad(values[i]) ? 1u : 0u;
     if (any != 0)
-      for (size_t i = begin; i < end; ++i)
+      for (size_t i = first; i < last; ++i)
         if (bad(values[i])) return static_cast<int64_t>(i);
+    if (stop()) return -1;
   }
   return -1;
+}
+
+}  // namespace detail
+
+// The index of the first element of `values` for which `bad` holds, or -1. A large span is split into
+// bands checked on several threads (a head's 1.9 GB of weights at the memory bandwidth of several cores,
+// not of one); the lowest band with a hit answers, so the index is the lowest, as on one thread. A band
+// stops early once a band before it has a hit.
+template <typename T, typename Bad>
+int64_t find_first_bad(std::span<const T> values, Bad bad) {
+  constexpr size_t kMinBandBytes = size_t{16} << 20;
+  const size_t n = values.size();
+  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 16);
+  const size_t bands = std::clamp<size_t>(n * sizeof(T) / kMinBandBytes, 1, threads);
+  if (bands == 1) return detail::find_first_bad_in(values, 0, n, bad, [] { return false; });
+  const size_t band = (n + bands - 1) / bands;
+  std::atomic<size_t> first_hit_band{bands};
+  std::vector<std::future<int64_t>> found;
+  for (size_t b = 0; b < bands; ++b)
+    found.push_back(std::async(std::launch::async, [&, b] {
+      const int64_t at = detail::find_first_bad_in(values, b * band, std::min(n, (b + 1) * band), bad,
+                                                   [&] { return first_hit_band.load(std::memory_order_relaxed) < b; });
+      if (at >= 0) {
+        size_t seen = first_hit_band.load(std::memory_order_relaxed);
+        while (b < seen && !first_hit_band.compare_exchange_weak(seen, b, std::memory_order_relaxed)) {
+        }
+      }
+      return at;
+    }));
+  int64_t first = -1;
+  for (auto& f : found) {  // every band joined before returning: they read `values`
+    const int64_t at = f.get();
+    if (first < 0) first = at;
+  }
+  return first;
 }
 
 // The index of the first e4m3 NaN code (0x7f or 0xff) in `bytes`, or -1 when every byte is a finite value.

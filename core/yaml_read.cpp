@@ -1,9 +1,12 @@
 #include "core/yaml_read.h"
 
+#include <yaml-cpp/depthguard.h>
+
 #include <charconv>
 #include <cmath>
 
 #include "core/error.h"
+#include "core/numeric.h"
 
 namespace tfe::yaml {
 
@@ -54,9 +57,18 @@ int64_t Field::i64() const {
   return v;
 }
 
-int64_t Field::i64(int64_t lo, int64_t hi) const {
+int64_t Field::i64(int64_t lo, int64_t hi) const { return i64(lo, hi, lo, hi); }
+
+int64_t Field::i64(int64_t lo, int64_t hi, int64_t stated_lo, int64_t stated_hi) const {
+  if (node.IsScalar()) {
+    const std::string& s = node.Scalar();
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec == std::errc::result_out_of_range && end == s.data() + s.size())
+      fail(fmt::format("{} is outside {}..{}", s, stated_lo, stated_hi));
+  }
   const int64_t v = i64();
-  if (v < lo || v > hi) fail(fmt::format("{} is outside {}..{}", v, lo, hi));
+  if (v < lo || v > hi) fail(fmt::format("{} is outside {}..{}", v, stated_lo, stated_hi));
   return v;
 }
 
@@ -65,12 +77,14 @@ int Field::i32(int lo, int hi) const { return static_cast<int>(i64(lo, hi)); }
 float Field::f32() const {
   if (!node.IsScalar()) fail(fmt::format("expected a number, found {}", kind_of(node)));
   const std::string& s = node.Scalar();
-  float v = 0.0f;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || end != s.data() + s.size() || s.empty())
+  // Read as a double first: a number a float cannot hold (1e-300, 1e39) is refused as that, not as 0 or inf.
+  double d = 0.0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), d);
+  if ((ec != std::errc() && ec != std::errc::result_out_of_range) || end != s.data() + s.size() || s.empty())
     fail(fmt::format("expected a finite float, found `{}`", s));
-  if (!std::isfinite(v)) fail(fmt::format("expected a finite float, found `{}`", s));
-  return v;
+  const std::optional<float> f = ec == std::errc() ? float32_of(d) : std::nullopt;
+  if (!f) fail(fmt::format("`{}` does not fit a 32-bit float ({})", s, kFloat32Range));
+  return *f;
 }
 
 bool Field::boolean() const {
@@ -131,6 +145,10 @@ void Map::done() const {
 Field parse(Context& ctx, std::string_view text) {
   try {
     return Field{&ctx, YAML::Load(std::string(text)), ""};
+  } catch (const YAML::DeepRecursion& e) {
+    // yaml-cpp's own message for it is "bad file".
+    tfe::fail("{}: nesting deeper than {} levels (line {}, column {}); tfe's documents nest a few levels", ctx.doc,
+              e.depth() - 1, e.mark.line + 1, e.mark.column + 1);
   } catch (const YAML::Exception& e) {
     tfe::fail("{}: not valid YAML: {} (line {}, column {})", ctx.doc, e.msg, e.mark.line + 1, e.mark.column + 1);
   }

@@ -33,6 +33,9 @@ struct Field {
 
   int64_t i64() const;
   int64_t i64(int64_t lo, int64_t hi) const;  // refused outside lo..hi, naming the limits
+  // Refused outside lo..hi (what its C++ field holds, up to int64's range), the message naming the format's
+  // limits stated_lo..stated_hi, which the document's validation applies to a value that fits.
+  int64_t i64(int64_t lo, int64_t hi, int64_t stated_lo, int64_t stated_hi) const;
   int i32(int lo, int hi) const;
   float f32() const;     // finite only: plans and headers never hold NaN or infinities
   bool boolean() const;  // `true` or `false`

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 
@@ -41,6 +42,18 @@ cuda::Graph GraphCache::capture(const GraphKey& key, const Record& record) {
   return graph;
 }
 
+cuda::GraphExec GraphCache::instantiate(const GraphKey& key, const cuda::Graph& graph) {
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t injected = std::exchange(injected_instantiate_error_, cudaSuccess);
+  const cudaError_t e = injected != cudaSuccess ? injected : cudaGraphInstantiate(&exec, graph.get(), 0);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail_cuda("instantiating the graph of the draft pass {} failed: {} ({})", key.str(), cudaGetErrorName(e),
+              cudaGetErrorString(e));
+  }
+  return cuda::GraphExec(exec);
+}
+
 void GraphCache::touch(Entry& e) { lru_.splice(lru_.begin(), lru_, e.lru); }
 
 void GraphCache::prepare(const GraphKey& key, const Bindings& live, const Record& record) {
@@ -55,9 +68,7 @@ void GraphCache::prepare(const GraphKey& key, const Bindings& live, const Record
     } else {
       // The topology or a node kind changed: cudaGraphExecUpdate cannot apply it, so instantiate anew.
       (void)cudaGetLastError();
-      cudaGraphExec_t exec = nullptr;
-      TFE_CUDA(cudaGraphInstantiate(&exec, graph.get(), 0));
-      e.exec = cuda::GraphExec(exec);
+      e.exec = instantiate(key, graph);
       ++counters_.reinstantiated;
     }
     e.bindings = live;
@@ -65,9 +76,7 @@ void GraphCache::prepare(const GraphKey& key, const Bindings& live, const Record
   }
 
   cuda::Graph graph = capture(key, record);
-  cudaGraphExec_t exec = nullptr;
-  TFE_CUDA(cudaGraphInstantiate(&exec, graph.get(), 0));
-  cuda::GraphExec owned(exec);
+  cuda::GraphExec owned = instantiate(key, graph);
   // Moves the executable's data to the device now rather than at the first replay.
   TFE_CUDA(cudaGraphUpload(owned.get(), stream_));
   if (execs_.size() >= capacity_) {

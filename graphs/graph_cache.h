@@ -64,6 +64,9 @@ class GraphCache {
   const GraphCounters& counters() const { return counters_; }
   bool check_bindings() const { return check_bindings_; }
   void set_check_bindings(bool on) { check_bindings_ = on; }
+  // Tests (runtime/testing.h): the next instantiation fails with `error` instead of calling
+  // cudaGraphInstantiate, through the same check and message as a real failure.
+  void inject_instantiate_error(cudaError_t error) { injected_instantiate_error_ = error; }
   void clear();
 
  private:
@@ -73,11 +76,13 @@ class GraphCache {
     std::list<GraphKey>::iterator lru;
   };
   cuda::Graph capture(const GraphKey& key, const Record& record);
+  cuda::GraphExec instantiate(const GraphKey& key, const cuda::Graph& graph);
   void touch(Entry& e);
 
   cudaStream_t stream_ = nullptr;
   size_t capacity_ = 0;
   bool check_bindings_ = true;
+  cudaError_t injected_instantiate_error_ = cudaSuccess;
   std::map<GraphKey, Entry> execs_;
   std::list<GraphKey> lru_;  // front: most recently used
   GraphCounters counters_;

@@ -95,6 +95,13 @@ struct Config {
     if (!v.is_number()) fail("{}: field `{}{}` = {} is not a number", path.string(), where, key, v.dump());
     return v.get<double>();
   }
+  // A number the header keeps as a 32-bit float: refused where no float stands for it (1e-300 is not 0).
+  float float32(const json& obj, const char* key, std::string_view where) const {
+    const double d = number(obj, key, where);
+    const std::optional<float> f = float32_of(d);
+    if (!f) fail("{}: field `{}{}` = {} does not fit a 32-bit float ({})", path.string(), where, key, d, kFloat32Range);
+    return *f;
+  }
 };
 
 // A multimodal target keeps its language model's fields under `text_config`.
@@ -110,7 +117,7 @@ Rope read_rope(const Config& c) {
   const bool nested = !c.has("rope_theta") && c.j.contains("rope_parameters") && c.j["rope_parameters"].is_object();
   const json& params = nested ? c.j["rope_parameters"] : c.j;
   const std::string where = nested ? "rope_parameters." : "";
-  r.theta = static_cast<float>(c.number(params, "rope_theta", where));
+  r.theta = c.float32(params, "rope_theta", where);
   const json* scaling = nested ? &params : (c.has("rope_scaling") ? &c.j["rope_scaling"] : nullptr);
   if (!scaling) return r;
   const std::string swhere = nested ? where : "rope_scaling.";
@@ -125,9 +132,9 @@ Rope read_rope(const Config& c) {
   if (type != "llama3")
     fail("{}: `{}rope_type` = \"{}\" is not supported (supported: default, llama3)", c.path.string(), swhere, type);
   r.llama3 = true;
-  r.factor = static_cast<float>(c.number(*scaling, "factor", swhere));
-  r.low_freq_factor = static_cast<float>(c.number(*scaling, "low_freq_factor", swhere));
-  r.high_freq_factor = static_cast<float>(c.number(*scaling, "high_freq_factor", swhere));
+  r.factor = c.float32(*scaling, "factor", swhere);
+  r.low_freq_factor = c.float32(*scaling, "low_freq_factor", swhere);
+  r.high_freq_factor = c.float32(*scaling, "high_freq_factor", swhere);
   const double orig = c.number(*scaling, "original_max_position_embeddings", swhere);
   if (orig != std::nearbyint(orig) || orig < 1 || orig > 1e9)
     fail("{}: `{}original_max_position_embeddings` = {} is not a positive integer", c.path.string(), swhere, orig);
@@ -269,8 +276,7 @@ HeadHeader header_from_configs(const Config& c, const std::optional<Config>& tar
   h.vocab = c.integer("vocab_size");
   h.draft_vocab = c.integer_or("draft_vocab_size", h.vocab);
   h.target_hidden = c.integer_or("target_hidden_size", h.hidden);
-  const double eps = c.number(c.j, "rms_norm_eps", "");
-  h.rms_eps = static_cast<float>(eps);
+  h.rms_eps = c.float32(c.j, "rms_norm_eps", "");
   h.rope = read_rope(c);
   h.taps = read_taps(c, target);
   if (window < 1 || window > kMaxWindow) fail("--window = {} is outside 1..{}", window, kMaxWindow);

@@ -318,10 +318,10 @@ void check_weight_values(const TensorView& t, std::string_view where) {
     case DType::F32: {
       const bool scale = t.name.ends_with(".scale");
       const auto v = t.as<float>();
-      for (size_t i = 0; i < v.size(); ++i)
-        if (!std::isfinite(v[i]) || (scale && !(v[i] > 0.0f)))
-          fail("{}: tensor `{}`: element {} is {}; {} must be finite{}", where, t.name, i, v[i],
-               scale ? "FP8 scales" : "weights", scale ? " and positive" : "");
+      const int64_t at = find_first_bad(v, [scale](float x) { return !std::isfinite(x) || (scale && !(x > 0.0f)); });
+      if (at >= 0)
+        fail("{}: tensor `{}`: element {} is {}; {} must be finite{}", where, t.name, at, v[static_cast<size_t>(at)],
+             scale ? "FP8 scales" : "weights", scale ? " and positive" : "");
       return;
     }
     default:

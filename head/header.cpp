@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "core/error.h"
+#include "head/header_fields.h"
 
 namespace tfe {
 
@@ -38,6 +40,16 @@ void check_dim(std::string_view field, int64_t v) {
 }
 
 }  // namespace
+
+IntegerRange header_integer_range(std::string_view key) {
+  for (const char* dim : {"target_hidden", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "draft_vocab"})
+    if (key == dim) return {1, kMaxDim};
+  if (key == "lowrank") return {0, kMaxDim};  // 0: a dense head
+  if (key == "window") return {1, kMaxWindow};
+  if (key == "cand_k") return {0, kMaxCandK};  // 0: a dense head
+  if (key == "original_max_positions") return {1, std::numeric_limits<int>::max()};
+  fail("head header: `{}` is not an integer field", key);
+}
 
 void validate(const HeadHeader& h) {
   if (h.format_version != kHeadFormatVersion)

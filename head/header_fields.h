@@ -7,11 +7,21 @@
 // Visitor methods: integer (int64_t or int), real (float), flag (bool), text (std::string), taps,
 // rope (a nested map of visit_rope_fields), head_type, names (std::vector<std::string>).
 #pragma once
+#include <cstdint>
+#include <string_view>
 #include <type_traits>
 
 #include <tfe/header.h>
 
 namespace tfe {
+
+// The values the format allows an integer field (by its key: "window", "original_max_positions"), as
+// validate() checks them. A reader meeting a value its C++ field cannot hold (window = 2^32) states this
+// range, not the C++ type's.
+struct IntegerRange {
+  int64_t lo = 0, hi = 0;
+};
+IntegerRange header_integer_range(std::string_view key);
 
 template <class R>
 concept RopeOf = std::is_same_v<std::remove_const_t<R>, Rope>;

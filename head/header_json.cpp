@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/numeric.h"
 #include "head/strict_json.h"
 #include <tfe/head_file.h>
 #include "head/header_fields.h"
@@ -88,15 +89,19 @@ class FieldReader {
     return *it;
   }
 
-  int64_t integer(const std::string& key, int64_t lo, int64_t hi) { return integer_value(at(key), path(key), lo, hi); }
+  // Refused outside lo..hi, the range of its C++ field, with the format's range for the key in the message.
+  int64_t integer(const std::string& key, int64_t lo, int64_t hi) {
+    const IntegerRange format = header_integer_range(key);
+    return integer_value(at(key), path(key), lo, hi, format.lo, format.hi);
+  }
 
   float number(const std::string& key) {
     const json& v = at(key);
     if (!v.is_number()) fail("head header: field `{}` must be a number (got {})", path(key), v.type_name());
     const double d = v.get<double>();
-    if (!std::isfinite(d) || std::fabs(d) > FLT_MAX)
-      fail("head header: field `{}` = {} does not fit a 32-bit float", path(key), d);
-    return static_cast<float>(d);
+    const std::optional<float> f = float32_of(d);
+    if (!f) fail("head header: field `{}` = {} does not fit a 32-bit float ({})", path(key), d, kFloat32Range);
+    return *f;
   }
 
   bool boolean(const std::string& key) {
@@ -130,12 +135,14 @@ class FieldReader {
 
   std::string path(const std::string& key) const { return where_.empty() ? key : where_ + "." + key; }
 
-  static int64_t integer_value(const json& v, const std::string& name, int64_t lo, int64_t hi) {
+  // Refused outside lo..hi, the message stating stated_lo..stated_hi.
+  static int64_t integer_value(const json& v, const std::string& name, int64_t lo, int64_t hi, int64_t stated_lo,
+                               int64_t stated_hi) {
     if (!v.is_number_integer()) fail("head header: field `{}` must be an integer (got {})", name, describe(v));
     if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi))
-      fail("head header: field `{}` = {} is outside {}..{}", name, v.get<uint64_t>(), lo, hi);
+      fail("head header: field `{}` = {} is outside {}..{}", name, v.get<uint64_t>(), stated_lo, stated_hi);
     const int64_t x = v.get<int64_t>();
-    if (x < lo || x > hi) fail("head header: field `{}` = {} is outside {}..{}", name, x, lo, hi);
+    if (x < lo || x > hi) fail("head header: field `{}` = {} is outside {}..{}", name, x, stated_lo, stated_hi);
     return x;
   }
 
@@ -145,8 +152,8 @@ class FieldReader {
   std::set<std::string> read_;
 };
 
-// Integers are read within the range of their C++ field only; validate() then applies the format's limits,
-// so that each limit is stated (and worded) in one place.
+// Integers are read within the range of their C++ field only, a value past it refused with the format's
+// range (header_integer_range); validate() then applies the format's limits to what fits.
 constexpr int64_t kIntMin = std::numeric_limits<int>::min();
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
@@ -199,7 +206,7 @@ struct JsonReader {
         tap.layer = -1;
       } else {
         // -1 is how a Tap says `final`; the file spells it out, so a negative number is never a tap.
-        tap.layer = static_cast<int>(FieldReader::integer_value(layer, where + ".layer", 0, kIntMax));
+        tap.layer = static_cast<int>(FieldReader::integer_value(layer, where + ".layer", 0, kIntMax, 0, kIntMax));
       }
       tap.norm = t.boolean("norm");
       t.finish();

@@ -60,8 +60,15 @@ struct YamlWriter {
 struct YamlReader {
   yaml::Map& m;
 
-  void integer(const char* key, int64_t& out) { out = m.at(key).i64(); }
-  void integer(const char* key, int& out) { out = m.at(key).i32(kIntMin, kIntMax); }
+  // Refused where the C++ field cannot hold the value, stating the format's range (validate() checks it).
+  void integer(const char* key, int64_t& out) {
+    const IntegerRange format = header_integer_range(key);
+    out = m.at(key).i64(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), format.lo, format.hi);
+  }
+  void integer(const char* key, int& out) {
+    const IntegerRange format = header_integer_range(key);
+    out = static_cast<int>(m.at(key).i64(kIntMin, kIntMax, format.lo, format.hi));
+  }
   void real(const char* key, float& out) { out = m.at(key).f32(); }
   void flag(const char* key, bool& out) { out = m.at(key).boolean(); }
   void text(const char* key, std::string& out) { out = m.at(key).str(); }

@@ -22,8 +22,9 @@ inline KernelDef copy_rows() {
       .source = "copy_rows.cuh",
       .function = "tfe::kernels::copy_rows",
       .constants = {"WIDTH", "THREADS"},
-      .params = {in("src", rows("src_index")), in("src_index", index("src_index")), out("dst", rows("dst_index")),
-                 in("dst_index", index("dst_index")), i64("rows")},
+      .params = {in("src", DType::BF16, rows("src_index")), in("src_index", DType::I32, index("src_index")),
+                 out("dst", DType::BF16, rows("dst_index")), in("dst_index", DType::I32, index("dst_index")),
+                 i64("rows")},
       .launch =
           [](const KernelSpec& s, int64_t rows) {
             return LaunchShape{.grid = {rows, 1, 1}, .block = s.constant("THREADS"), .rows_axis = 0};

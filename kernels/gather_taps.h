@@ -15,13 +15,14 @@ inline KernelDef gather_taps() {
       .source = "gather_taps.cuh",
       .function = "tfe::kernels::gather_taps",
       .constants = {"WIDTH", "THREADS"},
-      .params = {in("row_taps_src", addresses), in("row_tok_src", addresses),
-                 out("taps",
+      .params = {in("row_taps_src", DType::I64, addresses), in("row_tok_src", DType::I64, addresses),
+                 out("taps", DType::BF16,
                      [](const KernelSpec& s, const Reach& r) {
                        return product({r.rows, s.constant("WIDTH"), kBf16});
                      }),
-                 out("row_tok", table), in("row_slot", table),
-                 out("error", [](const KernelSpec&, const Reach&) { return int64_t{8}; }), i64("rows"), i64("vocab")},
+                 out("row_tok", DType::I32, table), in("row_slot", DType::I32, table),
+                 host(out("error", DType::I64, [](const KernelSpec&, const Reach&) { return int64_t{8}; })),
+                 i64("rows"), i64("vocab")},
       .launch =
           [](const KernelSpec& s, int64_t rows) {
             return LaunchShape{.grid = {rows, 1, 1}, .block = s.constant("THREADS"), .rows_axis = 0};

@@ -182,24 +182,30 @@ inline KernelDef gemv() {
     return product({s.constant("EPILOGUE") == kc::kEpilogueSwiGLU ? 2 : 1, s.constant("N")});
   };
   const auto fp8 = [](const KernelSpec& s) { return s.constant("WEIGHT") == kc::kWeightFP8; };
+  // y: logits in fp32, top1 records (four 4-byte words, fp32 and an id's bits), else bf16.
+  const DTypeFn y_dtype = [](const KernelSpec& s) {
+    const int64_t epi = s.constant("EPILOGUE");
+    return epi == kc::kEpilogueF32 || epi == kc::kEpilogueTop1 ? DType::F32 : DType::BF16;
+  };
   return {
       .name = "gemv",
       .source = "gemv.cuh",
       .function = "tfe::kernels::gemv",
       .constants = {"ROWS", "K", "N", "WEIGHT", "EPILOGUE", "COLS", "TILED"},
-      .params = {in("w",
-                    [=](const KernelSpec& s, const Reach&) {
-                      return product({w_rows(s), s.constant("K"), fp8(s) ? 1 : kBf16});
-                    }),
-                 in("scale",
-                    [=](const KernelSpec& s, const Reach&) {
-                      return fp8(s) ? product({w_rows(s), kF32}) : 0;
-                    }),
-                 in("x",
+      .params = {weights(in(
+                     "w", [=](const KernelSpec& s) { return fp8(s) ? DType::F8_E4M3 : DType::BF16; },
+                     [=](const KernelSpec& s, const Reach&) {
+                       return product({w_rows(s), s.constant("K"), fp8(s) ? 1 : kBf16});
+                     })),
+                 weights(in("scale", DType::F32,
+                            [=](const KernelSpec& s, const Reach&) {
+                              return fp8(s) ? product({w_rows(s), kF32}) : 0;
+                            })),
+                 in("x", DType::BF16,
                     [](const KernelSpec& s, const Reach& r) {
                       return product({r.rows, s.constant("K"), kBf16});
                     }),
-                 out("y",
+                 out("y", y_dtype,
                      [](const KernelSpec& s, const Reach& r) {
                        const int64_t n = s.constant("N"), epi = s.constant("EPILOGUE");
                        if (epi == kc::kEpilogueF32) return product({r.rows, n, kF32});
@@ -207,7 +213,7 @@ inline KernelDef gemv() {
                          return product({r.rows, kernels::ceil_div(n, s.constant("COLS")), kc::kTop1PartBytes});
                        return product({r.rows, n, kBf16});
                      }),
-                 in("residual",
+                 in("residual", DType::BF16,
                     [](const KernelSpec& s, const Reach& r) {
                       const bool residual = s.constant("EPILOGUE") == kc::kEpilogueResidual;
                       return residual ? product({r.rows, s.constant("N"), kBf16}) : 0;
@@ -222,6 +228,7 @@ inline KernelParam as_gemv_param(const KernelParam& p) {
   KernelParam q = p;
   if (q.reach)
     q.reach = [reach = p.reach](const KernelSpec& s, const Reach& r) { return reach(gemv_equivalent(s), r); };
+  if (q.dtype) q.dtype = [dtype = p.dtype](const KernelSpec& s) { return dtype(gemv_equivalent(s)); };
   return q;
 }
 
@@ -260,13 +267,13 @@ inline KernelDef gemv_rope_kv() {
       .source = "gemv.cuh",
       .function = "tfe::kernels::gemv_rope_kv",
       .constants = {"ROWS", "K", "WEIGHT", "COLS", "HEADS", "KV_HEADS", "HEAD_DIM", "RING", "TILED"},
-      .params = {gemv_param("w"), gemv_param("scale"), gemv_param("x"), in("inv_freq", inv_freq), in("slot", rows_i32),
-                 in("pos", rows_i32), i64("pos_offset"),
-                 out("q_out",
+      .params = {gemv_param("w"), gemv_param("scale"), gemv_param("x"), weights(in("inv_freq", DType::F32, inv_freq)),
+                 in("slot", DType::I32, rows_i32), in("pos", DType::I32, rows_i32), i64("pos_offset"),
+                 out("q_out", DType::BF16,
                      [](const KernelSpec& s, const Reach& r) {
                        return product({r.rows, s.constant("HEADS"), s.constant("HEAD_DIM"), kBf16});
                      }),
-                 out("ring_k", ring), out("ring_v", ring), i64("rows")},
+                 state(out("ring_k", DType::BF16, ring)), state(out("ring_v", DType::BF16, ring)), i64("rows")},
       .launch = gemv_launch,  // its GEMV's
   };
 }

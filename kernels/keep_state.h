@@ -14,12 +14,13 @@ inline KernelDef keep_state() {
       .source = "keep_state.cuh",
       .function = "tfe::kernels::keep_state",
       .constants = {},
-      .params = {in("last_row", table), in("last_slot", table), in("last_first", table), in("row_pos", by_row),
-                 in("row_tok", by_row),
-                 out("slot_state",
-                     [](const KernelSpec&, const Reach& r) {
-                       return product({r.slots, kc::kSlotStateColumns, kI32});
-                     }),
+      .params = {in("last_row", DType::I32, table), in("last_slot", DType::I32, table),
+                 in("last_first", DType::I32, table), in("row_pos", DType::I32, by_row),
+                 in("row_tok", DType::I32, by_row),
+                 state(out("slot_state", DType::I32,
+                           [](const KernelSpec&, const Reach& r) {
+                             return product({r.slots, kc::kSlotStateColumns, kI32});
+                           })),
                  i64("rows")},
       .launch =
           [](const KernelSpec&, int64_t) {

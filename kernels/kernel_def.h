@@ -17,11 +17,34 @@
 #include <vector>
 
 #include "kernels/constants.h"
+#include <tfe/dtype.h>
 
 namespace tfe {
 
 enum class ParamKind : uint8_t { ptr, i64, f32 };
 std::string_view param_kind_name(ParamKind k);
+
+// Where a plan's buffer lives and what it is for (plan/plan.h's Buffer::role); a kernel's description
+// states which of them each pointer parameter may bind.
+enum class BufferRole : uint8_t {
+  weight,      // uploaded once at open (weights arena)
+  state,       // per slot, leading dim = max_slots + 1 (the last is the scratch slot)
+  table,       // an extend chunk's inputs, uploaded from the host before it, inside the tables region
+  activation,  // written and read within a pass
+  output,      // a pass's results, on the device (Runtime::device_outputs)
+  input,       // an enqueued draft's slot ids, written on the caller's stream before the pass
+  host,        // in the host arena: mapped pinned host memory that the draft pass's kernels read and write
+};
+std::string_view buffer_role_name(BufferRole r);
+
+// A set of buffer roles, one bit a role.
+using BufferRoles = uint8_t;
+constexpr BufferRoles role_bit(BufferRole r) { return static_cast<BufferRoles>(1u << static_cast<unsigned>(r)); }
+// The device arena's roles: what a pass reads and writes on the device, a weight or host memory excepted.
+inline constexpr BufferRoles kArenaRoles = role_bit(BufferRole::state) | role_bit(BufferRole::table) |
+                                           role_bit(BufferRole::activation) | role_bit(BufferRole::output);
+// The roles of a set in words: "weight", "state or output", "state, table, activation or output".
+std::string buffer_roles_name(BufferRoles roles);
 
 // A specialization: a kernel with every constant fixed.
 struct KernelSpec {
@@ -59,12 +82,18 @@ struct Reach {
 
 // Bytes a launch of `spec` may touch through a pointer parameter (products saturate at INT64_MAX).
 using ReachFn = std::function<int64_t(const KernelSpec& spec, const Reach& r)>;
+// The element type a pointer parameter's buffer must have under `spec` (gemv's w: bf16 or e4m3 by WEIGHT).
+using DTypeFn = std::function<DType(const KernelSpec& spec)>;
 
 struct KernelParam {
   std::string name;
   ParamKind kind = ParamKind::ptr;
   bool writes = false;      // ptr: the kernel writes through it (and may read it too); every other is only read
   ReachFn reach = nullptr;  // ptr: what a launch may touch through it
+  DTypeFn dtype = nullptr;  // ptr: the element type of the buffer it binds
+  // ptr: the roles the buffer it binds may have. Plan validation refuses a buffer of another dtype or role:
+  // a kernel that reads a weight as its x, or an e4m3 matrix as bf16, would run on bytes of another meaning.
+  BufferRoles roles = kArenaRoles;
   // ptr: the alignment in bytes that the kernel's loads need of the argument's address (buffer offset +
   // byte_offset; every arena's base is at least 256-byte aligned): 1 where the kernel checks at run time
   // or loads bytewise.
@@ -93,6 +122,10 @@ LaunchShape launch_shape(const KernelSpec& spec, int64_t rows);
 int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach& r);
 // The description's alignment of a pointer parameter (plan validation refuses an argument that breaks it).
 int64_t param_alignment(const KernelSpec& spec, std::string_view param);
+// The description's element type and roles of a pointer parameter (plan validation refuses an argument
+// bound to a buffer of another dtype or role).
+DType param_dtype(const KernelSpec& spec, std::string_view param);
+BufferRoles param_roles(const KernelSpec& spec, std::string_view param);
 // Whether kernel `kernel` writes through its parameter `param` (false for a name it does not have): plan
 // validation refuses a node that writes a weight, and the tests' data-flow checks follow it.
 bool param_writes(std::string_view kernel, std::string_view param);
@@ -107,15 +140,51 @@ inline constexpr int64_t kBf16 = 2, kF32 = 4, kI32 = 4;  // element bytes
 int64_t product(std::initializer_list<int64_t> factors);
 int64_t saturating_add(int64_t a, int64_t b);
 
-// Parameters: a pointer the kernel only reads, one it writes, and the scalars.
-inline KernelParam in(std::string name, ReachFn reach, int64_t alignment = 1) {
-  return {.name = std::move(name), .kind = ParamKind::ptr, .reach = std::move(reach), .alignment = alignment};
+// One element type whatever the spec.
+inline DTypeFn same(DType t) {
+  return [t](const KernelSpec&) { return t; };
 }
-inline KernelParam out(std::string name, ReachFn reach) {
-  return {.name = std::move(name), .kind = ParamKind::ptr, .writes = true, .reach = std::move(reach)};
+
+// Parameters: a pointer the kernel only reads, one it writes (each binding a buffer of the device arena
+// unless weights(), state(), output() or host() says otherwise), and the scalars.
+inline KernelParam in(std::string name, DTypeFn dtype, ReachFn reach, int64_t alignment = 1) {
+  return {.name = std::move(name),
+          .kind = ParamKind::ptr,
+          .reach = std::move(reach),
+          .dtype = std::move(dtype),
+          .alignment = alignment};
+}
+inline KernelParam in(std::string name, DType dtype, ReachFn reach, int64_t alignment = 1) {
+  return in(std::move(name), same(dtype), std::move(reach), alignment);
+}
+inline KernelParam out(std::string name, DTypeFn dtype, ReachFn reach) {
+  return {.name = std::move(name),
+          .kind = ParamKind::ptr,
+          .writes = true,
+          .reach = std::move(reach),
+          .dtype = std::move(dtype)};
+}
+inline KernelParam out(std::string name, DType dtype, ReachFn reach) {
+  return out(std::move(name), same(dtype), std::move(reach));
 }
 inline KernelParam i64(std::string name) { return {.name = std::move(name), .kind = ParamKind::i64}; }
 inline KernelParam f32(std::string name) { return {.name = std::move(name), .kind = ParamKind::f32}; }
+
+// A pointer parameter that binds a buffer of one role only: a weight, a slot's state, a pass's outputs,
+// the host arena.
+inline KernelParam bound_to(BufferRole role, KernelParam p) {
+  p.roles = role_bit(role);
+  return p;
+}
+// One that binds a buffer of any of `roles` (load_tables' ids: the host arena's or draft_slots).
+inline KernelParam bound_to_any(BufferRoles roles, KernelParam p) {
+  p.roles = roles;
+  return p;
+}
+inline KernelParam weights(KernelParam p) { return bound_to(BufferRole::weight, std::move(p)); }
+inline KernelParam state(KernelParam p) { return bound_to(BufferRole::state, std::move(p)); }
+inline KernelParam output(KernelParam p) { return bound_to(BufferRole::output, std::move(p)); }
+inline KernelParam host(KernelParam p) { return bound_to(BufferRole::host, std::move(p)); }
 
 }  // namespace kernel_desc
 

@@ -26,16 +26,17 @@ inline KernelDef load_tables() {
       .source = "load_tables.cuh",
       .function = "tfe::kernels::load_tables",
       .constants = {},
-      .params = {in("ids", table),
-                 in(
-                     "slot_state",
+      .params = {bound_to_any(role_bit(BufferRole::host) | role_bit(BufferRole::input), in("ids", DType::I32, table)),
+                 state(in(
+                     "slot_state", DType::I32,
                      [](const KernelSpec&, const Reach& r) {
                        return product({r.slots, kc::kSlotStateColumns, kI32});
                      },
-                     kc::kSlotStateColumns * kI32),  // a slot's state is one 16-byte load
-                 out("slot", table), out("pos", table), out("first_pos", table), out("tok", table),
-                 out("error", [](const KernelSpec&, const Reach&) { return int64_t{8}; }), i64("rows"),
-                 i64("max_slots")},
+                     kc::kSlotStateColumns * kI32)),  // a slot's state is one 16-byte load
+                 out("slot", DType::I32, table), out("pos", DType::I32, table), out("first_pos", DType::I32, table),
+                 out("tok", DType::I32, table),
+                 host(out("error", DType::I64, [](const KernelSpec&, const Reach&) { return int64_t{8}; })),
+                 i64("rows"), i64("max_slots")},
       .launch =
           [](const KernelSpec& s, int64_t rows) {
             if (rows > kernels::kLoadTablesThreads)

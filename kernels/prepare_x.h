@@ -13,20 +13,20 @@ inline KernelDef prepare_x() {
       .source = "prepare_x.cuh",
       .function = "tfe::kernels::prepare_x",
       .constants = {"HIDDEN", "THREADS"},
-      .params = {in("embed",
-                    [](const KernelSpec& s, const Reach& r) {
-                      return product({r.vocab, s.constant("HIDDEN"), kBf16});
-                    }),
-                 in("input_norm", norm), in("hidden_norm", norm),
-                 in("tokens",
+      .params = {weights(in("embed", DType::BF16,
+                            [](const KernelSpec& s, const Reach& r) {
+                              return product({r.vocab, s.constant("HIDDEN"), kBf16});
+                            })),
+                 weights(in("input_norm", DType::BF16, norm)), weights(in("hidden_norm", DType::BF16, norm)),
+                 in("tokens", DType::I32,
                     [](const KernelSpec&, const Reach& r) {
                       return product({r.rows, kI32});
                     }),
-                 in("g",
+                 in("g", DType::BF16,
                     [](const KernelSpec& s, const Reach& r) {
                       return product({r.rows, s.constant("HIDDEN"), kBf16});
                     }),
-                 out("x",
+                 out("x", DType::BF16,
                      [](const KernelSpec& s, const Reach& r) {
                        return product({r.rows, 2, s.constant("HIDDEN"), kBf16});
                      }),

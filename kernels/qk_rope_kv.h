@@ -36,18 +36,20 @@ inline KernelDef qk_rope_kv() {
       .source = "qk_rope_kv.cuh",
       .function = "tfe::kernels::qk_rope_kv",
       .constants = {"HEADS", "KV_HEADS", "HEAD_DIM", "QK_NORM", "RING", "WRITE_Q"},
-      .params = {in("qkv",
+      .params = {in("qkv", DType::BF16,
                     [=](const KernelSpec& s, const Reach& r) {
                       const int64_t heads = (write_q(s) ? s.constant("HEADS") : 0) + 2 * s.constant("KV_HEADS");
                       return product({r.rows, heads, s.constant("HEAD_DIM"), kBf16});
                     }),
-                 in("q_norm", norm), in("k_norm", norm), in("inv_freq", inv_freq), in("slot", rows_i32),
-                 in("pos", rows_i32), i64("pos_offset"),
-                 out("q_out",
+                 weights(in("q_norm", DType::BF16, norm)), weights(in("k_norm", DType::BF16, norm)),
+                 weights(in("inv_freq", DType::F32, inv_freq)), in("slot", DType::I32, rows_i32),
+                 in("pos", DType::I32, rows_i32), i64("pos_offset"),
+                 out("q_out", DType::BF16,
                      [=](const KernelSpec& s, const Reach& r) {
                        return write_q(s) ? product({r.rows, s.constant("HEADS"), s.constant("HEAD_DIM"), kBf16}) : 0;
                      }),
-                 out("ring_k", ring), out("ring_v", ring), i64("rows"), f32("eps")},
+                 state(out("ring_k", DType::BF16, ring)), state(out("ring_v", DType::BF16, ring)), i64("rows"),
+                 f32("eps")},
       .launch =
           [=](const KernelSpec& s, int64_t rows) {
             const int64_t in_heads = (write_q(s) ? s.constant("HEADS") : 0) + 2 * s.constant("KV_HEADS");

@@ -20,6 +20,37 @@ std::string_view param_kind_name(ParamKind k) {
   return "?";
 }
 
+std::string_view buffer_role_name(BufferRole r) {
+  switch (r) {
+    case BufferRole::weight:
+      return "weight";
+    case BufferRole::state:
+      return "state";
+    case BufferRole::table:
+      return "table";
+    case BufferRole::activation:
+      return "activation";
+    case BufferRole::output:
+      return "output";
+    case BufferRole::input:
+      return "input";
+    case BufferRole::host:
+      return "host";
+  }
+  return "?";
+}
+
+std::string buffer_roles_name(BufferRoles roles) {
+  std::vector<std::string_view> names;
+  for (BufferRole r : {BufferRole::weight, BufferRole::state, BufferRole::table, BufferRole::activation,
+                       BufferRole::output, BufferRole::input, BufferRole::host})
+    if (roles & role_bit(r)) names.push_back(buffer_role_name(r));
+  if (names.empty()) return "no role";
+  std::string s(names.front());
+  for (size_t i = 1; i < names.size(); ++i) s += fmt::format("{}{}", i + 1 == names.size() ? " or " : ", ", names[i]);
+  return s;
+}
+
 namespace kernel_desc {
 
 int64_t product(std::initializer_list<int64_t> factors) {
@@ -49,8 +80,11 @@ std::vector<KernelDef> checked(std::vector<KernelDef> defs) {
     for (const auto& p : d.params) {
       if (!params.insert(p.name).second) fail("kernel registry: {} lists parameter `{}` twice", d.name, p.name);
       const bool ptr = p.kind == ParamKind::ptr;
-      if (ptr != static_cast<bool>(p.reach))
-        fail("kernel registry: {} parameter `{}`: a reach is what a pointer has, and only a pointer", d.name, p.name);
+      if (ptr != static_cast<bool>(p.reach) || ptr != static_cast<bool>(p.dtype))
+        fail("kernel registry: {} parameter `{}`: a reach and a dtype are what a pointer has, and only a pointer",
+             d.name, p.name);
+      if (ptr && (p.roles == 0 || (p.writes && (p.roles & role_bit(BufferRole::weight)))))
+        fail("kernel registry: {} parameter `{}` may bind {}", d.name, p.name, buffer_roles_name(p.roles));
       if (!ptr && (p.writes || p.alignment != 1))
         fail("kernel registry: {} parameter `{}` is a scalar, so neither written nor aligned", d.name, p.name);
     }
@@ -136,6 +170,14 @@ int64_t param_reach(const KernelSpec& spec, std::string_view param, const Reach&
 
 int64_t param_alignment(const KernelSpec& spec, std::string_view param) {
   return pointer_param(spec, param, "param_alignment").alignment;
+}
+
+DType param_dtype(const KernelSpec& spec, std::string_view param) {
+  return pointer_param(spec, param, "param_dtype").dtype(spec);
+}
+
+BufferRoles param_roles(const KernelSpec& spec, std::string_view param) {
+  return pointer_param(spec, param, "param_roles").roles;
 }
 
 bool param_writes(std::string_view kernel, std::string_view param) {

@@ -21,6 +21,7 @@ namespace tfe::kernel_desc {
 // softmax confidence, and writes like top1. Grid (ceil(CAND_K / kRescoreWarps), rows).
 inline KernelDef rescore() {
   const auto fp8 = [](const KernelSpec& s) { return s.constant("WEIGHT") == kc::kWeightFP8; };
+  const DTypeFn weight_dtype = [=](const KernelSpec& s) { return fp8(s) ? DType::F8_E4M3 : DType::BF16; };
   const ReachFn rows_i32 = [](const KernelSpec&, const Reach& r) { return product({r.rows, kI32}); };
   const ReachFn candidates = [](const KernelSpec& s, const Reach& r) {
     return product({r.rows, s.constant("CAND_K"), kI32});
@@ -33,25 +34,26 @@ inline KernelDef rescore() {
       .source = "rescore.cuh",
       .function = "tfe::kernels::rescore",
       .constants = {"HIDDEN", "CAND_K", "WEIGHT", "MAX_STEPS"},
-      .params = {in("target_head",
-                    [=](const KernelSpec& s, const Reach& r) {
-                      return product({r.vocab, s.constant("HIDDEN"), fp8(s) ? 1 : kBf16});
-                    }),
-                 in("scale",
-                    [=](const KernelSpec& s, const Reach& r) {
-                      return fp8(s) ? product({r.vocab, kF32}) : 0;
-                    }),
-                 in("n",
+      .params = {weights(in("target_head", weight_dtype,
+                            [=](const KernelSpec& s, const Reach& r) {
+                              return product({r.vocab, s.constant("HIDDEN"), fp8(s) ? 1 : kBf16});
+                            })),
+                 weights(in("scale", DType::F32,
+                            [=](const KernelSpec& s, const Reach& r) {
+                              return fp8(s) ? product({r.vocab, kF32}) : 0;
+                            })),
+                 in("n", DType::BF16,
                     [](const KernelSpec& s, const Reach& r) {
                       return product({r.rows, s.constant("HIDDEN"), kBf16});
                     }),
-                 in("cand", candidates),
-                 in("d2t",
-                    [](const KernelSpec&, const Reach& r) {
-                      return product({r.draft_vocab, kI32});
-                    }),
-                 out("exact", candidates), out("arrivals", rows_i32), out("out_token", steps), out("out_conf", steps),
-                 out("next_token", rows_i32), i64("step"), i64("rows")},
+                 in("cand", DType::I32, candidates),
+                 weights(in("d2t", DType::I32,
+                            [](const KernelSpec&, const Reach& r) {
+                              return product({r.draft_vocab, kI32});
+                            })),
+                 out("exact", DType::F32, candidates), out("arrivals", DType::I32, rows_i32),
+                 output(out("out_token", DType::I32, steps)), output(out("out_conf", DType::F32, steps)),
+                 out("next_token", DType::I32, rows_i32), i64("step"), i64("rows")},
       .launch =
           [](const KernelSpec& s, int64_t rows) {
             return LaunchShape{.grid = {kernels::ceil_div(s.constant("CAND_K"), kernels::kRescoreWarps), rows, 1},

@@ -86,8 +86,10 @@ inline KernelDef ring_attention() {
       .source = "ring_attention.cuh",
       .function = "tfe::kernels::ring_attention",
       .constants = {"HEADS", "KV_HEADS", "HEAD_DIM", "WINDOW", "RING", "SPLIT"},
-      .params = {in("q", heads), in("ring_k", ring), in("ring_v", ring), in("slot", rows_i32), in("pos", rows_i32),
-                 in("first_pos", rows_i32), i64("pos_offset"), out("o", heads), i64("rows"), f32("scale")},
+      .params = {in("q", DType::BF16, heads), state(in("ring_k", DType::BF16, ring)),
+                 state(in("ring_v", DType::BF16, ring)), in("slot", DType::I32, rows_i32),
+                 in("pos", DType::I32, rows_i32), in("first_pos", DType::I32, rows_i32), i64("pos_offset"),
+                 out("o", DType::BF16, heads), i64("rows"), f32("scale")},
       .launch =
           [](const KernelSpec& s, int64_t rows) {
             const kernels::AttnGeometry a =

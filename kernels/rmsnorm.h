@@ -19,12 +19,12 @@ inline KernelDef rmsnorm() {
       .source = "rmsnorm.cuh",
       .function = "tfe::kernels::rmsnorm",
       .constants = {"WIDTH", "THREADS"},
-      .params = {in("x", strided_rows("x_stride")), i64("x_stride"),
-                 in("w",
-                    [](const KernelSpec& s, const Reach&) {
-                      return product({s.constant("WIDTH"), kBf16});
-                    }),
-                 out("y", strided_rows("y_stride")), i64("y_stride"), i64("rows"), f32("eps")},
+      .params = {in("x", DType::BF16, strided_rows("x_stride")), i64("x_stride"),
+                 weights(in("w", DType::BF16,
+                            [](const KernelSpec& s, const Reach&) {
+                              return product({s.constant("WIDTH"), kBf16});
+                            })),
+                 out("y", DType::BF16, strided_rows("y_stride")), i64("y_stride"), i64("rows"), f32("eps")},
       .launch =
           [](const KernelSpec& s, int64_t rows) {
             return LaunchShape{.grid = {rows, 1, 1}, .block = s.constant("THREADS"), .rows_axis = 0};

@@ -27,8 +27,9 @@ inline KernelDef store_outputs() {
       .source = "store_outputs.cuh",
       .function = "tfe::kernels::store_outputs",
       .constants = {"MAX_STEPS"},
-      .params = {in("out_token", table), in("out_conf", table), out("host_token", table), out("host_conf", table),
-                 out("host_done", [](const KernelSpec&, const Reach&) { return kI32; }),  // one word
+      .params = {output(in("out_token", DType::I32, table)), output(in("out_conf", DType::F32, table)),
+                 host(out("host_token", DType::I32, table)), host(out("host_conf", DType::F32, table)),
+                 host(out("host_done", DType::I32, [](const KernelSpec&, const Reach&) { return kI32; })),  // one word
                  i64("rows")},
       .launch = [](const KernelSpec&, int64_t) { return LaunchShape{.block = kernels::kStoreOutputsThreads}; },
   };

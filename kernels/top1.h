@@ -29,17 +29,17 @@ inline KernelDef top1() {
       .source = "top1.cuh",
       .function = "tfe::kernels::top1",
       .constants = {"VOCAB", "COLS", "MAX_STEPS"},
-      .params = {in("part",
+      .params = {in("part", DType::F32,
                     [](const KernelSpec& s, const Reach& r) {  // the lm_head gemv's records
                       const int64_t parts = kernels::ceil_div(s.constant("VOCAB"), s.constant("COLS"));
                       return product({r.rows, parts, kc::kTop1PartBytes});
                     }),
-                 in("d2t",
-                    [](const KernelSpec&, const Reach& r) {
-                      return product({r.draft_vocab, kI32});
-                    }),
-                 out("out_token", steps), out("out_conf", steps),
-                 out("next_token",
+                 weights(in("d2t", DType::I32,
+                            [](const KernelSpec&, const Reach& r) {
+                              return product({r.draft_vocab, kI32});
+                            })),
+                 output(out("out_token", DType::I32, steps)), output(out("out_conf", DType::F32, steps)),
+                 out("next_token", DType::I32,
                      [](const KernelSpec&, const Reach& r) {
                        return product({r.rows, kI32});
                      }),

@@ -25,11 +25,11 @@ inline KernelDef topk() {
       .source = "topk.cuh",
       .function = "tfe::kernels::topk",
       .constants = {"VOCAB", "CAND_K", "SPLIT"},
-      .params = {in("scores",
+      .params = {in("scores", DType::F32,
                     [](const KernelSpec& s, const Reach& r) {
                       return product({r.rows, s.constant("VOCAB"), kF32});
                     }),
-                 out("cand",
+                 out("cand", DType::I32,
                      [](const KernelSpec& s, const Reach& r) {
                        return product({r.rows, s.constant("CAND_K"), kI32});
                      }),

@@ -42,26 +42,6 @@ AttentionSplit attention_split_from_name(std::string_view s) {
   fail("attention split `{}` is not one of per_bucket, same_drafts", s);
 }
 
-std::string_view buffer_role_name(BufferRole r) {
-  switch (r) {
-    case BufferRole::weight:
-      return "weight";
-    case BufferRole::state:
-      return "state";
-    case BufferRole::table:
-      return "table";
-    case BufferRole::activation:
-      return "activation";
-    case BufferRole::output:
-      return "output";
-    case BufferRole::input:
-      return "input";
-    case BufferRole::host:
-      return "host";
-  }
-  return "?";
-}
-
 std::string_view layout_name(Layout l) {
   switch (l) {
     case Layout::rows:
@@ -306,6 +286,10 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
         fail("plan: gemm node {}: `{}` holds {} rows, a chunk takes up to {}", n.name, b->name,
              b->bytes / (2 * b->shape.back()), rows);
     if (y.role == BufferRole::weight) fail("plan: gemm node {} writes weight `{}`", n.name, y.name);
+    for (const Buffer* b : {&x, &y})
+      if ((kArenaRoles & role_bit(b->role)) == 0)
+        fail("plan: gemm node {}: `{}` is a {} buffer; cuBLASLt's x and y are in the device arena ({})", n.name,
+             b->name, buffer_role_name(b->role), buffer_roles_name(kArenaRoles));
     if (w.layout != Layout::rows)
       fail("plan: gemm node {}: w `{}` is {}; cuBLASLt reads a row-major matrix", n.name, w.name,
            layout_name(w.layout));
@@ -337,6 +321,15 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
            b.bytes);
     if (param_writes(spec.kernel, a.param) && b.role == BufferRole::weight)
       fail("plan: node {} writes weight `{}` through `{}`", n.name, b.name, a.param);
+    // What the kernel reads or writes through the parameter is what the buffer holds.
+    const DType dtype = param_dtype(spec, a.param);
+    if (b.dtype != dtype)
+      fail("plan: node {} arg `{}`: buffer `{}` is {}, but kernel {} takes {} there", n.name, a.param, b.name,
+           dtype_name(b.dtype), spec.kernel, dtype_name(dtype));
+    const BufferRoles roles = param_roles(spec, a.param);
+    if ((roles & role_bit(b.role)) == 0)
+      fail("plan: node {} arg `{}`: buffer `{}` has role {}, but kernel {} takes {} there", n.name, a.param, b.name,
+           buffer_role_name(b.role), spec.kernel, buffer_roles_name(roles));
     // A GEMV reads its w in the layout its TILED constant says, from a whole tile on; nothing else reads a
     // tiled matrix.
     const bool gemv_w = spec.kernel.starts_with("gemv") && a.param == "w";

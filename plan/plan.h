@@ -19,18 +19,6 @@ namespace tfe {
 // Version of the plan schema (YAML and struct). Loading another version is refused.
 inline constexpr int kPlanSchemaVersion = 17;
 
-// Where a buffer lives and what it is for.
-enum class BufferRole : uint8_t {
-  weight,      // uploaded once at open (weights arena)
-  state,       // per slot, leading dim = max_slots + 1 (the last is the scratch slot)
-  table,       // an extend chunk's inputs, uploaded from the host before it, inside the tables region
-  activation,  // written and read within a pass
-  output,      // a pass's results, on the device (Runtime::device_outputs)
-  input,       // an enqueued draft's slot ids, written on the caller's stream before the pass
-  host,        // in the host arena: mapped pinned host memory that the draft pass's kernels read and write
-};
-std::string_view buffer_role_name(BufferRole r);
-
 // A plan buffer's dtypes: a head's, and I64 for the device addresses an extend of device rows uploads.
 constexpr bool plan_dtype(DType t) { return head_dtype(t) || t == DType::I64; }
 

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <tfe/runtime.h>
@@ -36,6 +37,16 @@ struct TestHooks {
   std::vector<std::string> knock_out;
   // The tuning the runtime plans with (none of it is the engine's to choose); an artifact's plan keeps its own.
   Tuning tuning;
+  // Faults injected where the GPU side can fail, each through the path a real failure takes, so that tests
+  // see what it leaves behind. capture: each capture of a draft pass makes a call that capture forbids
+  // (cudaMalloc), so the capture is invalidated. instantiate: the next instantiation of a graph fails with
+  // this error. corrupt_cubin: the specialization of this uri loads a cubin of garbage bytes.
+  struct Faults {
+    bool capture = false;
+    cudaError_t instantiate = cudaSuccess;
+    std::string corrupt_cubin;
+  };
+  Faults faults;
 };
 
 constexpr int64_t kAlign = 256;
@@ -151,7 +162,8 @@ struct Runtime::Impl {
   std::optional<GraphCache> graphs;
   SlotTable slots;
   RuntimeStats stats;
-  std::string broken;  // the first failure after which device state is unknown
+  std::string broken;                        // the first failure after which device state is unknown
+  cudaError_t injected_error = cudaSuccess;  // testing::inject_cuda_error: the next device work fails so
   DeviceDraftOutputs last_outputs;
   // Slot ids of draft_async's host form, copied from here on the stream: a ring of kIdRing tables, each
   // reused once the copy that read it last has left it (`id_staged`).
@@ -185,6 +197,7 @@ struct Runtime::Impl {
   template <typename F>
   auto device_work(F&& f) -> decltype(f()) {
     try {
+      if (injected_error != cudaSuccess) TFE_CUDA(std::exchange(injected_error, cudaSuccess));
       return f();
     } catch (const std::exception& e) {
       broken = e.what();
@@ -265,6 +278,10 @@ struct Runtime::Impl {
   GraphCache::Record draft_record(size_t bucket, int steps, bool enqueued_pass = false) {
     return [this, bucket, steps, enqueued_pass](cudaStream_t s) {
       launch_nodes((enqueued_pass ? enqueued : buckets)[bucket], steps, plan.buckets[bucket].streams, 0, s);
+      if (hooks.faults.capture) {
+        void* p = nullptr;
+        (void)cudaMalloc(&p, 1);  // refused under capture, which it invalidates; nothing is allocated
+      }
     };
   }
 

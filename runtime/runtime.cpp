@@ -166,7 +166,9 @@ void Runtime::Impl::load_kernels(const std::map<std::string, KernelImage>& image
     const std::string uri = spec.uri();
     const auto it = images.find(uri);
     if (it == images.end()) fail("runtime: no cubin for kernel specialization {}", uri);
-    libraries.push_back(cuda::load_library(it->second.cubin.data(), uri.c_str()));
+    const bool corrupt = hooks.faults.corrupt_cubin == uri;  // a test's injected fault
+    const std::string garbage(corrupt ? it->second.cubin.size() : 0, '\x5a');
+    libraries.push_back(cuda::load_library(corrupt ? garbage.data() : it->second.cubin.data(), uri.c_str()));
     cuda::LoadedKernel k;
     k.uri = uri;
     const cudaError_t e = cudaLibraryGetKernel(&k.kernel, libraries.back().get(), it->second.lowered_name.c_str());
@@ -407,6 +409,7 @@ Runtime open_runtime(const HeadFile& file, const OpenOptions& o, const TestHooks
     const size_t capacity =
         o.graph_capacity ? o.graph_capacity : 2 * p.buckets.size() * static_cast<size_t>(p.options.max_steps);
     r.graphs.emplace(r.stream, capacity, hooks.check_bindings);
+    if (hooks.faults.instantiate != cudaSuccess) r.graphs->inject_instantiate_error(hooks.faults.instantiate);
     if (o.capture == OpenOptions::Capture::at_open) r.capture_all();
   }
   return RuntimeAccess::make(std::move(impl));

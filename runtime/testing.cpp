@@ -46,4 +46,6 @@ void fill_buffer(Runtime& rt, std::string_view name, uint8_t byte) {
   r.device_work([&] { TFE_CUDA(cudaMemsetAsync(r.arena + b.offset, byte, static_cast<size_t>(b.bytes), r.stream)); });
 }
 
+void inject_cuda_error(Runtime& rt, cudaError_t error) { RuntimeAccess::impl(rt).injected_error = error; }
+
 }  // namespace tfe::testing

@@ -30,4 +30,8 @@ std::vector<std::byte> read_buffer(const Runtime& rt, std::string_view name);
 // it is said to: a host-arena buffer once the stream is idle, an arena buffer in stream order.
 void fill_buffer(Runtime& rt, std::string_view name, uint8_t byte);
 
+// Makes the runtime's next call that does device work fail as a CUDA call returning `error` would: that call
+// throws CudaError, and every later call is refused, naming it (<tfe/runtime.h>).
+void inject_cuda_error(Runtime& rt, cudaError_t error);
+
 }  // namespace tfe::testing

@@ -6,6 +6,9 @@
 # out/gpu_test). The last line sums everything: "N passed, N failed". GPU_TEST_PYTHON=0 leaves Python out.
 #
 # Usage: scripts/gpu_test.sh [BUILD_DIR]   (default build-gpu)
+# TFE_SOAK_ROUNDS=N adds the soak run (tests/gpu/soak.cpp: N extend/draft rounds with resets, host and
+# device memory and the CPU reference sampled every TFE_SOAK_EVERY rounds, default N / 10); 1000000 is
+# the figure (its table goes to $OUT/soak.log).
 # nlohmann-json and CLI11 may be missing there: run scripts/stage_deps.sh on a machine that has them and
 # carry .deps/ along; this script then configures with -DCMAKE_PREFIX_PATH=.deps.
 set -uo pipefail
@@ -33,8 +36,8 @@ finish() {
 
 echo "== configure and build ($build)"
 if ! configure_build . "$build" >"$out/build.log" 2>&1 ||
-   ! cmake --build "$build" -j "$(nproc)" --target tfe_gpu_tests draft_loop tfe-plan round_cost tfe_broadcast_ranks \
-     >>"$out/build.log" 2>&1; then
+   ! cmake --build "$build" -j "$(nproc)" --target tfe_gpu_tests tfe_soak draft_loop tfe-plan round_cost \
+     tfe_broadcast_ranks >>"$out/build.log" 2>&1; then
   tail -30 "$out/build.log"
   record build 0 1
   finish
@@ -150,5 +153,14 @@ if [ "${GPU_TEST_PYTHON:-1}" = 1 ]; then
     tail -5 "$out/python_install.log"
     record python_install 0 1
   fi
+if [ -n "${TFE_SOAK_ROUNDS:-}" ]; then
+  echo "== soak: $TFE_SOAK_ROUNDS rounds"
+  every=${TFE_SOAK_EVERY:-$(((TFE_SOAK_ROUNDS + 9) / 10))}
+  if "$build/tests/tfe_soak" --rounds "$TFE_SOAK_ROUNDS" --every "$every" >"$out/soak.log" 2>&1; then
+    record soak 1 0
+  else
+    record soak 0 1
+  fi
+  cat "$out/soak.log"
 fi
 finish

@@ -428,7 +428,13 @@ TEST_CASE("convert: missing or unsupported config fields are refused by name") {
     write_ckpt(dir, c);
     CHECK(error_of(options(dir)).find(fmt::format("missing field `{}`", field)) != std::string::npos);
   }
+  // A number no 32-bit float holds is refused as written, not read as 0 or infinity.
   auto c = ck;
+  c.config["rms_norm_eps"] = 1e-300;
+  write_ckpt(s.dir / "eps", c);
+  CHECK(error_of(options(s.dir / "eps")).find("field `rms_norm_eps` = 1e-300 does not fit a 32-bit float") !=
+        std::string::npos);
+  c = ck;
   c.config["rope_scaling"].erase("low_freq_factor");
   write_ckpt(s.dir / "rope-field", c);
   CHECK(error_of(options(s.dir / "rope-field")).find("missing field `rope_scaling.low_freq_factor`") !=

@@ -183,3 +183,21 @@ TEST_CASE("fp8: float_to_fp8_e4m3_fast is float_to_fp8_e4m3, byte for byte") {
   }
   CHECK(bad == 0);
 }
+
+TEST_CASE("find_first_bad: over bands on several threads, the lowest bad index is the one reported") {
+  // 96 MiB of bf16: several 16 MiB bands wherever more than one core is.
+  std::vector<bf16_bits> v(size_t{48} << 20, 0x3f80);  // 1.0
+  const std::span<const bf16_bits> s(v);
+  CHECK(find_bf16_nonfinite(s) == -1);
+  const size_t late = v.size() - 1, middle = v.size() / 2 + 7, early = 12345;
+  v[late] = 0x7f80;  // +inf, in the last band only
+  CHECK(find_bf16_nonfinite(s) == static_cast<int64_t>(late));
+  v[middle] = 0xffc1;  // a NaN in a band before it
+  CHECK(find_bf16_nonfinite(s) == static_cast<int64_t>(middle));
+  v[early] = 0xff80;  // -inf in the first band: the bands after it stop early, and it is still the answer
+  CHECK(find_bf16_nonfinite(s) == static_cast<int64_t>(early));
+  std::vector<std::byte> codes(size_t{64} << 20, std::byte{0x38});
+  codes[codes.size() - 3] = std::byte{0xff};
+  codes[(size_t{33} << 20) + 1] = std::byte{0x7f};
+  CHECK(find_e4m3_nan(codes) == (int64_t{33} << 20) + 1);
+}

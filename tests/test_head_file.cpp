@@ -22,6 +22,7 @@
 #include "core/numeric.h"
 #include "head/presets.h"
 #include "head/random_head.h"
+#include "hostile_inputs.h"
 #include "test_util.h"
 
 using namespace tfe;
@@ -339,6 +340,19 @@ TEST_CASE("safetensors reader: a header of many small objects is read in linear 
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
 }
 
+// The fuzz target's seeds (tests/fuzz/seeds/fuzz_head_file.cpp): refused by name in well under a second.
+TEST_CASE("head file: a 1 MiB header of small objects and a deeply nested tfe.header are refused in < 1 s") {
+  const auto refused_quickly = [](const Bytes& image, const char* message) {
+    CAPTURE(message);
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH_AS(HeadFile::from_bytes(image), doctest::Contains(message), Error);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+  };
+  refused_quickly(test::safetensors_image(test::many_objects_header(size_t{1} << 20)),
+                  "tensor `k0` has unknown field `a`");
+  refused_quickly(test::safetensors_image(test::deep_metadata_header(10000)), "nests deeper than 8 levels");
+}
+
 TEST_CASE("safetensors reader: accepts zero-size tensors, reports metadata and header bytes") {
   const std::string header =
       R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[2,0],"data_offsets":[0,0]},)"
@@ -443,6 +457,53 @@ TEST_CASE("head file: one bad head per rule") {
                          entries.push_back({"bias", DType::F16, {8}, extra_bytes});
                        }),
                "tensor `bias` is F16; a head holds only BF16, F32, I32 and F8_E4M3");
+}
+
+TEST_CASE("head file: a value is stated as written, against the format's limit, and a name from the file escaped") {
+  const Bytes good = random_head_bytes(preset_header("tiny"), 8);
+  // No float holds 1e-300: it would read as 0, which is not what the file says.
+  refuses_head(edit_header(good, [](json& j) { j["rms_eps"] = 1e-300; }),
+               "field `rms_eps` = 1e-300 does not fit a 32-bit float");
+  refuses_head(edit_header(good, [](json& j) { j["rope"]["theta"] = 1e39; }),
+               "field `rope.theta` = 1e+39 does not fit a 32-bit float");
+  // An int field past int's range, and an int64 one past int64's, are refused with the format's range.
+  refuses_head(edit_header(good, [](json& j) { j["window"] = int64_t{1} << 32; }),
+               "field `window` = 4294967296 is outside 1..511");
+  refuses_head(edit_header(good, [](json& j) { j["cand_k"] = -(int64_t{1} << 40); }),
+               "field `cand_k` = -1099511627776 is outside 0..512");
+  refuses_head(edit_header(good, [](json& j) { j["vocab"] = ~uint64_t{0}; }),
+               "field `vocab` = 18446744073709551615 is outside 1..16777216");
+  // Control bytes of a name (here a terminal's clear-screen and bell) are shown as \xNN, never sent raw.
+  const auto raw_free = [](const Bytes& image, const std::string& message) {
+    refuses_head(image, message);
+    try {
+      (void)HeadFile::from_bytes(image);
+    } catch (const Error& e) {
+      CHECK(std::string_view(e.what()).find('\x1b') == std::string_view::npos);
+    }
+  };
+  raw_free(edit_header(good, [](json& j) { j["q\x1b[2Jk"] = 1; }), "unknown field `q\\x1b[2Jk`");
+  const std::vector<std::byte> extra_bytes(16, std::byte{3});
+  raw_free(rebuild(good,
+                   [&](auto&, auto& entries) {
+                     entries.push_back({"b\x1b[2Jias\x07", DType::F32, {4}, extra_bytes});
+                   }),
+           "unexpected tensor `b\\x1b[2Jias\\x07`");
+}
+
+TEST_CASE("printable: control bytes, C1 controls and bytes that are not UTF-8 as hex escapes, text and UTF-8 kept") {
+  CHECK(printable("embed") == "embed");
+  CHECK(printable("a\x1b[31mb\n\r\t\x7f") == "a\\x1b[31mb\\x0a\\x0d\\x09\\x7f");
+  CHECK(printable("caf\xc3\xa9 \xe2\x82\xac") == "caf\xc3\xa9 \xe2\x82\xac");
+  CHECK(printable("\xc2\x9b"
+                  "2J") == "\\xc2\\x9b2J");               // U+009B, the C1 CSI
+  CHECK(printable("\xff\xc3") == "\\xff\\xc3");           // not UTF-8; a sequence cut short
+  CHECK(printable("\xe0\x80\xaf") == "\\xe0\\x80\\xaf");  // overlong
+  CHECK(printable(printable("a\x1b"
+                            "b")) == printable("a\x1b"
+                                               "b"));  // a message wrapping a message
+  // fail() shows every string argument so; text the program wrote (Verbatim) keeps its line breaks.
+  CHECK_THROWS_WITH_AS(fail("{} {}", std::string("x\x1b"), Verbatim{"l1\nl2"}), "x\\x1b l1\nl2", Error);
 }
 
 TEST_CASE("head file: wrong shape, wrong dtype, header limits") {

@@ -20,6 +20,7 @@
 #include "plan/plan.h"
 #include "plan/plan_yaml.h"
 #include "head/presets.h"
+#include "hostile_inputs.h"
 #include "plan_edits.h"
 #include "test_util.h"
 
@@ -71,6 +72,18 @@ TEST_CASE("header YAML: missing, unknown and mistyped keys are refused by name a
                        doctest::Contains("rms_eps: expected a finite float"), Error);
   CHECK_THROWS_WITH_AS(header_from_yaml_text(replace("window: 15", "window: 600")),
                        doctest::Contains("window = 600 is outside 1..511"), Error);
+  CHECK_THROWS_WITH_AS(header_from_yaml_text(replace("rms_eps: 1e-06", "rms_eps: 1e-300")),
+                       doctest::Contains("rms_eps: `1e-300` does not fit a 32-bit float"), Error);
+  CHECK_THROWS_WITH_AS(header_from_yaml_text(replace("window: 15", "window: 4294967296")),
+                       doctest::Contains("window: 4294967296 is outside 1..511"), Error);
+  CHECK_THROWS_WITH_AS(header_from_yaml_text(replace("vocab: 1000", "vocab: 99999999999999999999")),
+                       doctest::Contains("vocab: 99999999999999999999 is outside 1..16777216"), Error);
+  CHECK_THROWS_WITH_AS(header_from_yaml_text(replace("ffn: 160", "ffn: 160\n\"f\\x1b[2Jn\\x07\": 3")),
+                       doctest::Contains("unknown key `f\\x1b[2Jn\\x07`"), Error);
+  // yaml-cpp's own message for this is "bad file".
+  const std::string deep = "ffn: " + std::string(600, '[') + "1" + std::string(600, ']');
+  CHECK_THROWS_WITH_AS(header_from_yaml_text(replace("ffn: 160", deep)),
+                       doctest::Contains("header YAML: nesting deeper than 499 levels (line"), Error);
   CHECK_THROWS_WITH_AS(header_from_yaml_text(replace("ffn: 160", "ffn: 160\nffn: 161")),
                        doctest::Contains("key `ffn` appears twice"), Error);
   // The line of the offending key is named.
@@ -1281,11 +1294,10 @@ TEST_CASE(
   auto refused = [&](const char* what, const std::function<void(Plan&)>& edit, const char* message) {
     check_refused(good, what, edit, message);
   };
-  // 16 rows of top1 records (16 bytes per lm_head CTA) do not fit next_token's 64 bytes.
+  // 16 rows of the SwiGLU's ffn-wide output do not fit h1's 16 rows of hidden.
   refused(
-      "a gemv output bound to a smaller buffer",
-      [&](Plan& p) { param(find(p, "s1.lm_head"), "y").buffer = "next_token"; },
-      "node s1.lm_head arg `y`: kernel gemv reaches");
+      "a gemv output bound to a smaller buffer", [&](Plan& p) { param(find(p, "s1.w_gate_up"), "y").buffer = "h1"; },
+      "node s1.w_gate_up arg `y`: kernel gemv reaches");
   refused(
       "an input read past its buffer's end", [&](Plan& p) { param(find(p, "s2.wo"), "x").byte_offset = 256; },
       "node s2.wo arg `x`: kernel gemv reaches");
@@ -1462,6 +1474,47 @@ TEST_CASE(
       "WIDTH = 1099511627776 is outside 1..16777216");
 }
 
+TEST_CASE("validate: a kernel argument bound to a buffer of another dtype or role is refused by name") {
+  HeadHeader fp8_head = preset_header("tiny");
+  fp8_head.fp8 = linears_in_use(fp8_head);
+  const Plan good = make_plan(fp8_head, golden_options());
+  REQUIRE(good.fp8);
+  CHECK_NOTHROW(validate(good));
+  const auto find = plan_node;
+  const auto param = node_arg;
+  auto refused = [&](const char* what, const std::function<void(Plan&)>& edit, const char* message) {
+    check_refused(good, what, edit, message);
+  };
+  // Each buffer is large enough for what the kernel reaches, so only its dtype or role is wrong.
+  refused(
+      "an e4m3 matrix read as a bf16 norm weight", [&](Plan& p) { param(find(p, "s1.final_norm"), "w").buffer = "wo"; },
+      "node s1.final_norm arg `w`: buffer `wo` is F8_E4M3, but kernel rmsnorm takes BF16 there");
+  refused(
+      "a bf16 matrix read by an FP8 gemv", [&](Plan& p) { param(find(p, "s1.wo"), "w").buffer = "embed"; },
+      "node s1.wo arg `w`: buffer `embed` is BF16, but kernel gemv takes F8_E4M3 there");
+  refused(
+      "bf16 activations read as top1 records", [&](Plan& p) { param(find(p, "s1.top1"), "part").buffer = "m"; },
+      "node s1.top1 arg `part`: buffer `m` is BF16, but kernel top1 takes F32 there");
+  refused(
+      "token ids read as rows", [&](Plan& p) { param(find(p, "s1.post_norm"), "x").buffer = "slot"; },
+      "node s1.post_norm arg `x`: buffer `slot` is I32, but kernel rmsnorm takes BF16 there");
+  refused(
+      "a weight read as a gemv's x", [&](Plan& p) { param(find(p, "s1.wo"), "x").buffer = "embed"; },
+      "node s1.wo arg `x`: buffer `embed` has role weight, but kernel gemv takes state, table, activation or output "
+      "there");
+  refused(
+      "an activation as the key ring", [&](Plan& p) { param(find(p, "s1.attention"), "ring_k").buffer = "x"; },
+      "node s1.attention arg `ring_k`: buffer `x` has role activation, but kernel ring_attention takes state there");
+  refused(
+      "the draft map read from host memory", [&](Plan& p) { param(find(p, "s1.top1"), "d2t").buffer = "host_tables"; },
+      "node s1.top1 arg `d2t`: buffer `host_tables` has role host, but kernel top1 takes weight there");
+  refused(
+      "the outputs' host copy written into the arena",
+      [&](Plan& p) { param(find(p, "s1.store_outputs"), "host_token").buffer = "next_token"; },
+      "node s1.store_outputs arg `host_token`: buffer `next_token` has role activation, but kernel store_outputs "
+      "takes host there");
+}
+
 TEST_CASE(
     "validate: a draft pass must begin with load_tables of host_tables and end every step with its "
     "store_outputs to host_token, host_conf and host_done, and an extend must begin with gather_taps and end with "
@@ -1495,7 +1548,7 @@ TEST_CASE(
       "the extend pass must begin with gather_taps");
   refused(
       "the completion word written into the outputs",
-      [&](Plan& p) { param(find(p, "s3.store_outputs"), "host_done").buffer = "host_conf"; },
+      [&](Plan& p) { param(find(p, "s3.store_outputs"), "host_done").buffer = "host_token"; },
       "bucket 16 node s3.store_outputs: `host_done` must bind host buffer `host_done`");
   refused(
       "a pass that reads the tables after its first node", [&](Plan& p) { std::swap(nodes(p)[0], nodes(p)[1]); },
@@ -1620,6 +1673,18 @@ TEST_CASE("yaml reader: a mapping with many keys is read in linear time") {
   text += "k17: again\n";
   yaml::Context ctx{"test YAML"};
   CHECK_THROWS_WITH_AS(yaml::Map(yaml::parse(ctx, text)), doctest::Contains("key `k17` appears twice"), Error);
+}
+
+// The fuzz target's seeds (tests/fuzz/seeds/fuzz_plan_yaml.cpp): refused by name in well under a second.
+TEST_CASE("plan YAML: a 1 MiB map of many keys and deep nesting are refused by name in < 1 s") {
+  const auto refused_quickly = [](const std::string& text, const char* message) {
+    CAPTURE(message);
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH_AS(load_plan_yaml(text), doctest::Contains(message), Error);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+  };
+  refused_quickly(test::many_keys_yaml(size_t{1} << 20), "plan YAML: <root>: missing key `schema_version`");
+  refused_quickly(test::deep_yaml(1000), "plan YAML: nesting deeper than 499 levels (line 1");
 }
 
 TEST_CASE("plan YAML: random corruption of a plan is refused with tfe::Error or loads a valid plan") {

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "head/presets.h"
+#include "hostile_inputs.h"
 #include "test_util.h"
 #include "seed_corpus.h"
 
@@ -49,5 +50,8 @@ int main(int argc, char** argv) {
   save(tfe::test::random_head_bytes(tiny_fp8, 5), "tiny-fp8.tfe");
   for (size_t cut : {size_t{8}, size_t{64}, micro_bytes.size() / 4, micro_bytes.size() / 2, micro_bytes.size() - 1})
     save({micro_bytes.begin(), micro_bytes.begin() + static_cast<long>(cut)}, "micro.cut" + std::to_string(cut));
+  // Inputs that once took minutes to refuse: 1 MiB of small JSON objects, and deep nesting.
+  save(tfe::test::safetensors_image(tfe::test::many_objects_header(size_t{1} << 20)), "many-objects.tfe");
+  save(tfe::test::safetensors_image(tfe::test::deep_metadata_header(10000)), "deep-header.tfe");
   return 0;
 }

@@ -7,6 +7,7 @@
 #include "plan/plan.h"
 #include "plan/plan_yaml.h"
 #include "head/presets.h"
+#include "hostile_inputs.h"
 #include "seed_corpus.h"
 
 int main(int argc, char** argv) {
@@ -27,5 +28,8 @@ int main(int argc, char** argv) {
       std::ofstream(dir / (std::string(preset) + (fp8 ? "-fp8" : "") + ".yaml"), std::ios::trunc) << yaml;
     }
   }
+  // Inputs that once took minutes to refuse, or read as "bad file": a 1 MiB map of many keys, deep nesting.
+  std::ofstream(dir / "many-keys.yaml", std::ios::trunc) << tfe::test::many_keys_yaml(size_t{1} << 20);
+  std::ofstream(dir / "deep.yaml", std::ios::trunc) << tfe::test::deep_yaml(1000);
   return 0;
 }
