@@ -1675,13 +1675,15 @@ TEST_CASE("yaml reader: a mapping with many keys is read in linear time") {
   CHECK_THROWS_WITH_AS(yaml::Map(yaml::parse(ctx, text)), doctest::Contains("key `k17` appears twice"), Error);
 }
 
-// The fuzz target's seeds (tests/fuzz/seeds/fuzz_plan_yaml.cpp): refused by name in well under a second.
-TEST_CASE("plan YAML: a 1 MiB map of many keys and deep nesting are refused by name in < 1 s") {
+// The fuzz target's seeds (tests/fuzz/seeds/fuzz_plan_yaml.cpp), refused by name within seconds: yaml-cpp
+// parses the 1 MiB map in about 0.5 s on one free core (over 1 s on a loaded one, and slower under a
+// sanitizer), where a reader that scanned the map for each key took minutes.
+TEST_CASE("plan YAML: a 1 MiB map of many keys and deep nesting are refused by name in < 3 s") {
   const auto refused_quickly = [](const std::string& text, const char* message) {
     CAPTURE(message);
     const auto t0 = std::chrono::steady_clock::now();
     CHECK_THROWS_WITH_AS(load_plan_yaml(text), doctest::Contains(message), Error);
-    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
   };
   refused_quickly(test::many_keys_yaml(size_t{1} << 20), "plan YAML: <root>: missing key `schema_version`");
   refused_quickly(test::deep_yaml(1000), "plan YAML: nesting deeper than 499 levels (line 1");
