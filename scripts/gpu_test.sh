@@ -153,6 +153,7 @@ if [ "${GPU_TEST_PYTHON:-1}" = 1 ]; then
     tail -5 "$out/python_install.log"
     record python_install 0 1
   fi
+fi
 if [ -n "${TFE_SOAK_ROUNDS:-}" ]; then
   echo "== soak: $TFE_SOAK_ROUNDS rounds"
   every=${TFE_SOAK_EVERY:-$(((TFE_SOAK_ROUNDS + 9) / 10))}
