@@ -174,6 +174,8 @@ def load_target(
     tap_layers: list[int] | None = None,
 ) -> Target:
     """SmolLM2-135M-Instruct in transformers from its GGUF (`find_gguf`), checked by sha256, on `device`."""
+    # Everything is local: transformers and its helpers must not reach for a hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = find_gguf(gguf)

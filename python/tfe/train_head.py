@@ -263,29 +263,47 @@ class Eagle3Head(nn.Module):
             out.append(self.logits(g))
         return out
 
+    _CHECKPOINT_NAMES = {
+        "fc.weight": "fc.weight",
+        "midlayer.input_layernorm.weight": "input_norm",
+        "midlayer.hidden_norm.weight": "hidden_norm",
+        "midlayer.self_attn.q_proj.weight": "q_proj.weight",
+        "midlayer.self_attn.k_proj.weight": "k_proj.weight",
+        "midlayer.self_attn.v_proj.weight": "v_proj.weight",
+        "midlayer.self_attn.o_proj.weight": "o_proj.weight",
+        "midlayer.post_attention_layernorm.weight": "post_norm",
+        "midlayer.mlp.gate_proj.weight": "gate_proj.weight",
+        "midlayer.mlp.up_proj.weight": "up_proj.weight",
+        "midlayer.mlp.down_proj.weight": "down_proj.weight",
+        "norm.weight": "final_norm",
+        "lm_head.weight": "lm_head.weight",
+    }
+
+    @classmethod
+    def load(cls, ckpt_dir: str | pathlib.Path, target: Target) -> "Eagle3Head":
+        """A checkpoint written by `save`, in fp32 on the target's device."""
+        from safetensors.torch import load_file
+
+        t = load_file(str(pathlib.Path(ckpt_dir) / "model.safetensors"))
+        d2t = t["d2t"].long()
+        head = cls(target, d2t + torch.arange(len(d2t)))
+        with torch.no_grad():
+            for src, dst in cls._CHECKPOINT_NAMES.items():
+                head.get_parameter(dst).copy_(t[src].float())
+            head.embed.copy_(t["embed_tokens.weight"].float())
+        return head.to(target.device)
+
     def save(self, out_dir: pathlib.Path, target: Target, window: int) -> None:
         """config.json + model.safetensors in the Hugging Face EAGLE-3 layout, weights in bf16."""
         from safetensors.torch import save_file
 
         bf = lambda t: t.detach().to(torch.bfloat16).contiguous().cpu()  # noqa: E731
         ids = self.draft_ids.long().cpu()
-        tensors = {
-            "fc.weight": bf(self.fc.weight),
+        tensors = {src: bf(self.get_parameter(dst)) for src, dst in self._CHECKPOINT_NAMES.items()}
+        tensors.update({
             "embed_tokens.weight": bf(self.embed),
-            "midlayer.input_layernorm.weight": bf(self.input_norm),
-            "midlayer.hidden_norm.weight": bf(self.hidden_norm),
-            "midlayer.self_attn.q_proj.weight": bf(self.q_proj.weight),
-            "midlayer.self_attn.k_proj.weight": bf(self.k_proj.weight),
-            "midlayer.self_attn.v_proj.weight": bf(self.v_proj.weight),
-            "midlayer.self_attn.o_proj.weight": bf(self.o_proj.weight),
-            "midlayer.post_attention_layernorm.weight": bf(self.post_norm),
-            "midlayer.mlp.gate_proj.weight": bf(self.gate_proj.weight),
-            "midlayer.mlp.up_proj.weight": bf(self.up_proj.weight),
-            "midlayer.mlp.down_proj.weight": bf(self.down_proj.weight),
-            "norm.weight": bf(self.final_norm),
-            "lm_head.weight": bf(self.lm_head.weight),
             "d2t": (ids - torch.arange(len(ids))).contiguous(),
-        }
+        })
         cfg = target.model.config
         config = {
             "architectures": ["LlamaForCausalLMEagle3"],
@@ -403,8 +421,8 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print) 
         opt.step()
         update += 1
         if update % 10 == 0 or update == 1:
-            curve.append({"update": update, "seconds": time.perf_counter() - start, "loss": float(loss), "acc": accs, "lr": lr})
-            log(f"update {update}: loss {float(loss):.3f}, acc by step " + " ".join(f"{a:.2f}" for a in accs))
+            curve.append({"update": update, "seconds": time.perf_counter() - start, "loss": float(loss.detach()), "acc": accs, "lr": lr})
+            log(f"update {update}: loss {float(loss.detach()):.3f}, acc by step " + " ".join(f"{a:.2f}" for a in accs))
     t_train = time.perf_counter() - start
     head.save(out_dir, target, window=settings.seq_len - 1)
     summary = {
