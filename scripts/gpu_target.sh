@@ -98,7 +98,7 @@ measure() {
   python3 -m tfe.exactness --head "$state/head.tfe" --artifact "$state/deploy" --drafter runtime \
     --dtype float32 --dtype bfloat16 --max-new-tokens 128 --samples 4000 -o "$out/exactness.json" 2>&1 |
     grep -v "it/s\]" | tee "$out/exactness.log" || rc=1
-  python3 -m tfe.speedup --head "$state/head.tfe" --artifact "$state/deploy" -o "$out" 2>&1 |
+  python3 -m tfe.speedup --head "$state/head.tfe" --artifact "$state/deploy" --checkpoint "$state/eagle3" -o "$out" 2>&1 |
     grep -v "it/s\]" | tee "$out/speedup.log" || rc=1
   echo "== exactness: $(tail -1 "$out/exactness.log")"
   grep -A5 "^speed-up" "$out/speedup.log"

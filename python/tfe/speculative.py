@@ -197,6 +197,80 @@ class RuntimeDrafter:
         return torch.from_numpy(np.asarray(tokens)).long()
 
 
+class TorchDrafter:
+    """The head run by PyTorch (tfe.train_head.Eagle3Head, loaded from the EAGLE-3 checkpoint): the comparison
+    point for tfe in the same loop. Same contract as the runtime: a ring of W + 1 + max_steps K/V rows per
+    slot, attention over positions max(first, p - W) .. p, h2 carried from step to step."""
+
+    def __init__(self, checkpoint, target: Target, *, max_slots: int = 16, max_steps: int = 8, window: int = 511):
+        from .train_head import Eagle3Head
+
+        dev = target.device
+        self.dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        self.head = Eagle3Head.load(checkpoint, target).to(self.dtype).eval()
+        self.window = window
+        self.ring_rows = window + 1 + max_steps
+        h = self.head
+        self.keys = torch.zeros(max_slots, h.kv_heads, self.ring_rows, h.head_dim, dtype=self.dtype, device=dev)
+        self.values = torch.zeros_like(self.keys)
+        self.ring_pos = torch.full((max_slots, self.ring_rows), -1, dtype=torch.long, device=dev)
+        self.first = torch.zeros(max_slots, dtype=torch.long, device=dev)
+        self.last = torch.zeros(max_slots, dtype=torch.long, device=dev)
+        self.g = torch.zeros(max_slots, h.H, dtype=self.dtype, device=dev)
+        self.token = torch.zeros(max_slots, dtype=torch.long, device=dev)
+        self.filled = [False] * max_slots
+
+    def reset(self, slot: int) -> None:
+        self.ring_pos[slot] = -1
+        self.filled[slot] = False
+
+    def _write(self, slots, positions, k, v) -> None:
+        rows = positions % self.ring_rows
+        self.keys[slots, :, rows] = k
+        self.values[slots, :, rows] = v
+        self.ring_pos[slots, rows] = positions
+
+    @torch.inference_mode()
+    def extend(self, requests) -> None:
+        for slot, pos, taps, tokens in requests:
+            n = tokens.shape[0]
+            dev = self.keys.device
+            positions = torch.arange(pos, pos + n, device=dev)
+            g = self.head.fc(taps.to(dev, torch.bfloat16).to(self.dtype))[None]
+            _, k, v = self.head.qkv(g, tokens.to(dev).long()[None], positions[None])
+            self._write(torch.full((n,), slot, device=dev), positions, k[0].transpose(0, 1), v[0].transpose(0, 1))
+            if not self.filled[slot]:
+                self.first[slot] = pos
+                self.filled[slot] = True
+            self.last[slot] = pos + n - 1
+            self.g[slot] = g[0, -1]
+            self.token[slot] = tokens[-1]
+
+    @torch.inference_mode()
+    def draft(self, slots, steps: int) -> torch.Tensor:
+        h = self.head
+        s = torch.tensor(list(slots), device=self.keys.device)
+        g, tok, pos = self.g[s][:, None], self.token[s][:, None], self.last[s]
+        rep = h.heads // h.kv_heads
+        out = []
+        for j in range(steps):
+            p = pos + j
+            q, k, v = h.qkv(g, tok, p[:, None])
+            self._write(s, p, k[:, :, 0], v[:, :, 0])
+            lo = torch.maximum(self.first[s], p - self.window)
+            seen = (self.ring_pos[s] >= lo[:, None]) & (self.ring_pos[s] <= p[:, None])
+            keys = self.keys[s].repeat_interleave(rep, 1)
+            values = self.values[s].repeat_interleave(rep, 1)
+            scores = (q.float() @ keys.float().transpose(-1, -2)) / h.head_dim**0.5
+            scores = scores.masked_fill(~seen[:, None, None, :], float("-inf"))
+            o = (torch.softmax(scores, -1) @ values.float()).to(self.dtype)
+            g = h.rest_of_layer(g, o)
+            draft = h.logits(g)[:, 0].argmax(-1)
+            tok = h.draft_ids[draft][:, None]
+            out.append(tok[:, 0])
+        return torch.stack(out, 1)
+
+
 @dataclass
 class Result:
     """One generate call: per sequence its new tokens and, per token, the target's logit margin (top 1 minus
@@ -417,15 +491,22 @@ def hf_greedy(target: Target, prompt: Sequence[int], max_new_tokens: int) -> lis
     return out[0, len(prompt) :].tolist()
 
 
-def make_drafter(kind: str, head, *, max_slots: int, max_steps: int, artifact=None) -> Drafter | None:
-    """'reference' (CPU), 'runtime' (GPU) or 'none' (drafts off)."""
+def make_drafter(
+    kind: str, head, *, max_slots: int, max_steps: int, artifact=None, checkpoint=None, target: Target | None = None
+) -> Drafter | None:
+    """'reference' (CPU), 'runtime' (GPU), 'torch' (the PyTorch port: needs the checkpoint and the target) or
+    'none' (drafts off)."""
     if kind == "none":
         return None
+    if kind == "torch":
+        if checkpoint is None or target is None:
+            raise ValueError("the torch drafter runs the EAGLE-3 checkpoint: pass --checkpoint")
+        return TorchDrafter(checkpoint, target, max_slots=max_slots, max_steps=max_steps)
     if kind == "reference":
         return ReferenceDrafter(head, max_slots=max_slots, max_steps=max_steps)
     if kind == "runtime":
         return RuntimeDrafter(head, artifact, max_slots=max_slots, max_steps=max_steps)
-    raise ValueError(f"unknown drafter {kind!r} (reference, runtime, none)")
+    raise ValueError(f"unknown drafter {kind!r} (reference, runtime, torch, none)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -438,7 +519,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "the accept log by window position and tokens/s.",
     )
     p.add_argument("--head", help="the .tfe head (tfe-plan convert of tfe-train-head's checkpoint); none: drafts off")
-    p.add_argument("--drafter", choices=["reference", "runtime", "none"], help="default: runtime on a GPU, else reference")
+    p.add_argument(
+        "--drafter", choices=["reference", "runtime", "torch", "none"], help="default: runtime on a GPU, else reference"
+    )
+    p.add_argument("--checkpoint", help="the EAGLE-3 checkpoint directory, for --drafter torch")
     p.add_argument("--artifact", help="tfe-plan compile's deploy directory for the runtime")
     p.add_argument("--prompt", action="append", help="a user message (repeatable); default: the built-in prompt set")
     p.add_argument("--class", dest="prompt_class", choices=prompt_sets.CLASSES, help="built-in prompts of one class")
@@ -459,14 +543,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, a.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
     drafter_kind = a.drafter or ("none" if not a.head else "runtime" if device.startswith("cuda") else "reference")
-    if drafter_kind != "none" and not a.head:
-        p.error("--head is needed for a drafter")
+    if drafter_kind in ("reference", "runtime") and not a.head:
+        p.error("--head is needed for this drafter")
 
     target = load_target(a.gguf, device=device, dtype=dtype)
     texts = a.prompt or [q.text for q in prompt_sets.evaluation_prompts(a.prompt_class)]
     texts = [texts[i % len(texts)] for i in range(a.sequences)]
     prompts = [target.encode_chat(t) for t in texts]
-    drafter = make_drafter(drafter_kind, a.head, max_slots=max(16, a.sequences), max_steps=max(8, a.steps), artifact=a.artifact)
+    drafter = make_drafter(
+        drafter_kind,
+        a.head,
+        max_slots=max(16, a.sequences),
+        max_steps=max(8, a.steps),
+        artifact=a.artifact,
+        checkpoint=a.checkpoint,
+        target=target,
+    )
     if isinstance(drafter, RuntimeDrafter) and not drafter.device_resident:
         print("note: this tfe.Runtime has no draft_async: taps and drafts go through the host", file=sys.stderr)
     decoder = Decoder(

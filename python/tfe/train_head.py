@@ -159,6 +159,11 @@ def draft_vocabulary(seqs: list[Sequence], vocab: int, size: int) -> torch.Tenso
 # ---------------------------------------------------------------------------------------------- the head
 
 
+def ahead(t: torch.Tensor, by: int, fill=0) -> torch.Tensor:
+    """t[:, i + by] at index i along dim 1, `fill` past the end."""
+    return F.pad(t[:, by:], (0, 0) * (t.dim() - 2) + (0, by), value=fill)
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     return (w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)).to(x.dtype)
@@ -247,7 +252,7 @@ class Eagle3Head(nn.Module):
         scale = 1.0 / math.sqrt(self.head_dim)
         for k in range(steps):
             # Step k at index i runs at position i + k with the true token that follows it (ids[i + k + 1]).
-            tokens = F.pad(ids[:, k + 1 :], (0, k + 1))
+            tokens = ahead(ids, k + 1)
             q, kk, vv = self.qkv(g, tokens, (idx + k).expand(B, N))
             keys.append(kk.repeat_interleave(rep, 1))
             values.append(vv.repeat_interleave(rep, 1))
@@ -381,8 +386,9 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print) 
     log(f"data: {len(seqs)} sequences, {sum(len(s.ids) for s in seqs)} tokens in {t_data:.1f} s")
 
     head = Eagle3Head(target, draft_ids).to(dev)
+    draft_ids_dev = draft_ids.to(dev)
     t2d = torch.full((target.vocab,), -1, dtype=torch.long, device=dev)
-    t2d[draft_ids.to(dev)] = torch.arange(len(draft_ids), device=dev)
+    t2d[draft_ids_dev] = torch.arange(len(draft_ids), device=dev)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng = random.Random(settings.seed)
@@ -404,25 +410,28 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print) 
         taps = taps.to(torch.bfloat16)
         with autocast:
             outs = head.ttt(taps if dev.type == "cuda" else taps.float(), ids, settings.ttt_steps)
+        # Labels once per batch: the target's logits over the draft vocabulary, and whether its own choice
+        # is draftable at all (positions where it is not are not scored).
+        draftable = t2d[logits.argmax(-1)] >= 0
+        labels = logits[..., draft_ids_dev]
+        del logits
         loss = torch.zeros((), device=dev)
         accs = []
         for k, draft_logits in enumerate(outs):
             # The target's distribution at position i + k + 1 labels step k at index i.
-            tl = F.pad(logits[:, k + 1 :], (0, 0, 0, k + 1))
-            mask = F.pad(scored[:, k + 1 :], (0, k + 1)) & ~F.pad(pad[:, k + 1 :], (0, k + 1), value=True)
-            mask &= t2d[tl.argmax(-1)] >= 0  # the target's choice must be draftable
-            target_p = torch.softmax(tl[..., draft_ids.to(dev)], dim=-1)
-            logp = torch.log_softmax(draft_logits, dim=-1)
-            per_pos = -(target_p * logp).sum(-1)
+            mask = ahead(scored, k + 1) & ~ahead(pad, k + 1, True) & ahead(draftable, k + 1)
+            target_p = torch.softmax(ahead(labels, k + 1), dim=-1)
+            per_pos = -(target_p * torch.log_softmax(draft_logits, dim=-1)).sum(-1)
             n = mask.sum().clamp_min(1)
             loss = loss + (0.8**k) * (per_pos * mask).sum() / n
-            accs.append(float(((draft_logits.argmax(-1) == target_p.argmax(-1)) & mask).sum() / n))
+            accs.append((((draft_logits.argmax(-1) == target_p.argmax(-1)) & mask).sum() / n).detach())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
         update += 1
         if update % 10 == 0 or update == 1:
+            accs = [float(a) for a in accs]
             curve.append({"update": update, "seconds": time.perf_counter() - start, "loss": float(loss.detach()), "acc": accs, "lr": lr})
             log(f"update {update}: loss {float(loss.detach()):.3f}, acc by step " + " ".join(f"{a:.2f}" for a in accs))
     t_train = time.perf_counter() - start
