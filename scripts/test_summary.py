@@ -8,6 +8,10 @@ import xml.etree.ElementTree as ET
 
 
 def skip_reason(case):
+    # pytest's JUnit file carries the reason as the message of <skipped>.
+    skipped = case.find("skipped")
+    if skipped is not None and skipped.get("message"):
+        return skipped.get("message").removeprefix("Skipped: ")
     out = case.find("system-out")
     text = (out.text or "") if out is not None else ""
     lines = [l.strip() for l in text.splitlines() if l.strip()]
@@ -39,6 +43,11 @@ def main(out_dir):
     passes = out / "stage_passes.txt"
     if passes.exists():
         passed += len(passes.read_text().split())
+    stage_skips = out / "stage_skips.txt"
+    if stage_skips.exists():
+        for line in stage_skips.read_text().splitlines():
+            skipped += 1
+            skips.append(line.replace("\t", " (", 1) + ")")
     stage_failures = out / "stage_failures.txt"
     if stage_failures.exists():
         for line in stage_failures.read_text().splitlines():

@@ -1,0 +1,224 @@
+"""Exactness checks of the speculative loop on the real target, and its sampled distribution.
+
+Greedy: every run's token ids must equal the target's own greedy decoding (the loop with drafts off, one
+sequence at a time), which must itself equal transformers' `generate`:
+    drafts off, 4 sequences together     (4 equals 1)
+    drafts on, 1 sequence and 4 together (drafts on equal drafts off; 4 equal 1)
+    drafts on, the prompt in two pieces  (a prompt extended in two pieces equals the whole)
+In fp32 a difference fails. In bf16 the target's own logits round differently for different batch shapes,
+so a run may leave the reference where the target's top two logits nearly tie: each difference is listed
+with that margin, and it fails only above `--bf16-tie` (logits).
+
+Sampled: the first two new tokens of one prompt, drawn many times by the loop with drafts on, against the
+target's exact distribution of those two tokens (temperature, top-p), by a chi-square test.
+
+`tfe-check-exact --head HEAD.tfe` runs them and writes a JSON report; tests/target uses the same functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from . import prompts as prompt_sets
+from .speculative import Decoder, Drafter, Result, Sampling, hf_greedy, make_drafter, target_probs, token_sha256
+from .target import Target, load_target
+
+
+@dataclass
+class Difference:
+    run: str
+    sequence: int
+    index: int  # the first new token that differs
+    margin: float  # the reference's top-1 minus top-2 logit there
+
+    def __str__(self) -> str:
+        return f"{self.run}: sequence {self.sequence} differs from token {self.index} (target margin {self.margin:.4g})"
+
+
+@dataclass
+class GreedyReport:
+    dtype: str
+    runs: dict[str, list[str]] = field(default_factory=dict)  # run -> sha256 per sequence
+    differences: list[Difference] = field(default_factory=list)
+    accept: dict[str, dict] = field(default_factory=dict)
+
+    def failures(self, tie: float | None) -> list[Difference]:
+        """Every difference in fp32 (tie None); in bf16 those where the target did not nearly tie."""
+        return [d for d in self.differences if tie is None or d.margin > tie]
+
+
+def _compare(name: str, run: list[list[int]], reference: list[Result], report: GreedyReport, seqs: list[int]) -> None:
+    report.runs[name] = [token_sha256(t) for t in run]
+    for tokens, i in zip(run, seqs):
+        ref = reference[i].tokens[0]
+        if tokens != ref:
+            at = next((j for j, (a, b) in enumerate(zip(tokens, ref)) if a != b), min(len(tokens), len(ref)))
+            margin = reference[i].margins[0][at] if at < len(ref) else float("nan")
+            report.differences.append(Difference(name, i, at, margin))
+
+
+def greedy_checks(
+    target: Target,
+    drafter: Drafter,
+    *,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    steps: int,
+    with_hf: bool = True,
+) -> GreedyReport:
+    """The greedy runs above, each compared with the drafts-off loop one sequence at a time."""
+    report = GreedyReport(str(target.dtype).replace("torch.", ""))
+    n = len(prompts)
+    alone = [Decoder(target).generate([p], max_new_tokens) for p in prompts]
+    everyone = list(range(n))
+    report.runs["drafts off, 1 sequence"] = [r.sha256(0) for r in alone]
+    if with_hf:
+        _compare("transformers generate", [hf_greedy(target, p, max_new_tokens) for p in prompts], alone, report, everyone)
+    _compare("drafts off, 4 sequences", Decoder(target).generate(prompts, max_new_tokens).tokens, alone, report, everyone)
+    spec = Decoder(target, drafter, steps=steps)
+    ones = [spec.generate([p], max_new_tokens) for p in prompts]
+    _compare("drafts on, 1 sequence", [r.tokens[0] for r in ones], alone, report, everyone)
+    four = spec.generate(prompts, max_new_tokens)
+    _compare("drafts on, 4 sequences", four.tokens, alone, report, everyone)
+    report.accept["drafts on, 4 sequences"] = four.accept_log()
+    pieces = []
+    for p in prompts:
+        split = Decoder(target, drafter, steps=steps, prefill_chunk=(len(p) + 1) // 2)
+        pieces.append(split.generate([p], max_new_tokens).tokens[0])
+    _compare("drafts on, prompt in two pieces", pieces, alone, report, everyone)
+    return report
+
+
+def exact_two_token_distribution(target: Target, prompt: list[int], sampling: Sampling) -> dict[tuple[int, int], float]:
+    """P(first two new tokens) of the target under `sampling`, by enumerating the first token's support."""
+    dev = target.device
+    ids = torch.tensor([prompt], device=dev)
+    with torch.inference_mode():
+        p1 = target_probs(target.model(input_ids=ids).logits[0, -1], sampling)
+        support = p1.nonzero().flatten()
+        both = torch.cat([ids.expand(len(support), -1), support[:, None]], dim=1)
+        p2 = target_probs(target.model(input_ids=both).logits[:, -1], sampling)
+    out = {}
+    for i, t1 in enumerate(support.tolist()):
+        for t2 in p2[i].nonzero().flatten().tolist():
+            out[(t1, t2)] = float(p1[t1] * p2[i, t2])
+    return out
+
+
+def chi_square(counts: dict, expected: dict[tuple, float], samples: int, min_expected: float = 5.0):
+    """(statistic, degrees of freedom, p-value) over cells expected >= min_expected times, the rest lumped."""
+    big = [c for c, p in expected.items() if p * samples >= min_expected]
+    cells = [(counts.get(c, 0), expected[c] * samples) for c in big]
+    rest_obs = samples - sum(o for o, _ in cells)
+    rest_exp = samples - sum(e for _, e in cells)
+    if rest_exp >= min_expected:
+        cells.append((rest_obs, rest_exp))
+    elif rest_obs > 0 and rest_exp > 0:
+        cells[-1] = (cells[-1][0] + rest_obs, cells[-1][1] + rest_exp)
+    stat = sum((o - e) ** 2 / e for o, e in cells)
+    dof = max(len(cells) - 1, 1)
+    p = float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)))
+    return stat, dof, p
+
+
+def sampled_check(
+    target: Target,
+    drafter: Drafter,
+    *,
+    prompt: list[int],
+    samples: int,
+    steps: int,
+    sampling: Sampling,
+    batch: int = 16,
+) -> dict:
+    """Draws `samples` two-token continuations with drafts on and tests them against the exact distribution."""
+    expected = exact_two_token_distribution(target, prompt, sampling)
+    counts: dict[tuple[int, int], int] = {}
+    drawn = 0
+    seed = sampling.seed
+    while drawn < samples:
+        n = min(batch, samples - drawn)
+        run = Decoder(target, drafter, steps=steps, sampling=Sampling(sampling.temperature, sampling.top_p, seed))
+        for toks in run.generate([prompt] * n, 2).tokens:
+            counts[tuple(toks)] = counts.get(tuple(toks), 0) + 1
+        drawn += n
+        seed += 1
+    stat, dof, p = chi_square(counts, expected, samples)
+    outside = sum(c for k, c in counts.items() if k not in expected)
+    return {"samples": samples, "cells": len(expected), "chi2": stat, "dof": dof, "p_value": p, "outside_support": outside}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="tfe-check-exact",
+        description="Greedy exactness (drafts on = drafts off = transformers, 4 sequences = 1, two-piece prompt = "
+        "whole) and the sampled distribution test, on SmolLM2-135M-Instruct with an EAGLE-3 head.",
+    )
+    ap.add_argument("--head", required=True, help="the .tfe head")
+    ap.add_argument("--drafter", choices=["reference", "runtime"], help="default: runtime on a GPU, else reference")
+    ap.add_argument("--artifact", help="tfe-plan compile's deploy directory for the runtime")
+    ap.add_argument("--dtype", action="append", choices=["float32", "bfloat16"], help="repeatable; default float32 (and bfloat16 on a GPU)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--bf16-tie", type=float, default=0.5, help="bf16: a difference must start at a target margin below this")
+    ap.add_argument("--samples", type=int, default=2000, help="draws for the sampled test (0: skip it)")
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--top-p", type=float, default=0.9)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--gguf")
+    ap.add_argument("-o", "--out", help="write the report here (JSON)")
+    a = ap.parse_args(argv)
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtypes = a.dtype or (["float32", "bfloat16"] if device.startswith("cuda") else ["float32"])
+    kind = a.drafter or ("runtime" if device.startswith("cuda") else "reference")
+    texts = [p.text for p in prompt_sets.evaluation_prompts()[:4]]  # prose, code, tool call, chat
+    report: dict = {"head": a.head, "drafter": kind, "steps": a.steps, "max_new_tokens": a.max_new_tokens, "greedy": {}}
+    ok = True
+    for name in dtypes:
+        target = load_target(a.gguf, device=device, dtype=getattr(torch, name))
+        drafter = make_drafter(kind, a.head, max_slots=16, max_steps=max(8, a.steps), artifact=a.artifact)
+        prompts = [target.encode_chat(t) for t in texts]
+        g = greedy_checks(target, drafter, prompts=prompts, max_new_tokens=a.max_new_tokens, steps=a.steps)
+        tie = None if name == "float32" else a.bf16_tie
+        failures = g.failures(tie)
+        ok &= not failures
+        report["greedy"][name] = {
+            "sha256": g.runs,
+            "differences": [vars(d) for d in g.differences],
+            "failures": [vars(d) for d in failures],
+            "accept": g.accept,
+        }
+        print(f"== greedy, {name}: {len(g.differences)} difference(s), {len(failures)} failing")
+        for d in g.differences:
+            print(f"   {d}{'  FAIL' if d in failures else ''}")
+        for run, shas in g.runs.items():
+            print(f"   {run:34s} " + " ".join(s[:12] for s in shas))
+        if a.samples and name == dtypes[0]:
+            s = sampled_check(
+                target,
+                drafter,
+                prompt=prompts[3],
+                samples=a.samples,
+                steps=a.steps,
+                sampling=Sampling(a.temperature, a.top_p, 1),
+            )
+            report["sampled"] = s
+            ok &= s["p_value"] > 1e-3 and s["outside_support"] == 0
+            print(f"== sampled ({name}): chi2 {s['chi2']:.1f} on {s['dof']} dof, p = {s['p_value']:.3g}, "
+                  f"{s['outside_support']} draws outside the support")
+        del target, drafter
+    report["passed"] = bool(ok)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
+    print("exactness: " + ("passed" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

