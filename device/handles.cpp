@@ -89,4 +89,14 @@ Library load_library(const void* image, const char* what) {
   return Library(lib);
 }
 
+DeviceScope::DeviceScope(int device) {
+  TFE_CUDA(cudaGetDevice(&previous_));
+  if (previous_ != device) TFE_CUDA(cudaSetDevice(device));
+}
+
+DeviceScope::~DeviceScope() {
+  int now = previous_;
+  if (cudaGetDevice(&now) == cudaSuccess && now != previous_) TFE_CUDA_NOEXCEPT(cudaSetDevice(previous_));
+}
+
 }  // namespace tfe::cuda

@@ -87,4 +87,17 @@ CublasLt create_cublaslt();
 // Loads a cubin image (copied by the driver); `what` names it in the error.
 Library load_library(const void* image, const char* what);
 
+// Makes `device` current for the scope and restores the caller's device after it: an engine thread may
+// drive several GPUs.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
 }  // namespace tfe::cuda

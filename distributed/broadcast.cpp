@@ -59,7 +59,7 @@ struct DraftBroadcast::Impl {
   }
   void broadcast(void* tokens_buf, void* confs_buf, size_t count, cudaStream_t stream) {
     check_usable();
-    DeviceScopeGuard scope(options.device);
+    cuda::DeviceScope scope(options.device);
     settle(ncclGroupStart(), "ncclGroupStart");
     const ncclResult_t a = ncclBroadcast(tokens_buf, tokens_buf, count, ncclInt32, 0, comm, stream);
     const ncclResult_t b = ncclBroadcast(confs_buf, confs_buf, count, ncclFloat32, 0, comm, stream);
@@ -67,19 +67,6 @@ struct DraftBroadcast::Impl {
     settle(a, "ncclBroadcast of the tokens");
     settle(b, "ncclBroadcast of the confidences");
   }
-
-  // Makes `device` current for a call, and puts the caller's back.
-  struct DeviceScopeGuard {
-    explicit DeviceScopeGuard(int device) {
-      TFE_CUDA(cudaGetDevice(&previous));
-      if (previous != device) TFE_CUDA(cudaSetDevice(device));
-    }
-    ~DeviceScopeGuard() {
-      int now = previous;
-      if (cudaGetDevice(&now) == cudaSuccess && now != previous) TFE_CUDA_NOEXCEPT(cudaSetDevice(previous));
-    }
-    int previous = 0;
-  };
 
   void finish_setup() {
     int count = 0, me = 0, device = -1;
@@ -91,7 +78,7 @@ struct DraftBroadcast::Impl {
     ranks = count;
     rank = me;
     if (rank != 0) {
-      DeviceScopeGuard scope(options.device);
+      cuda::DeviceScope scope(options.device);
       const size_t bytes = static_cast<size_t>(options.max_streams) * static_cast<size_t>(options.max_steps) * 4;
       tokens = cuda::allocate_device(bytes, "broadcast tokens");
       confidences = cuda::allocate_device(bytes, "broadcast confidences");
@@ -123,7 +110,7 @@ DraftBroadcast DraftBroadcast::create(const ncclUniqueId& id, int ranks, int ran
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->owned = true;
-  Impl::DeviceScopeGuard scope(options.device);
+  cuda::DeviceScope scope(options.device);
   // Non-blocking: every call returns at once, so that a rank that never joins cannot hang this one
   // past the timeout (settle aborts it).
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -180,7 +167,7 @@ DeviceDraftOutputs DraftBroadcast::receive(int rows, int steps, cudaStream_t str
 void DraftBroadcast::wait(cudaStream_t stream) {
   Impl& b = *impl_;
   b.check_usable();
-  Impl::DeviceScopeGuard scope(b.options.device);
+  cuda::DeviceScope scope(b.options.device);
   const auto deadline = Clock::now() + b.options.timeout;
   for (;;) {
     const cudaError_t e = cudaStreamQuery(stream);

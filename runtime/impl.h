@@ -51,26 +51,9 @@ struct TestHooks {
 
 constexpr int64_t kAlign = 256;
 
+using cuda::DeviceScope;
+
 inline int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
-
-// Makes `device` current for the scope and restores the caller's device after it: an engine thread may
-// drive several GPUs.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    TFE_CUDA(cudaGetDevice(&previous_));
-    if (previous_ != device) TFE_CUDA(cudaSetDevice(device));
-  }
-  ~DeviceScope() {
-    int now = previous_;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) TFE_CUDA_NOEXCEPT(cudaSetDevice(previous_));
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 inline std::string device_arch(int device) {
   int major = 0, minor = 0;
