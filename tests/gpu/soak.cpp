@@ -18,6 +18,7 @@
 // The helpers of tests/gpu/gpu_test.cpp use doctest's checks: its implementation is compiled here, its
 // test runner never run.
 #define DOCTEST_CONFIG_IMPLEMENT
+#include <CLI/CLI.hpp>
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -52,30 +53,20 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (i + 1 >= argc) fail("tfe_soak: {} needs a value", k);
-    const std::string v = argv[++i];
-    if (k == "--rounds")
-      a.rounds = std::stoll(v);
-    else if (k == "--every")
-      a.every = std::stoll(v);
-    else if (k == "--preset")
-      a.preset = v;
-    else if (k == "--slots")
-      a.slots = std::stoi(v);
-    else if (k == "--steps")
-      a.steps = std::stoi(v);
-    else if (k == "--min-agreement")
-      a.min_agreement = std::stod(v);
-    else if (k == "--rss-slack-mb")
-      a.rss_slack_mb = std::stod(v);
-    else if (k == "--device-slack-mb")
-      a.device_slack_mb = std::stod(v);
-    else
-      fail("tfe_soak: unknown option {}", k);
+  CLI::App app{"tfe_soak: extend/draft rounds with resets, against memory growth and the CPU reference"};
+  app.add_option("--rounds", a.rounds)->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--every", a.every, "rounds between samples")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--preset", a.preset);
+  app.add_option("--slots", a.slots)->check(CLI::PositiveNumber);
+  app.add_option("--steps", a.steps)->check(CLI::PositiveNumber);
+  app.add_option("--min-agreement", a.min_agreement, "least share of sampled drafts equal to the reference");
+  app.add_option("--rss-slack-mb", a.rss_slack_mb, "host RSS growth allowed");
+  app.add_option("--device-slack-mb", a.device_slack_mb, "device memory growth allowed");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
   }
-  if (a.rounds < 1 || a.every < 1 || a.slots < 1 || a.steps < 1) fail("tfe_soak: counts must be at least 1");
   return a;
 }
 
