@@ -613,7 +613,6 @@ void validate(const Plan& p) {
       fail("plan: bucket {} does not run all {} steps", b.streams, p.options.max_steps);
     check_draft_pass(b, p.options.max_steps, p.options.max_slots, uris);
   }
-  check_extend_pass(p.extend, uris);
   for (const auto& n : p.extend) {
     if (n.step != 0) fail("plan: extend node {} has step {}; extend nodes have step 0", n.name, n.step);
     if (n.last_step_only) fail("plan: extend node {} is last_step_only; only draft nodes may be", n.name);
@@ -623,6 +622,7 @@ void validate(const Plan& p) {
     if (n.kind == Node::Kind::kernel) used.insert(n.spec);
     any_gemm = any_gemm || n.kind == Node::Kind::gemm;
   }
+  check_extend_pass(p.extend, uris);  // after check_node: every node's spec is known
   for (const auto& [u, spec] : uris)
     if (!used.count(u)) fail("plan: spec `{}` is named by no node", u);
   if (p.cublaslt_workspace < 0 || p.cublaslt_workspace > (int64_t{1} << 32) || (any_gemm && p.cublaslt_workspace == 0))
