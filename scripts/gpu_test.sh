@@ -34,6 +34,21 @@ finish() {
   exit $?
 }
 
+# After a crash (a signal's exit status), the same command again under gdb, where the machine has it: the
+# native frames go to $out/crash.log.
+native_backtrace() {  # exit status, command...
+  local rc=$1
+  shift
+  [ "$rc" -gt 128 ] || return 0
+  if command -v gdb >/dev/null; then
+    gdb -batch -ex run -ex "bt 40" -ex "info sharedlibrary" --args "$@" >>"$out/crash.log" 2>&1
+    echo "crash (exit $rc): native backtrace in $out/crash.log"
+    grep -E "^#" "$out/crash.log" | head -15
+  else
+    echo "crash (exit $rc): no gdb here for a native backtrace"
+  fi
+}
+
 echo "== configure and build ($build)"
 if ! configure_build . "$build" >"$out/build.log" 2>&1 ||
    ! cmake --build "$build" -j "$(nproc)" --target tfe_gpu_tests tfe_soak draft_loop tfe-plan round_cost \
@@ -123,9 +138,10 @@ if [ "${GPU_TEST_PYTHON:-1}" = 1 ]; then
   echo "== python package: install, GPU tests, round cost"
   if CMAKE_PREFIX_PATH="$PWD/.deps" python3 -m pip install --no-build-isolation --no-deps --quiet . \
        >"$out/python_install.log" 2>&1; then
-    python3 -m pytest -q tests/python >"$out/python_tests.log" 2>&1
+    python3 -X faulthandler -m pytest -q tests/python >"$out/python_tests.log" 2>&1
     rc=$?
     tail -3 "$out/python_tests.log"
+    native_backtrace "$rc" python3 -m pytest -q -x tests/python
     # A GPU test skipped on a GPU machine means the device or torch was not seen.
     if [ "$rc" -eq 0 ] && ! grep -qE "skipped.*(no CUDA|needs a GPU|torch)" "$out/python_tests.log"; then
       record python_tests 1 0
@@ -142,11 +158,13 @@ if [ "${GPU_TEST_PYTHON:-1}" = 1 ]; then
     fi
     big="$build/round_cost_llama3.tfe"
     if "$build/tfe-plan" random --preset llama3-8b-eagle3 --seed 1 -o "$big" >"$out/round_cost.log" 2>&1 &&
-       python3 bench/round_cost.py --head "$big" --round-cost "$build/bench/round_cost" >>"$out/round_cost.log" 2>&1; then
+       python3 -X faulthandler bench/round_cost.py --head "$big" --round-cost "$build/bench/round_cost" >>"$out/round_cost.log" 2>&1; then
       tail -5 "$out/round_cost.log"
       record round_cost 1 0
     else
+      rc=$?
       tail -5 "$out/round_cost.log"
+      native_backtrace "$rc" python3 bench/round_cost.py --head "$big" --round-cost "$build/bench/round_cost"
       record round_cost 0 1
     fi
   else
