@@ -39,17 +39,25 @@ HeadHeader write_random_head(const RandomHeadOptions& o, const std::string& out_
   return writer.header();
 }
 
-HeadHeader convert_checkpoint(const CheckpointOptions& o, const std::string& out_path) {
+namespace {
+ConvertOptions convert_options(const CheckpointOptions& o) {
   ConvertOptions c;
   c.eagle_dir = o.eagle_dir;
   c.target_dir = o.target_dir;
   c.window = o.window;
   c.fp8 = o.fp8;
   c.threads = o.threads;
-  const HeadWriter writer = convert_eagle3(c);
+  return c;
+}
+}  // namespace
+
+HeadHeader convert_checkpoint(const CheckpointOptions& o, const std::string& out_path) {
+  const HeadWriter writer = convert_eagle3(convert_options(o));
   writer.write(out_path);
   return writer.header();
 }
+
+std::vector<std::string> checkpoint_warnings(const CheckpointOptions& o) { return eagle3_warnings(convert_options(o)); }
 
 PlanSource PlanSource::file(const std::string& head_path) { return head(HeadFile::open(head_path)); }
 

@@ -494,6 +494,24 @@ HeadHeader eagle3_header(const ConvertOptions& opt) {
   return header_from_configs(head, target, head_name(dir), opt.window);
 }
 
+std::vector<std::string> eagle3_warnings(const ConvertOptions& opt) {
+  const fs::path dir(opt.eagle_dir);
+  const Config head{dir / "config.json", read_json(dir / "config.json")};
+  std::vector<std::string> out;
+  // EAGLE-3's training writes the sequence length it trained on here; past the window the head sees only
+  // the last `window` rows of a context it was trained to see whole.
+  if (head.has("max_position_embeddings")) {
+    const int64_t trained = head.integer("max_position_embeddings");
+    if (trained > opt.window)
+      out.push_back(fmt::format(
+          "{}: max_position_embeddings = {}, but the window is {} rows: past {} tokens the head attends to the "
+          "last {} only, fewer than the context its config names, and acceptance may drop there (the window is "
+          "at most {})",
+          head.path.string(), trained, opt.window, opt.window, opt.window, kMaxWindow));
+  }
+  return out;
+}
+
 HeadWriter convert_eagle3(const ConvertOptions& opt) {
   HeadHeader h = eagle3_header(opt);
   const Checkpoint ck = Checkpoint::open(opt.eagle_dir);

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <tfe/head_file.h>
 #include <tfe/header.h>
@@ -54,6 +55,10 @@ struct ConvertOptions {
 // target); throws naming the file and the missing or unsupported field. qk_norm is left false: only the
 // tensors say it (convert_eagle3 sets it).
 HeadHeader eagle3_header(const ConvertOptions& opt);
+
+// What a conversion allows but a deployer should know, one sentence each, naming the field and the numbers:
+// a head whose config.json says it was made for positions past the window it is given.
+std::vector<std::string> eagle3_warnings(const ConvertOptions& opt);
 
 // The whole conversion: header, every tensor checked by name, dtype and shape, FP8 forms on request.
 HeadWriter convert_eagle3(const ConvertOptions& opt);

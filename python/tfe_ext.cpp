@@ -903,10 +903,14 @@ NB_MODULE(_tfe, m) {
         o.fp8 = as_bool(fp8, "fp8");
         o.threads = as_int32(threads, "threads");
         const std::string path = as_path(out, "out").string();
+        std::vector<std::string> warnings;
         {
           nb::gil_scoped_release release;
           (void)tfe::convert_checkpoint(o, path);
+          warnings = tfe::checkpoint_warnings(o);
         }
+        for (const std::string& w : warnings)
+          if (PyErr_WarnEx(PyExc_UserWarning, w.c_str(), 1) != 0) throw nb::python_error();
         return opened(path);
       },
       "eagle_dir"_a.none(), "out"_a.none(), nb::kw_only(), "target"_a.none() = nb::none(),

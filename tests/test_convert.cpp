@@ -630,3 +630,24 @@ TEST_CASE("convert: a shard that leads outside the checkpoint and a FIFO config.
   REQUIRE(::mkfifo((s.dir / "fifo" / "config.json").c_str(), 0600) == 0);
   CHECK(error_of(options(s.dir / "fifo")).find("is a FIFO; give a regular file") != std::string::npos);
 }
+
+TEST_CASE("convert: a head made for positions past its window is converted, with a warning naming both") {
+  Scratch s;
+  auto ck = random_ckpt(DType::BF16, true);
+  write_ckpt(s.dir / "none", ck);
+  CHECK(eagle3_warnings(options(s.dir / "none")).empty());  // no max_position_embeddings: nothing to say
+  ck.config["max_position_embeddings"] = 2048;
+  write_ckpt(s.dir / "long", ck);
+  auto o = options(s.dir / "long");
+  o.window = 128;
+  CHECK_NOTHROW(convert_eagle3(o));
+  const auto w = eagle3_warnings(o);
+  REQUIRE(w.size() == 1);
+  CHECK(w[0].find("max_position_embeddings = 2048, but the window is 128 rows") != std::string::npos);
+  CHECK(w[0].find((s.dir / "long" / "config.json").string()) != std::string::npos);
+  ck.config["max_position_embeddings"] = 128;
+  write_ckpt(s.dir / "fits", ck);
+  auto f = options(s.dir / "fits");
+  f.window = 128;
+  CHECK(eagle3_warnings(f).empty());
+}

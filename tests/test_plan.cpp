@@ -1477,10 +1477,12 @@ TEST_CASE(
 TEST_CASE("validate: an extend node naming a spec the plan lacks is refused by name, first or last") {
   const Plan good = make_plan(preset_header("tiny"), golden_options());
   REQUIRE(good.extend.size() >= 2);
-  check_refused(good, "the first extend node", [](Plan& p) { p.extend.front().spec = "nope"; },
-                "names spec `nope`, which the plan's specs lack");
-  check_refused(good, "the last extend node", [](Plan& p) { p.extend.back().spec = "nope"; },
-                "names spec `nope`, which the plan's specs lack");
+  check_refused(
+      good, "the first extend node", [](Plan& p) { p.extend.front().spec = "nope"; },
+      "names spec `nope`, which the plan's specs lack");
+  check_refused(
+      good, "the last extend node", [](Plan& p) { p.extend.back().spec = "nope"; },
+      "names spec `nope`, which the plan's specs lack");
 }
 
 TEST_CASE("validate: a kernel argument bound to a buffer of another dtype or role is refused by name") {
@@ -1700,7 +1702,8 @@ TEST_CASE("plan YAML: a 1 MiB map of many keys and deep nesting are refused by n
 
 TEST_CASE("plan YAML: random corruption of a plan is refused with tfe::Error or loads a valid plan") {
   const std::string text = dump_plan_yaml(make_plan(preset_header("tiny"), golden_options()));
-  const uint64_t seed = std::getenv("TFE_TEST_SEED") ? std::stoull(std::getenv("TFE_TEST_SEED")) : std::random_device{}();
+  const uint64_t seed =
+      std::getenv("TFE_TEST_SEED") ? std::stoull(std::getenv("TFE_TEST_SEED")) : std::random_device{}();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
   const std::string alphabet = "0123456789-:,[]{}&*!|>'\"\n #abcxyz_.";

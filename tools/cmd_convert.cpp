@@ -35,6 +35,7 @@ void add_convert(CLI::App& app) {
   cmd->callback([args, target] {
     if (target->count()) args->opt.target_dir = args->target;
     const auto writer = convert_eagle3(args->opt);
+    for (const std::string& w : eagle3_warnings(args->opt)) fmt::print(stderr, "warning: {}\n", w);
     writer.write(args->out);
     const auto& h = writer.header();
     fmt::print("wrote {}: {} (hidden {}, {} heads / {} kv, ffn {}, vocab {} / draft {}, window {}), {} FP8 forms\n",

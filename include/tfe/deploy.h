@@ -41,6 +41,9 @@ struct CheckpointOptions {
 };
 // Writes the .tfe to `out_path` (atomically) and returns its header.
 HeadHeader convert_checkpoint(const CheckpointOptions& options, const std::string& out_path);
+// What the conversion allows but a deployer should know, a sentence each naming the field and the numbers
+// (e.g. a head whose config.json names more positions than the window keeps).
+std::vector<std::string> checkpoint_warnings(const CheckpointOptions& options);
 
 // What a plan is made for: a head's header and the sha256 a plan and an artifact record of it (empty for a
 // preset, which has no file).

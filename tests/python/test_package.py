@@ -277,6 +277,17 @@ def test_convert_refusals(tmp_path):
     assert not (tmp_path / "a.tfe").exists()
 
 
+@needs_safetensors
+def test_convert_warns_of_positions_past_the_window(tmp_path):
+    ckpt = write_eagle3_checkpoint(tmp_path / "long", max_position_embeddings=2048)
+    with pytest.warns(UserWarning, match="max_position_embeddings = 2048, but the window is 64 rows"):
+        tfe.convert(ckpt, tmp_path / "a.tfe", window=64)
+    assert (tmp_path / "a.tfe").exists()
+    done = subprocess.run([tfe.tfe_plan_executable(), "convert", str(ckpt), "--window", "64", "-o",
+                           str(tmp_path / "b.tfe")], capture_output=True, text=True)
+    assert done.returncode == 0 and "warning: " in done.stderr and "max_position_embeddings = 2048" in done.stderr
+
+
 # ------------------------------------------------------------------------------------------- plans, compile
 
 
