@@ -71,18 +71,18 @@ void AcceptLog::flush() {
 
 void AcceptLog::write_line() {
   const AcceptCounts& c = pending_;
-  nlohmann::json window = nlohmann::json::array();
+  nlohmann::ordered_json window = nlohmann::ordered_json::array();
   for (size_t i = 0; i < c.asked.size(); ++i) {
-    nlohmann::json rate = nullptr;  // no draft at this position was examined
+    nlohmann::ordered_json rate = nullptr;  // no draft at this position was examined
     if (c.asked[i]) rate = static_cast<double>(c.kept[i]) / static_cast<double>(c.asked[i]);
     window.push_back({{"position", i + 1}, {"asked", c.asked[i]}, {"kept", c.kept[i]}, {"rate", rate}});
   }
-  const nlohmann::json line = {
+  const nlohmann::ordered_json line = {
       {"label", options_.label},  {"round", totals_.rounds},    {"rounds", c.rounds},
       {"sequences", c.sequences}, {"mean_kept", c.mean_kept()}, {"tokens_per_round", c.mean_kept() + 1.0},
       {"window", window}};
   pending_ = {};
-  const std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  const std::string text = line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   const std::string_view where = out_ == stderr ? std::string_view("stderr") : std::string_view(options_.path);
   if (std::fputs(text.c_str(), out_) < 0 || std::fflush(out_) != 0)
     fail("accept log: cannot write to {} ({})", where, std::strerror(errno));
