@@ -230,7 +230,7 @@ int run(const Options& o) {
     const tfe::DraftResult d = draft();
     const auto t1 = Clock::now();
     std::vector<Pending> pending;
-    std::vector<int> restart;
+    std::vector<int> restart, accepted;  // accepted: drafts kept per verified slot, for the accept log
     for (int i = 0; i < o.slots; ++i) {
       const int slot = slots[static_cast<size_t>(i)];
       const int64_t last = rt.slots().last_pos(slot);
@@ -248,10 +248,12 @@ int run(const Options& o) {
       }
       if (static_cast<int>(p.tokens.size()) == o.steps && p.tokens.back() == d.token(i, o.steps))
         p.tokens.push_back(target.token());  // every draft kept: the target adds the next token
+      accepted.push_back(static_cast<int>(p.tokens.size()) - 1);
       p.taps = target.taps(static_cast<int64_t>(p.tokens.size()));
       tokens_out += p.tokens.size();
       pending.push_back(std::move(p));
     }
+    if (!accepted.empty()) rt.record_accepted(accepted, o.steps);  // TFE_ACCEPT_LOG=N writes its lines
     extend(pending);
     for (int slot : restart) {
       rt.reset(slot);

@@ -36,6 +36,7 @@
 #include "core/error.h"
 #include "plan/plan.h"
 #include "reference/reference.h"
+#include "runtime/accept_log.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -629,6 +630,34 @@ nb::dict stats_dict(const tfe::RuntimeStats& s) {
   return d;
 }
 
+// The accept log's counts (<tfe/accept_log.h>): lists indexed by window position - 1.
+nb::dict accept_counts_dict(const tfe::AcceptCounts& c) {
+  nb::dict d;
+  d["rounds"] = c.rounds;
+  d["sequences"] = c.sequences;
+  d["kept_tokens"] = c.kept_tokens;
+  d["mean_kept"] = c.mean_kept();
+  d["asked"] = c.asked;
+  d["kept"] = c.kept;
+  return d;
+}
+
+// record_accepted's kept: a list, tuple or range of ints (or anything iterable of ints, e.g. a numpy array).
+std::vector<int> accepted_arg(nb::handle h) {
+  std::vector<int> out;
+  size_t i = 0;
+  for (nb::handle item : h) out.push_back(as_int32(item, fmt::format("kept[{}]", i++)));
+  return out;
+}
+
+struct PyAcceptLog {
+  std::unique_ptr<tfe::AcceptLog> log;
+  tfe::AcceptLog& get() {
+    if (!log) fail("accept log: closed");
+    return *log;
+  }
+};
+
 int64_t row_width(const tfe::HeadHeader& h) { return static_cast<int64_t>(h.taps.size()) * h.target_hidden; }
 
 // The two forms of extend, as one argument list: (slot, first_pos, taps, tokens) or (requests). `device`
@@ -1046,6 +1075,36 @@ NB_MODULE(_tfe, m) {
           "uses_fp8", [](const PyReference& r, const std::string& linear) { return r.ref->uses_fp8(linear); },
           "linear"_a);
 
+  // ----------------------------------------------------------------------------------------- accept log
+  nb::class_<PyAcceptLog>(
+      m, "AcceptLog", "Drafts asked and kept by window position, a JSON line every `every` rounds (docs/runtime.md).")
+      .def(
+          "__init__",
+          [](PyAcceptLog* self, nb::handle every, nb::handle path, nb::handle label) {
+            tfe::AcceptLogOptions o;
+            o.every = static_cast<int>(as_int(every, "every", 0, std::numeric_limits<int>::max()));
+            o.path = path.is_none() ? std::string() : as_path(path, "path").string();
+            o.label = as_str(label, "label");
+            new (self) PyAcceptLog{std::make_unique<tfe::AcceptLog>(std::move(o))};
+          },
+          nb::kw_only(), "every"_a.none() = 0, "path"_a.none() = "", "label"_a.none() = "",
+          nb::sig("def __init__(self, *, every: int = 0, path: str | os.PathLike[str] = '', label: str = '') -> None"))
+      .def(
+          "record",
+          [](PyAcceptLog& l, nb::handle kept, nb::handle steps) {
+            const std::vector<int> k = accepted_arg(kept);
+            l.get().record(k, as_int32(steps, "steps"));
+          },
+          "kept"_a.none(), "steps"_a.none())
+      .def("flush", [](PyAcceptLog& l) { l.get().flush(); })
+      .def("totals", [](PyAcceptLog& l) { return accept_counts_dict(l.get().totals()); })
+      .def(
+          "close", [](PyAcceptLog& l) { l.log.reset(); }, "Writes the rounds not yet written and closes the file.")
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def(
+          "__exit__", [](PyAcceptLog& l, nb::handle, nb::handle, nb::handle) { l.log.reset(); }, nb::arg().none(),
+          nb::arg().none(), nb::arg().none());
+
   // -------------------------------------------------------------------------------------------- runtime
   m.def("cuda_device_count", &cuda_device_count, "CUDA devices visible to this process (0 without a driver).");
 
@@ -1054,7 +1113,8 @@ NB_MODULE(_tfe, m) {
           "__init__",
           [](PyRuntime* self, nb::handle head, nb::handle artifact, nb::handle stream, nb::handle device,
              nb::handle plan, nb::handle graphs, nb::handle capture, nb::handle verify, nb::handle recompile,
-             nb::handle graph_capacity, nb::handle l2_bytes, const nb::kwargs& kw) {
+             nb::handle graph_capacity, nb::handle l2_bytes, nb::handle log_every, nb::handle log_path,
+             nb::handle log_label, const nb::kwargs& kw) {
             tfe::OpenOptions o;
             if (kw.contains("arch"))
               type_error("Runtime() takes no arch: the runtime plans for its device's architecture");
@@ -1070,6 +1130,10 @@ NB_MODULE(_tfe, m) {
             o.recompile_mismatched_artifact = as_bool(recompile, "recompile_mismatched_artifact");
             o.graph_capacity = static_cast<size_t>(as_int(graph_capacity, "graph_capacity", 0));
             o.l2_resident_weight_bytes = static_cast<size_t>(as_int(l2_bytes, "l2_resident_weight_bytes", 0));
+            o.accept_log.every =
+                static_cast<int>(as_int(log_every, "accept_log_every", 0, std::numeric_limits<int>::max()));
+            o.accept_log.path = log_path.is_none() ? std::string() : as_path(log_path, "accept_log_path").string();
+            o.accept_log.label = as_str(log_label, "accept_log_label");
             std::shared_ptr<const tfe::HeadFile> file;
             std::string path;
             if (nb::isinstance<PyHead>(head))
@@ -1087,12 +1151,15 @@ NB_MODULE(_tfe, m) {
           "head"_a.none(), "artifact"_a.none() = nb::none(), nb::kw_only(), "stream"_a.none() = nb::none(),
           "device"_a.none() = 0, "plan"_a.none() = nb::none(), "graphs"_a.none() = true, "capture"_a.none() = "at_open",
           "verify"_a.none() = false, "recompile_mismatched_artifact"_a.none() = false, "graph_capacity"_a.none() = 0,
-          "l2_resident_weight_bytes"_a.none() = 0, "options"_a,
+          "l2_resident_weight_bytes"_a.none() = 0, "accept_log_every"_a.none() = 0, "accept_log_path"_a.none() = "",
+          "accept_log_label"_a.none() = "", "options"_a,
           nb::sig("def __init__(self, head: str | os.PathLike[str] | HeadFile, artifact: str | os.PathLike[str] | None "
                   "= None, *, stream: object = None, device: int = 0, plan: PlanOptions | None = None, "
                   "graphs: bool = True, capture: str = 'at_open', verify: bool = False, "
                   "recompile_mismatched_artifact: bool = False, graph_capacity: int = 0, "
-                  "l2_resident_weight_bytes: int = 0, **options: object) -> None"))
+                  "l2_resident_weight_bytes: int = 0, accept_log_every: int = 0, "
+                  "accept_log_path: str | os.PathLike[str] = '', accept_log_label: str = '', "
+                  "**options: object) -> None"))
       .def(
           "extend",
           [](PyRuntime& r, nb::handle a, nb::handle first_pos, nb::handle taps, nb::handle tokens, nb::handle stream) {
@@ -1205,6 +1272,18 @@ NB_MODULE(_tfe, m) {
           "[slots, steps] with a row stride of max_steps, written in the runtime's stream order, valid until the\n"
           "next draft.")
       .def("synchronize", [](PyRuntime& r) { r.run([](tfe::Runtime& rt) { rt.synchronize(); }); })
+      .def(
+          "record_accepted",
+          [](PyRuntime& r, nb::handle kept, nb::handle steps) {
+            const std::vector<int> k = accepted_arg(kept);
+            const int n = as_int32(steps, "steps");
+            r.read([&](tfe::Runtime& rt) { rt.record_accepted(k, n); });
+          },
+          "kept"_a.none(), "steps"_a.none(),
+          "After the target verified a round: kept[i] of the `steps` tokens drafted for the i-th slot of that\n"
+          "round's draft were accepted. Counted in accept_totals() and written to the accept log.")
+      .def("accept_totals",
+           [](PyRuntime& r) { return accept_counts_dict(r.read([](tfe::Runtime& rt) { return rt.accept_totals(); })); })
       .def("stats", [](PyRuntime& r) { return stats_dict(r.read([](tfe::Runtime& rt) { return rt.stats(); })); })
       .def_prop_ro("plan_options",
                    [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return rt.plan_options(); }); })

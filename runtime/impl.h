@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "device/kernels.h"
 #include "graphs/graph_cache.h"
 #include "plan/plan.h"
+#include "runtime/accept_log.h"
 
 namespace tfe {
 
@@ -145,6 +147,7 @@ struct Runtime::Impl {
   std::optional<GraphCache> graphs;
   SlotTable slots;
   RuntimeStats stats;
+  std::unique_ptr<AcceptLog> accept_log;
   std::string broken;                        // the first failure after which device state is unknown
   cudaError_t injected_error = cudaSuccess;  // testing::inject_cuda_error: the next device work fails so
   DeviceDraftOutputs last_outputs;

@@ -347,6 +347,7 @@ Runtime open_runtime(const HeadFile& file, const OpenOptions& o, const TestHooks
   r.options = o;
   r.hooks = hooks;
   r.device = o.device;
+  r.accept_log = std::make_unique<AcceptLog>(accept_log_options_from_environment(o.accept_log));
   const Plan& p = r.plan;
   r.h_tables = table(p, "host_tables", BufferRole::host);
   r.h_token = table(p, "host_token", BufferRole::host);
@@ -427,6 +428,15 @@ Runtime& Runtime::operator=(Runtime&& o) noexcept {
 }
 
 Runtime::~Runtime() { release(); }
+
+void Runtime::record_accepted(std::span<const int> kept, int steps) {
+  Impl& r = *impl_;
+  const int max_steps = r.plan.options.max_steps;
+  if (steps < 1 || steps > max_steps) fail("record_accepted: steps {} is outside 1..{} (max_steps)", steps, max_steps);
+  r.accept_log->record(kept, steps);
+}
+
+const AcceptCounts& Runtime::accept_totals() const { return impl_->accept_log->totals(); }
 
 void Runtime::release() noexcept {
   if (!impl_) return;

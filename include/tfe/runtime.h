@@ -8,7 +8,8 @@
 //   draft(slots, n)         n chained draft steps for each slot: one graph replay; returns host copies;
 //   draft_async(slots, n)   the same, enqueued only: outputs stay on the device, nothing waits, and it can
 //                           be recorded into the caller's own stream capture (docs/runtime.md);
-//   reset(slot)             when a sequence ends.
+//   reset(slot)             when a sequence ends;
+//   record_accepted(kept, n) after the target verified a round: the accept log (<tfe/accept_log.h>).
 // State lives on the device: per slot a K/V ring of ring_rows() rows, the last real row's g, and its
 // position, first position and token. The host keeps the SlotTable (<tfe/slots.h>) of positions, which
 // checks every call before anything changes; a refused call changes nothing. Draft rows written into a
@@ -36,6 +37,7 @@
 
 #include <cuda_runtime.h>
 
+#include <tfe/accept_log.h>
 #include <tfe/draft.h>
 #include <tfe/error.h>
 #include <tfe/head_file.h>
@@ -71,6 +73,9 @@ struct OpenOptions {
   // (cudaCtxResetPersistingL2Cache) and puts back the limit it found. While it is open, the set-aside part
   // of L2 holds the head's weights between calls too, which the target model's passes then do without.
   size_t l2_resident_weight_bytes = 0;
+  // One JSON line every `every` rounds of record_accepted (docs/runtime.md "The accept log"). TFE_ACCEPT_LOG=N
+  // and TFE_ACCEPT_LOG_FILE=PATH in the environment override `every` and `path`.
+  AcceptLogOptions accept_log;
 };
 
 struct RuntimeStats {
@@ -148,6 +153,12 @@ class Runtime {
   int32_t* draft_slots() const;
   DeviceDraftOutputs device_outputs() const;
   void reset(int slot, std::optional<cudaStream_t> stream = std::nullopt);
+
+  // The one call an engine makes after the target verified a round: kept[i] of the `steps` tokens drafted
+  // for the i-th slot of that round's draft were accepted (0..steps; steps 1..max_steps). Host only; counted
+  // in accept_totals() and written to the accept log (OpenOptions::accept_log). A refused call counts nothing.
+  void record_accepted(std::span<const int> kept, int steps);
+  const AcceptCounts& accept_totals() const;  // every round recorded since open
 
   RuntimeStats stats() const;
   // The options of the plan the runtime runs (the artifact's, or those asked; arch: the device's).

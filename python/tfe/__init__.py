@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from ._cli import tfe_plan_executable
 from ._tfe import (
+    AcceptLog,
     CudaError,
     DraftResult,
     Error,
@@ -55,6 +56,7 @@ class ExtendRequest(NamedTuple):
 
 
 __all__ = [
+    "AcceptLog",
     "CudaError",
     "DraftResult",
     "Error",

@@ -145,6 +145,19 @@ class Reference:
 
 def cuda_device_count() -> int: ...
 
+class AcceptLog:
+    """Drafts asked and kept by window position, a JSON line every `every` rounds (docs/runtime.md)."""
+
+    def __init__(self, *, every: int = 0, path: _PathLike = "", label: str = "") -> None: ...
+    def record(self, kept: Sequence[int], steps: int) -> None: ...
+    def flush(self) -> None: ...
+    def totals(self) -> dict[str, Any]:
+        """rounds, sequences, kept_tokens, mean_kept, and asked / kept lists indexed by position - 1."""
+    def close(self) -> None:
+        """Writes the rounds not yet written and closes the file."""
+    def __enter__(self) -> AcceptLog: ...
+    def __exit__(self, *args: object) -> None: ...
+
 class Runtime:
     """One draft head on one GPU (tfe::Runtime). Plan options not given come from the artifact, or the defaults."""
 
@@ -162,6 +175,9 @@ class Runtime:
         recompile_mismatched_artifact: bool = False,
         graph_capacity: int = 0,
         l2_resident_weight_bytes: int = 0,
+        accept_log_every: int = 0,
+        accept_log_path: _PathLike = "",
+        accept_log_label: str = "",
         **options: object,
     ) -> None: ...
     @overload
@@ -192,6 +208,10 @@ class Runtime:
     def device_outputs(self) -> DraftResult:
         """The last draft's outputs on the device as DLPack arrays (not numpy), valid until the next draft."""
     def synchronize(self) -> None: ...
+    def record_accepted(self, kept: Sequence[int], steps: int) -> None:
+        """After the target verified a round: kept[i] of the `steps` tokens drafted for the i-th slot of that
+        round's draft were accepted. Counted in accept_totals() and written to the accept log."""
+    def accept_totals(self) -> dict[str, Any]: ...
     def stats(self) -> dict[str, int]: ...
     @property
     def plan_options(self) -> PlanOptions: ...

