@@ -3,7 +3,8 @@
 # tools (memcheck, racecheck, initcheck, synccheck) over a reduced set, a short draft_loop, then the Python
 # package (installed into the machine's python3, no downloads) with its GPU tests and the round cost of
 # Python against C++ (bench/round_cost.py on a llama3-8b-eagle3-shaped random head). Logs go to $OUT (else
-# out/gpu_test). The last line sums everything: "N passed, N failed". GPU_TEST_PYTHON=0 leaves Python out.
+# out/gpu_test). The last line sums everything: "N passed, N failed". GPU_TEST_PYTHON=0 leaves Python out,
+# GPU_TEST_CPP=0 the C++ tests, sanitizers, draft_loop and broadcast (for a second call on a warm machine).
 #
 # Usage: scripts/gpu_test.sh [BUILD_DIR]   (default build-gpu)
 # TFE_SOAK_ROUNDS=N adds the soak run (tests/gpu/soak.cpp: N extend/draft rounds with resets, host and
@@ -61,6 +62,7 @@ record build 1 0
 export TFE_CACHE_DIR="$PWD/$build/kernel-cache"
 tests="$build/tests/tfe_gpu_tests"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/device.txt" 2>&1 || true
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 
 # doctest's summary line: "[doctest] test cases: N | P passed | F failed | S skipped"
 count_cases() {
@@ -73,65 +75,67 @@ count_cases() {
   echo "${p:-0} ${f:-0} ${s:-0}"
 }
 
-echo "== GPU tests"
-"$tests" --duration=true >"$out/gpu_tests.log" 2>&1
-rc=$?
-read -r p f s < <(count_cases "$out/gpu_tests.log")
-if [ "$s" -gt 0 ]; then f=$((f + s)); fi  # a skip on a GPU machine is a failure: the device was not seen
-if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
-grep -E "FAILED|ERROR|skipped: no CUDA" "$out/gpu_tests.log" | head -20
-record gpu_tests "$p" "$f"
-
-# The sanitizers run the tiny heads' cases only (they slow kernels by 10-100x).
-# (doctest splits filters at commas, so names are matched by patterns without them.)
-reduced=(--test-case="graphs: cache*,graphs: lazy*,draft: matches*tiny dense bf16,draft: matches*two_stage FP8,refusals: bad*")
-for tool in memcheck racecheck initcheck synccheck; do
-  echo "== compute-sanitizer --tool $tool"
-  log="$out/sanitizer_$tool.log"
-  compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 50 "$tests" "${reduced[@]}" >"$log" 2>&1
+if [ "${GPU_TEST_CPP:-1}" = 1 ]; then
+  echo "== GPU tests"
+  "$tests" --duration=true >"$out/gpu_tests.log" 2>&1
   rc=$?
-  # memcheck, initcheck and synccheck end with "ERROR SUMMARY: 0 errors"; racecheck with
-  # "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)".
-  if [ "$rc" -eq 0 ] && grep -qE "(ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed \(0 errors)" "$log"; then
-    record "sanitizer $tool" 1 0
-  else
-    grep -E "ERROR SUMMARY|Error|error" "$log" | head -10
-    record "sanitizer $tool (rc $rc)" 0 1
-  fi
-done
+  read -r p f s < <(count_cases "$out/gpu_tests.log")
+  if [ "$s" -gt 0 ]; then f=$((f + s)); fi  # a skip on a GPU machine is a failure: the device was not seen
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+  grep -E "FAILED|ERROR|skipped: no CUDA" "$out/gpu_tests.log" | head -20
+  record gpu_tests "$p" "$f"
 
-echo "== draft_loop on a tiny head"
-head="$build/draft_loop_tiny.tfe"
-if "$build/tfe-plan" random --preset tiny --seed 3 -o "$head" >"$out/draft_loop.log" 2>&1 &&
-   "$build/examples/draft_loop" --head "$head" --slots 4 --steps 5 --rounds 100 --report-every 50 \
-     >>"$out/draft_loop.log" 2>&1 &&
-   "$build/examples/draft_loop" --head "$head" --slots 4 --steps 5 --rounds 100 --report-every 50 --device-rows \
-     >>"$out/draft_loop.log" 2>&1; then
-  tail -2 "$out/draft_loop.log"
-  record draft_loop 1 0
-else
-  tail -5 "$out/draft_loop.log"
-  record draft_loop 0 1
-fi
+  # The sanitizers run the tiny heads' cases only (they slow kernels by 10-100x).
+  # (doctest splits filters at commas, so names are matched by patterns without them.)
+  reduced=(--test-case="graphs: cache*,graphs: lazy*,draft: matches*tiny dense bf16,draft: matches*two_stage FP8,refusals: bad*")
+  for tool in memcheck racecheck initcheck synccheck; do
+    echo "== compute-sanitizer --tool $tool"
+    log="$out/sanitizer_$tool.log"
+    compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 50 "$tests" "${reduced[@]}" >"$log" 2>&1
+    rc=$?
+    # memcheck, initcheck and synccheck end with "ERROR SUMMARY: 0 errors"; racecheck with
+    # "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)".
+    if [ "$rc" -eq 0 ] && grep -qE "(ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed \(0 errors)" "$log"; then
+      record "sanitizer $tool" 1 0
+    else
+      grep -E "ERROR SUMMARY|Error|error" "$log" | head -10
+      record "sanitizer $tool (rc $rc)" 0 1
+    fi
+  done
 
-echo "== drafts to every rank (NCCL)"
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-for mode in "--ranks 1 --capture" "--ranks 2" "--ranks 2 --capture" "--ranks 2 --kill-rank 1 --kill-after 5 --timeout-ms 5000"; do
-  # shellcheck disable=SC2086 # the mode is its words
-  "$build/tests/tfe_broadcast_ranks" $mode >>"$out/broadcast.log" 2>&1
-  rc=$?
-  tail -1 "$out/broadcast.log"
-  if [ "$rc" -eq 0 ]; then
-    record "broadcast $mode" 1 0
-  elif [ "$rc" -eq 77 ] && [ "$gpus" -lt 2 ]; then
-    table+=("$(printf '%-28s skipped: %s GPU(s)' "broadcast $mode" "$gpus")")
+  echo "== draft_loop on a tiny head"
+  head="$build/draft_loop_tiny.tfe"
+  if "$build/tfe-plan" random --preset tiny --seed 3 -o "$head" >"$out/draft_loop.log" 2>&1 &&
+     "$build/examples/draft_loop" --head "$head" --slots 4 --steps 5 --rounds 100 --report-every 50 \
+       >>"$out/draft_loop.log" 2>&1 &&
+     "$build/examples/draft_loop" --head "$head" --slots 4 --steps 5 --rounds 100 --report-every 50 --device-rows \
+       >>"$out/draft_loop.log" 2>&1; then
+    tail -2 "$out/draft_loop.log"
+    record draft_loop 1 0
   else
-    record "broadcast $mode" 0 1
+    tail -5 "$out/draft_loop.log"
+    record draft_loop 0 1
   fi
-done
-if [ "$gpus" -ge 2 ]; then
-  # The broadcast's cost inside a round, against the draft's own time (1, 4, 16 slots).
-  "$build/tests/tfe_broadcast_ranks" --ranks 2 --measure --slots 16 --steps 4 --rounds 200 2>&1 | tee -a "$out/broadcast.log"
+
+  echo "== drafts to every rank (NCCL)"
+
+  for mode in "--ranks 1 --capture" "--ranks 2" "--ranks 2 --capture" "--ranks 2 --kill-rank 1 --kill-after 5 --timeout-ms 5000"; do
+    # shellcheck disable=SC2086 # the mode is its words
+    "$build/tests/tfe_broadcast_ranks" $mode >>"$out/broadcast.log" 2>&1
+    rc=$?
+    tail -1 "$out/broadcast.log"
+    if [ "$rc" -eq 0 ]; then
+      record "broadcast $mode" 1 0
+    elif [ "$rc" -eq 77 ] && [ "$gpus" -lt 2 ]; then
+      table+=("$(printf '%-28s skipped: %s GPU(s)' "broadcast $mode" "$gpus")")
+    else
+      record "broadcast $mode" 0 1
+    fi
+  done
+  if [ "$gpus" -ge 2 ]; then
+    # The broadcast's cost inside a round, against the draft's own time (1, 4, 16 slots).
+    "$build/tests/tfe_broadcast_ranks" --ranks 2 --measure --slots 16 --steps 4 --rounds 200 2>&1 | tee -a "$out/broadcast.log"
+  fi
 fi
 
 if [ "${GPU_TEST_PYTHON:-1}" = 1 ]; then
