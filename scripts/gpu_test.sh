@@ -118,7 +118,6 @@ if [ "${GPU_TEST_CPP:-1}" = 1 ]; then
   fi
 
   echo "== drafts to every rank (NCCL)"
-
   for mode in "--ranks 1 --capture" "--ranks 2" "--ranks 2 --capture" "--ranks 2 --kill-rank 1 --kill-after 5 --timeout-ms 5000"; do
     # shellcheck disable=SC2086 # the mode is its words
     "$build/tests/tfe_broadcast_ranks" $mode >>"$out/broadcast.log" 2>&1
