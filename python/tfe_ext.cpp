@@ -37,6 +37,8 @@
 #include "plan/plan.h"
 #include "reference/reference.h"
 #include "runtime/accept_log.h"
+#include "runtime/self_check.h"
+#include "runtime/tap_dump.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -1114,7 +1116,8 @@ NB_MODULE(_tfe, m) {
           [](PyRuntime* self, nb::handle head, nb::handle artifact, nb::handle stream, nb::handle device,
              nb::handle plan, nb::handle graphs, nb::handle capture, nb::handle verify, nb::handle recompile,
              nb::handle graph_capacity, nb::handle l2_bytes, nb::handle log_every, nb::handle log_path,
-             nb::handle log_label, const nb::kwargs& kw) {
+             nb::handle log_label, nb::handle tap_dump, nb::handle tap_dump_max_rows, nb::handle self_check,
+             const nb::kwargs& kw) {
             tfe::OpenOptions o;
             if (kw.contains("arch"))
               type_error("Runtime() takes no arch: the runtime plans for its device's architecture");
@@ -1134,6 +1137,14 @@ NB_MODULE(_tfe, m) {
                 static_cast<int>(as_int(log_every, "accept_log_every", 0, std::numeric_limits<int>::max()));
             o.accept_log.path = log_path.is_none() ? std::string() : as_path(log_path, "accept_log_path").string();
             o.accept_log.label = as_str(log_label, "accept_log_label");
+            o.tap_dump.path = tap_dump.is_none() ? std::string() : as_path(tap_dump, "tap_dump").string();
+            o.tap_dump.max_rows =
+                as_int(tap_dump_max_rows, "tap_dump_max_rows", 1, std::numeric_limits<int32_t>::max());
+            o.self_check = as_bool(self_check, "self_check");
+            // Refused before the device is looked for, as Runtime::open refuses them before it plans anything.
+            if (const tfe::TapDumpOptions d = tfe::tap_dump_options_from_environment(o.tap_dump); !d.path.empty())
+              tfe::check_tap_dump_options(d);
+            (void)tfe::self_check_from_environment(o.self_check);
             std::shared_ptr<const tfe::HeadFile> file;
             std::string path;
             if (nb::isinstance<PyHead>(head))
@@ -1152,13 +1163,15 @@ NB_MODULE(_tfe, m) {
           "device"_a.none() = 0, "plan"_a.none() = nb::none(), "graphs"_a.none() = true, "capture"_a.none() = "at_open",
           "verify"_a.none() = false, "recompile_mismatched_artifact"_a.none() = false, "graph_capacity"_a.none() = 0,
           "l2_resident_weight_bytes"_a.none() = 0, "accept_log_every"_a.none() = 0, "accept_log_path"_a.none() = "",
-          "accept_log_label"_a.none() = "", "options"_a,
+          "accept_log_label"_a.none() = "", "tap_dump"_a.none() = "",
+          "tap_dump_max_rows"_a.none() = tfe::TapDumpOptions{}.max_rows, "self_check"_a.none() = false, "options"_a,
           nb::sig("def __init__(self, head: str | os.PathLike[str] | HeadFile, artifact: str | os.PathLike[str] | None "
                   "= None, *, stream: object = None, device: int = 0, plan: PlanOptions | None = None, "
                   "graphs: bool = True, capture: str = 'at_open', verify: bool = False, "
                   "recompile_mismatched_artifact: bool = False, graph_capacity: int = 0, "
                   "l2_resident_weight_bytes: int = 0, accept_log_every: int = 0, "
                   "accept_log_path: str | os.PathLike[str] = '', accept_log_label: str = '', "
+                  "tap_dump: str | os.PathLike[str] = '', tap_dump_max_rows: int = 65536, self_check: bool = False, "
                   "**options: object) -> None"))
       .def(
           "extend",
@@ -1282,6 +1295,9 @@ NB_MODULE(_tfe, m) {
           "kept"_a.none(), "steps"_a.none(),
           "After the target verified a round: kept[i] of the `steps` tokens drafted for the i-th slot of that\n"
           "round's draft were accepted. Counted in accept_totals() and written to the accept log.")
+      .def(
+          "write_tap_dump", [](PyRuntime& r) { r.run([](tfe::Runtime& rt) { rt.write_tap_dump(); }); },
+          "Writes the tap dump's safetensors file now, with every row kept so far (it is written again at close).")
       .def("accept_totals",
            [](PyRuntime& r) { return accept_counts_dict(r.read([](tfe::Runtime& rt) { return rt.accept_totals(); })); })
       .def("stats", [](PyRuntime& r) { return stats_dict(r.read([](tfe::Runtime& rt) { return rt.stats(); })); })

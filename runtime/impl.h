@@ -21,6 +21,8 @@
 #include "graphs/graph_cache.h"
 #include "plan/plan.h"
 #include "runtime/accept_log.h"
+#include "runtime/self_check.h"
+#include "runtime/tap_dump.h"
 
 namespace tfe {
 
@@ -47,6 +49,10 @@ struct TestHooks {
     bool capture = false;
     cudaError_t instantiate = cudaSuccess;
     std::string corrupt_cubin;
+    // negate_weight: every bf16 value of this weight buffer has its sign flipped in device memory right after
+    // the upload, as a corrupted upload would leave it, so that the self-check (OpenOptions::self_check) meets
+    // a runtime that drafts wrong. The final norm's weights negate n, so the vocabulary head's logits.
+    std::string negate_weight;
   };
   Faults faults;
 };
@@ -148,6 +154,8 @@ struct Runtime::Impl {
   SlotTable slots;
   RuntimeStats stats;
   std::unique_ptr<AcceptLog> accept_log;
+  std::unique_ptr<TapDump> tap_dump;         // null: off
+  SelfCheckReport self_check;                // what the self-check at open compared (cases 0: it did not run)
   std::string broken;                        // the first failure after which device state is unknown
   cudaError_t injected_error = cudaSuccess;  // testing::inject_cuda_error: the next device work fails so
   DeviceDraftOutputs last_outputs;

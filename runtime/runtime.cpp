@@ -318,9 +318,28 @@ void check_device(int device) {
   if (count == 0) fail_cuda("runtime: no CUDA device (cudaGetDeviceCount reports none or fails)");
   if (device < 0 || device >= count) fail("runtime: device {} is outside 0..{}", device, count - 1);
 }
+
+// What open can refuse before it reads or plans anything: the diagnostics' options, as the environment sets them.
+void check_diagnostics(const OpenOptions& o) {
+  const TapDumpOptions dump = tap_dump_options_from_environment(o.tap_dump);
+  if (!dump.path.empty()) check_tap_dump_options(dump);
+  (void)self_check_from_environment(o.self_check);
+}
+
+// testing::Hooks::Faults::negate_weight: the sign of every bf16 value of one weight buffer flipped on the device.
+void negate_weight(RuntimeAccess::Impl& r, const std::string& name) {
+  const Buffer* b = r.plan.weights.find(name);
+  if (!b) fail("negate_weight: the plan has no weight buffer `{}`", name);
+  if (b->dtype != DType::BF16) fail("negate_weight: weight buffer `{}` is {}, not BF16", name, dtype_name(b->dtype));
+  std::vector<bf16_bits> v(static_cast<size_t>(b->bytes) / sizeof(bf16_bits));
+  TFE_CUDA(cudaMemcpy(v.data(), r.weights + b->offset, v.size() * sizeof(bf16_bits), cudaMemcpyDeviceToHost));
+  for (bf16_bits& x : v) x = static_cast<bf16_bits>(x ^ 0x8000u);
+  TFE_CUDA(cudaMemcpy(r.weights + b->offset, v.data(), v.size() * sizeof(bf16_bits), cudaMemcpyHostToDevice));
+}
 }  // namespace
 
 Runtime Runtime::open(const std::string& head_path, const OpenOptions& o) {
+  check_diagnostics(o);
   check_device(o.device);
   HeadFile::Options fo;
   fo.verify_sha256 = o.verify_sha256;
@@ -330,6 +349,7 @@ Runtime Runtime::open(const std::string& head_path, const OpenOptions& o) {
 Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) { return open_runtime(file, o, TestHooks{}); }
 
 Runtime open_runtime(const HeadFile& file, const OpenOptions& o, const TestHooks& hooks) {
+  check_diagnostics(o);
   check_device(o.device);
   DeviceScope scope(o.device);
   ResolveRequest rq;
@@ -348,6 +368,11 @@ Runtime open_runtime(const HeadFile& file, const OpenOptions& o, const TestHooks
   r.hooks = hooks;
   r.device = o.device;
   r.accept_log = std::make_unique<AcceptLog>(accept_log_options_from_environment(o.accept_log));
+  // Attached after the self-check, whose rows are not the engine's.
+  std::unique_ptr<TapDump> tap_dump;
+  if (TapDumpOptions d = tap_dump_options_from_environment(o.tap_dump); !d.path.empty())
+    tap_dump = std::make_unique<TapDump>(std::move(d), static_cast<int>(file.header().taps.size()),
+                                         file.header().target_hidden, file.header_sha256());
   const Plan& p = r.plan;
   r.h_tables = table(p, "host_tables", BufferRole::host);
   r.h_token = table(p, "host_token", BufferRole::host);
@@ -400,6 +425,7 @@ Runtime open_runtime(const HeadFile& file, const OpenOptions& o, const TestHooks
     r.stats.l2_set_aside = r.l2.bytes();
   }
   r.upload_weights(file);
+  if (!hooks.faults.negate_weight.empty()) negate_weight(r, hooks.faults.negate_weight);
   r.load_kernels(planned.images);
   r.prepare_nodes();
   TFE_CUDA(cudaStreamSynchronize(r.stream));
@@ -413,7 +439,23 @@ Runtime open_runtime(const HeadFile& file, const OpenOptions& o, const TestHooks
     if (hooks.faults.instantiate != cudaSuccess) r.graphs->inject_instantiate_error(hooks.faults.instantiate);
     if (o.capture == OpenOptions::Capture::at_open) r.capture_all();
   }
-  return RuntimeAccess::make(std::move(impl));
+  Runtime rt = RuntimeAccess::make(std::move(impl));
+  if (self_check_from_environment(o.self_check)) {
+    // The check's calls are not the engine's. Its slots are reset; the arena and the host arena are zeroed
+    // again, as open left them (every slot's ring and state, the scratch slot's included, the outputs); the
+    // counters and the last outputs are put back. A graph the check captured under lazy capture stays, counted.
+    const RuntimeStats before = r.stats;
+    r.self_check = run_self_check(rt, file);
+    r.device_work([&] {
+      TFE_CUDA(cudaMemsetAsync(r.arena, 0, static_cast<size_t>(r.plan.arena.bytes), r.stream));
+      TFE_CUDA(cudaStreamSynchronize(r.stream));
+    });
+    std::memset(r.host, 0, r.host_memory.bytes());
+    r.stats = before;
+    r.last_outputs = {};
+  }
+  r.tap_dump = std::move(tap_dump);
+  return rt;
 }
 
 Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -437,6 +479,12 @@ void Runtime::record_accepted(std::span<const int> kept, int steps) {
 }
 
 const AcceptCounts& Runtime::accept_totals() const { return impl_->accept_log->totals(); }
+
+void Runtime::write_tap_dump() {
+  if (!impl_->tap_dump)
+    fail("write_tap_dump: no tap dump is on (set OpenOptions::tap_dump.path, or TFE_TAP_DUMP=FILE, at open)");
+  impl_->tap_dump->write();
+}
 
 void Runtime::release() noexcept {
   if (!impl_) return;
@@ -585,7 +633,41 @@ void Runtime::extend(std::span<const ExtendRequest> requests, std::optional<cuda
         [&](int64_t rows) { return r.t_taps->offset + rows * static_cast<int64_t>(row_bytes); });
   });
   for (const ExtendRequest& q : requests) r.slots.commit_extend(q.slot, q.first_pos, q.n_rows, q.tokens);
+  if (r.tap_dump) r.tap_dump->record(requests);
 }
+
+namespace {
+// The tap dump of a device extend: the rows that still fit under max_rows copied to the host after the
+// extend's launches on the same stream, which then waits for them (the dump's cost: a synchronization per call).
+void dump_device_rows(RuntimeAccess::Impl& r, std::span<const DeviceExtendRequest> requests, int64_t row_width,
+                      cudaStream_t s) {
+  const size_t row_bytes = static_cast<size_t>(row_width) * sizeof(bf16_bits);
+  int64_t room = r.tap_dump->room(), left_out = 0;
+  std::vector<std::vector<bf16_bits>> taps(requests.size());
+  std::vector<std::vector<int32_t>> tokens(requests.size());
+  std::vector<ExtendRequest> rows(requests.size());
+  r.device_work([&] {
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const DeviceExtendRequest& q = requests[i];
+      const int64_t keep = std::min(q.n_rows, room);
+      room -= keep;
+      left_out += q.n_rows - keep;
+      taps[i].resize(static_cast<size_t>(keep * row_width));
+      tokens[i].resize(static_cast<size_t>(keep));
+      rows[i] = ExtendRequest{q.slot, q.first_pos, keep, taps[i], tokens[i]};
+      if (keep == 0) continue;
+      const int64_t stride = q.taps_stride ? q.taps_stride : row_width;
+      TFE_CUDA(cudaMemcpy2DAsync(taps[i].data(), row_bytes, q.taps, static_cast<size_t>(stride) * sizeof(bf16_bits),
+                                 row_bytes, static_cast<size_t>(keep), cudaMemcpyDeviceToHost, s));
+      TFE_CUDA(cudaMemcpyAsync(tokens[i].data(), q.tokens, static_cast<size_t>(keep) * sizeof(int32_t),
+                               cudaMemcpyDeviceToHost, s));
+      r.stats.bytes_downloaded += static_cast<uint64_t>(keep) * (row_bytes + sizeof(int32_t));
+    }
+    TFE_CUDA(cudaStreamSynchronize(s));
+  });
+  r.tap_dump->record(rows, left_out);
+}
+}  // namespace
 
 void Runtime::extend(std::span<const DeviceExtendRequest> requests, std::optional<cudaStream_t> stream) {
   Impl& r = *impl_;
@@ -619,6 +701,7 @@ void Runtime::extend(std::span<const DeviceExtendRequest> requests, std::optiona
         [&](int64_t) { return r.t_taps->offset; });
   });
   for (const DeviceExtendRequest& q : requests) r.slots.commit_rows(q.slot, q.first_pos, q.n_rows);
+  if (r.tap_dump) dump_device_rows(r, requests, row_width, s);
 }
 
 DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {

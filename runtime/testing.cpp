@@ -48,4 +48,6 @@ void fill_buffer(Runtime& rt, std::string_view name, uint8_t byte) {
 
 void inject_cuda_error(Runtime& rt, cudaError_t error) { RuntimeAccess::impl(rt).injected_error = error; }
 
+const SelfCheckReport& self_check_report(const Runtime& rt) { return RuntimeAccess::impl(rt).self_check; }
+
 }  // namespace tfe::testing

@@ -34,4 +34,7 @@ void fill_buffer(Runtime& rt, std::string_view name, uint8_t byte);
 // throws CudaError, and every later call is refused, naming it (<tfe/runtime.h>).
 void inject_cuda_error(Runtime& rt, cudaError_t error);
 
+// What the self-check at open compared (OpenOptions::self_check); cases 0 where it did not run.
+const SelfCheckReport& self_check_report(const Runtime& rt);
+
 }  // namespace tfe::testing

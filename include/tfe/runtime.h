@@ -43,6 +43,7 @@
 #include <tfe/head_file.h>
 #include <tfe/options.h>
 #include <tfe/slots.h>
+#include <tfe/tap_dump.h>
 
 namespace tfe {
 
@@ -76,6 +77,14 @@ struct OpenOptions {
   // One JSON line every `every` rounds of record_accepted (docs/runtime.md "The accept log"). TFE_ACCEPT_LOG=N
   // and TFE_ACCEPT_LOG_FILE=PATH in the environment override `every` and `path`.
   AcceptLogOptions accept_log;
+  // Every real row of every extend call (host and device forms) kept and written as one safetensors file at
+  // close or by write_tap_dump() (docs/runtime.md "The tap dump"). Off unless `path` is set; TFE_TAP_DUMP=FILE
+  // in the environment sets it. A device extend then waits for its rows' copy to the host.
+  TapDumpOptions tap_dump;
+  // After everything is loaded, draft a fixed case and compare it with the CPU reference under the bound of
+  // the GPU tests; a step outside it refuses the open (docs/runtime.md "The self-check"). TFE_CHECK=1 (or 0)
+  // in the environment overrides it.
+  bool self_check = false;
 };
 
 struct RuntimeStats {
@@ -159,6 +168,10 @@ class Runtime {
   // in accept_totals() and written to the accept log (OpenOptions::accept_log). A refused call counts nothing.
   void record_accepted(std::span<const int> kept, int steps);
   const AcceptCounts& accept_totals() const;  // every round recorded since open
+
+  // Writes the tap dump's file now, with every row kept so far (OpenOptions::tap_dump); it is written again at
+  // close. Throws tfe::Error naming the path when it cannot be written, or when no tap dump is on.
+  void write_tap_dump();
 
   RuntimeStats stats() const;
   // The options of the plan the runtime runs (the artifact's, or those asked; arch: the device's).

@@ -178,6 +178,9 @@ class Runtime:
         accept_log_every: int = 0,
         accept_log_path: _PathLike = "",
         accept_log_label: str = "",
+        tap_dump: _PathLike = "",
+        tap_dump_max_rows: int = 65536,
+        self_check: bool = False,
         **options: object,
     ) -> None: ...
     @overload
@@ -212,6 +215,9 @@ class Runtime:
         """After the target verified a round: kept[i] of the `steps` tokens drafted for the i-th slot of that
         round's draft were accepted. Counted in accept_totals() and written to the accept log."""
     def accept_totals(self) -> dict[str, Any]: ...
+    def write_tap_dump(self) -> None:
+        """Writes the tap dump's safetensors file now, with every row kept so far (it is written again at
+        close)."""
     def stats(self) -> dict[str, int]: ...
     @property
     def plan_options(self) -> PlanOptions: ...

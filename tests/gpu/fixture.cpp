@@ -68,18 +68,4 @@ std::vector<ExtendRequest> requests(const std::vector<Rows>& rows) {
   return r;
 }
 
-float top_two_gap(std::span<const float> v) {
-  if (v.size() < 2) return 0.0f;
-  float a = -INFINITY, b = -INFINITY;
-  for (float x : v) {
-    if (x > a) {
-      b = a;
-      a = x;
-    } else if (x > b) {
-      b = x;
-    }
-  }
-  return a - b;
-}
-
 }  // namespace tfe::test

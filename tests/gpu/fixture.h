@@ -12,6 +12,7 @@
 #include <tfe/head_file.h>
 #include "core/numeric.h"
 #include "plan/plan.h"
+#include "reference/agreement.h"
 #include "reference/reference.h"
 #include <tfe/runtime.h>
 #include "runtime/testing.h"
@@ -47,9 +48,6 @@ struct Rows {
 };
 Rows random_rows(std::mt19937_64& rng, const HeadHeader& h, int slot, int64_t first_pos, int64_t n);
 std::vector<ExtendRequest> requests(const std::vector<Rows>& rows);
-
-// The gap between the largest and second largest value (0 with fewer than two values).
-float top_two_gap(std::span<const float> v);
 
 template <typename T>
 std::vector<T> as_vector(const std::vector<std::byte>& bytes) {
