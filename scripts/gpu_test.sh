@@ -41,12 +41,15 @@ native_backtrace() {  # exit status, command...
   local rc=$1
   shift
   [ "$rc" -gt 128 ] || return 0
-  if command -v gdb >/dev/null; then
-    gdb -batch -ex run -ex "bt 40" -ex "info sharedlibrary" --args "$@" >>"$out/crash.log" 2>&1
+  # The GPU machines have cuda-gdb but no gdb; cuda-gdb debugs host code the same way.
+  local gdb
+  gdb=$(command -v gdb || command -v cuda-gdb)
+  if [ -n "$gdb" ]; then
+    "$gdb" -batch -ex run -ex "bt 40" -ex "info sharedlibrary" --args "$@" >>"$out/crash.log" 2>&1
     echo "crash (exit $rc): native backtrace in $out/crash.log"
     grep -E "^#" "$out/crash.log" | head -15
   else
-    echo "crash (exit $rc): no gdb here for a native backtrace"
+    echo "crash (exit $rc): no gdb or cuda-gdb here for a native backtrace"
   fi
 }
 
