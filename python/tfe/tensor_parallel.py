@@ -203,6 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--steps {a.steps}: at least 1")
     if a.max_new_tokens < 1:
         ap.error(f"--max-new-tokens {a.max_new_tokens}: at least 1")
+    if not os.path.isfile(a.head):
+        ap.error(f"--head {a.head}: no such file")
 
     rank, world, dev = init_ranks(a.device)
     on_gpu = dev.type == "cuda"
