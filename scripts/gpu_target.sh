@@ -13,7 +13,11 @@
 #   scripts/gpu_target.sh train      there, the very next call, carrying .target/gguf.2 .target/wheels .deps:
 #                                    joins and checks the GGUF, builds the module, trains (TRAIN_MINUTES,
 #                                    default 4), converts, compiles; about 8 minutes
-#   scripts/gpu_target.sh measure    there, the next call: exactness and speed-up, the table last
+#   scripts/gpu_target.sh measure    there, the next call: exactness and speed-up, the table last; on a
+#                                    machine with 2 GPUs also the phase tp
+#   scripts/gpu_target.sh tp         there, after train: the loop with the target split over 2 GPUs
+#                                    (tfe.tensor_parallel, docs/distributed.md); skipped, saying so, with
+#                                    fewer than 2 GPUs
 #   scripts/gpu_target.sh all        train + measure in one command (where a command may run ~15 minutes)
 #
 # State between the calls lives in /tmp/tfe-target, which the machine keeps while it stays warm.
@@ -102,6 +106,30 @@ measure() {
     grep -v "it/s\]" | tee "$out/speedup.log" || rc=1
   echo "== exactness: $(tail -1 "$out/exactness.log")"
   grep -A5 "^speed-up" "$out/speedup.log"
+  [ "$(gpu_count)" -lt 2 ] || tensor_parallel || rc=1
+  return $rc
+}
+
+gpu_count() { nvidia-smi -L 2>/dev/null | wc -l; }
+
+tensor_parallel() {
+  [ -f "$state/head.tfe" ] || die "no $state/head.tfe: run 'train' first (in this warm machine)"
+  local gpus rc=0
+  gpus=$(gpu_count)
+  if [ "$gpus" -lt 2 ]; then
+    echo "== tensor parallel: skipped: this machine has $gpus GPU(s), the split target needs 2"
+    return 0
+  fi
+  export TFE_TARGET_GGUF=$state/$gguf_name
+  # fp32: every difference from the split target alone fails; bf16 (the timed run, with the one-GPU loop
+  # beside it): differences only where the target's top two logits nearly tie.
+  for dtype in float32 bfloat16; do
+    local extra=()
+    [ "$dtype" = bfloat16 ] && extra=(--one-gpu-loop)
+    NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m tfe.tensor_parallel \
+      --head "$state/head.tfe" --artifact "$state/deploy" --dtype "$dtype" --max-new-tokens 128 "${extra[@]}" \
+      -o "$out/tensor_parallel_$dtype.json" 2>&1 | grep -v "it/s\]" | tee "$out/tensor_parallel_$dtype.log" || rc=1
+  done
   return $rc
 }
 
@@ -110,6 +138,7 @@ case $phase in
   receive) receive ;;
   train) train ;;
   measure) measure ;;
+  tp) tensor_parallel ;;
   all) train && measure ;;
-  *) die "unknown phase '$phase' (stage receive train measure all)" ;;
+  *) die "unknown phase '$phase' (stage receive train measure tp all)" ;;
 esac

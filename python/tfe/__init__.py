@@ -18,6 +18,33 @@ runtime refuses every call.
 
 from typing import Any, NamedTuple
 
+
+def _load_torch_nccl() -> None:
+    """A module built with NCCL links libnccl.so.2, and one soname is loaded once per process. torch's CUDA
+    wheels ship their own NCCL (the nvidia-nccl package), often newer than the toolkit's that the module was
+    built against, and torch needs its symbols: loaded first, the toolkit's makes a later `import torch` fail
+    (undefined symbol). So where torch and that package are installed and torch is not yet imported, their
+    NCCL is loaded before the module, and both use it (NCCL keeps its API across versions)."""
+    import importlib.util
+    import sys
+
+    if "torch" in sys.modules or importlib.util.find_spec("torch") is None:
+        return
+    nvidia = importlib.util.find_spec("nvidia")
+    if nvidia is None or not nvidia.submodule_search_locations:
+        return
+    import ctypes
+    import os
+
+    for root in nvidia.submodule_search_locations:
+        lib = os.path.join(root, "nccl", "lib", "libnccl.so.2")
+        if os.path.isfile(lib):
+            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+            return
+
+
+_load_torch_nccl()
+
 from ._cli import tfe_plan_executable
 from ._tfe import (
     AcceptLog,

