@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include <tfe/head_file.h>
 #include "core/numeric.h"
+#include "device/handles.h"
 #include "plan/plan.h"
 #include "reference/agreement.h"
 #include "reference/reference.h"
@@ -48,6 +49,17 @@ struct Rows {
 };
 Rows random_rows(std::mt19937_64& rng, const HeadHeader& h, int slot, int64_t first_pos, int64_t n);
 std::vector<ExtendRequest> requests(const std::vector<Rows>& rows);
+
+// T x Ht: the bf16 values of one row's taps.
+int64_t row_width(const HeadHeader& h);
+
+// Rows of several slots copied into one device buffer, each row `stride` values apart (the gap filled with
+// NaN bits, which a read past a row's taps would carry into what it feeds), and the tokens after them.
+struct DeviceRows {
+  cuda::DeviceMemory taps, tokens;
+  std::vector<DeviceExtendRequest> requests;
+};
+DeviceRows to_device(const std::vector<Rows>& rows, int64_t width, int64_t stride);
 
 template <typename T>
 std::vector<T> as_vector(const std::vector<std::byte>& bytes) {

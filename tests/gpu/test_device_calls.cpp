@@ -13,44 +13,6 @@ namespace {
 
 #define CHECK_CUDA(call) REQUIRE((call) == cudaSuccess)
 
-// Rows of several slots copied into one device buffer, each row `stride` values apart (the gap filled with
-// NaN bits, which a read past a row's taps would carry into the drafts), and the tokens after them.
-struct DeviceRows {
-  cuda::DeviceMemory taps, tokens;
-  std::vector<DeviceExtendRequest> requests;
-};
-
-DeviceRows to_device(const std::vector<Rows>& rows, int64_t width, int64_t stride) {
-  int64_t total = 0;
-  for (const Rows& r : rows) total += static_cast<int64_t>(r.tokens.size());
-  std::vector<bf16_bits> taps(static_cast<size_t>(total * stride), bf16_bits{0x7fc1});
-  std::vector<int32_t> tokens;
-  int64_t at = 0;
-  for (const Rows& r : rows) {
-    for (size_t i = 0; i < r.tokens.size(); ++i)
-      std::memcpy(&taps[static_cast<size_t>((at + static_cast<int64_t>(i)) * stride)], &r.taps[i * width],
-                  static_cast<size_t>(width) * sizeof(bf16_bits));
-    tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
-    at += static_cast<int64_t>(r.tokens.size());
-  }
-  DeviceRows d;
-  d.taps = cuda::allocate_device(taps.size() * sizeof(bf16_bits), "test taps");
-  d.tokens = cuda::allocate_device(tokens.size() * sizeof(int32_t), "test tokens");
-  CHECK_CUDA(cudaMemcpy(d.taps.data(), taps.data(), taps.size() * sizeof(bf16_bits), cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(d.tokens.data(), tokens.data(), tokens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-  at = 0;
-  for (const Rows& r : rows) {
-    const auto n = static_cast<int64_t>(r.tokens.size());
-    d.requests.push_back(DeviceExtendRequest{r.slot, r.first_pos, n,
-                                             reinterpret_cast<const bf16_bits*>(d.taps.data()) + at * stride, stride,
-                                             reinterpret_cast<const int32_t*>(d.tokens.data()) + at});
-    at += n;
-  }
-  return d;
-}
-
-int64_t row_width(const HeadHeader& h) { return static_cast<int64_t>(h.taps.size()) * h.target_hidden; }
-
 void check_bits_equal(const DraftResult& got, const DraftResult& want) {
   REQUIRE(got.tokens.size() == want.tokens.size());
   CHECK(got.tokens == want.tokens);
