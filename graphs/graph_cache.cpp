@@ -16,23 +16,24 @@ bool graphs_enabled_by_environment() {
 GraphCache::GraphCache(cudaStream_t stream, size_t capacity, bool check_bindings)
     : stream_(stream), capacity_(capacity), check_bindings_(check_bindings) {
   if (capacity_ < 1) fail("graph cache: capacity {} must be at least 1", capacity_);
+  capture_stream_ = cuda::create_stream();
 }
 
 cuda::Graph GraphCache::capture(const GraphKey& key, const Record& record) {
   // Thread-local mode: another thread's unsafe calls (cudaMalloc, ...) do not invalidate this capture,
   // while such calls made by the pass itself still do, which is what catches a pass that allocates.
-  TFE_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  TFE_CUDA(cudaStreamBeginCapture(capture_stream_.get(), cudaStreamCaptureModeThreadLocal));
   try {
-    record(stream_);
+    record(capture_stream_.get());
   } catch (...) {
     cudaGraph_t partial = nullptr;
-    (void)cudaStreamEndCapture(stream_, &partial);
+    (void)cudaStreamEndCapture(capture_stream_.get(), &partial);
     if (partial) cuda::release_graph(partial);
     (void)cudaGetLastError();
     throw;
   }
   cudaGraph_t g = nullptr;
-  const cudaError_t e = cudaStreamEndCapture(stream_, &g);
+  const cudaError_t e = cudaStreamEndCapture(capture_stream_.get(), &g);
   cuda::Graph graph(g);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();

@@ -2,7 +2,9 @@
 //
 // A graph is captured from the very function the eager path calls (a `Record` that enqueues the pass on
 // the stream it is given), in thread-local capture mode, so a graph and an eager pass launch the same
-// kernels with the same arguments. Graphs hold raw device addresses: every buffer a graph reads or writes
+// kernels with the same arguments. Captures run on a stream the cache creates for them, so the stream the
+// graphs replay on may be any stream of the device, the legacy default stream included (which cannot
+// capture). Graphs hold raw device addresses: every buffer a graph reads or writes
 // lives in memory owned by the Runtime (weights, arena, cuBLASLt workspace, host arena), which outlives its
 // GraphCache. Each executor records the `Bindings` (the base addresses) it was captured with:
 //  - `run` with bindings that differ re-captures and updates the executor in place (cudaGraphExecUpdate),
@@ -43,6 +45,7 @@ class GraphCache {
  public:
   using Record = std::function<void(cudaStream_t)>;
 
+  // `stream`: where executors are uploaded and, by default, replayed.
   GraphCache(cudaStream_t stream, size_t capacity, bool check_bindings);
   GraphCache(GraphCache&&) = default;
   GraphCache& operator=(GraphCache&&) = default;
@@ -50,8 +53,7 @@ class GraphCache {
   // Captures the executor of `key` if absent; re-captures and updates it if `live` differs from what it
   // was captured with. Does not launch.
   void prepare(const GraphKey& key, const Bindings& live, const Record& record);
-  // Replays the executor of `key` on `stream` (it must exist). Captures always run on the cache's stream; a
-  // replay may go to any stream of the device.
+  // Replays the executor of `key` on `stream` (it must exist); any stream of the device.
   void replay(const GraphKey& key, const Bindings& live, cudaStream_t stream);
   void replay(const GraphKey& key, const Bindings& live) { replay(key, live, stream_); }
   // prepare + replay.
@@ -80,6 +82,7 @@ class GraphCache {
   void touch(Entry& e);
 
   cudaStream_t stream_ = nullptr;
+  cuda::Stream capture_stream_;
   size_t capacity_ = 0;
   bool check_bindings_ = true;
   cudaError_t injected_instantiate_error_ = cudaSuccess;

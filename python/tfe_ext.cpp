@@ -609,12 +609,9 @@ cudaStream_t stream_arg(nb::handle s, int device) {
     }
   }
   const int64_t handle = as_int(value, what, 0);
-  // 0 is the legacy default stream, which cannot be captured into a graph (and which None would not mean).
-  if (handle == 0)
-    fail(
-        "{}: 0 is the legacy default stream, which CUDA graphs cannot capture; pass a created stream "
-        "(torch.cuda.Stream()) or None for the runtime's own",
-        what);
+  // 0 is the null stream (torch's and CuPy's default), which C++ spells cudaStreamLegacy: a null
+  // cudaStream_t in OpenOptions would mean "the runtime's own".
+  if (handle == 0) return cudaStreamLegacy;
   return reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(handle));
 }
 
@@ -1310,7 +1307,10 @@ NB_MODULE(_tfe, m) {
       .def_prop_ro("device", [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return rt.device(); }); })
       .def_prop_ro("stream",
                    [](PyRuntime& r) {
-                     return r.read([](tfe::Runtime& rt) { return reinterpret_cast<uintptr_t>(rt.stream()); });
+                     return r.read([](tfe::Runtime& rt) {
+                       // The handle Python code passes for the null stream (see stream_arg).
+                       return rt.stream() == cudaStreamLegacy ? uintptr_t{0} : reinterpret_cast<uintptr_t>(rt.stream());
+                     });
                    })
       .def_prop_ro("graphs_enabled",
                    [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return rt.graphs_enabled(); }); })

@@ -50,8 +50,6 @@ const Buffer* table(const Plan& p, std::string_view name, BufferRole role = Buff
 
 void Runtime::Impl::open_device(const OpenOptions& o) {
   if (o.stream) {
-    if (o.stream == cudaStreamLegacy && o.graphs)
-      fail("runtime: the legacy default stream cannot be captured into a graph; pass a created stream, or none");
     stream = o.stream;
   } else {
     own_stream = cuda::create_stream();

@@ -54,8 +54,9 @@ struct OpenOptions {
   // refused, or, with `recompile_mismatched_artifact`, planned and compiled anew for this head and device.
   bool recompile_mismatched_artifact = false;
   int device = 0;
-  // The stream every call enqueues on. Null: the runtime creates its own. Must not be the legacy default
-  // stream's handle when graphs are on (capture needs a created stream).
+  // The stream every call enqueues on: any stream of the device, cudaStreamLegacy (the default stream of
+  // torch and most engines) included; graphs are captured on a stream of the runtime's own. Null: the
+  // runtime creates its own.
   cudaStream_t stream = nullptr;
   // Plan options (stream buckets, max steps, fp8 mode, max slots, extend rows, attention split, cand_k). The
   // arch is always the device's. With an artifact, when set they must equal the artifact's (else refused or

@@ -11,8 +11,8 @@ __version__: str
 
 # An array passed through DLPack or the buffer protocol: numpy, torch, CuPy, JAX, ...
 _ArrayLike = Any
-# A stream: None (the runtime's own), a raw cudaStream_t as an int, or an object with .cuda_stream (torch)
-# or .ptr (CuPy).
+# A stream: None (the runtime's own), a raw cudaStream_t as an int (0: the null stream, torch's default), or an
+# object with .cuda_stream (torch) or .ptr (CuPy).
 _StreamLike = Any
 _PathLike = str | os.PathLike[str]
 

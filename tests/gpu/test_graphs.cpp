@@ -17,10 +17,11 @@ namespace {
 // leaves a value unwritten cannot match by leftover. `dependent`: how the graph runtime launches; the
 // eager one never overlaps kernels, so programmatic launch is held to the plain order's bits. `window`
 // other than 0 replaces the preset's, so that attention splits the keys over a cluster (32 keys a CTA
-// at least: the tiny presets' 16 keys take one CTA).
+// at least: the tiny presets' 16 keys take one CTA). `graph_stream`: the graph runtime's stream (null:
+// its own).
 void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
                     testing::Hooks::DependentLaunch dependent = testing::Hooks::DependentLaunch::plan,
-                    int64_t window = 0) {
+                    int64_t window = 0, cudaStream_t graph_stream = nullptr) {
   HeadHeader header = preset_header(preset);
   if (window) header.window = window;
   auto head = random_head_image(header, 11, fp8 != Fp8Mode::off);
@@ -28,7 +29,9 @@ void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
   const PlanOptions po = test_plan_options(fp8);
   testing::Hooks gh;
   gh.dependent_launch = dependent;
-  Runtime graph = testing::open(head->file, test_open_options(po, true), gh);
+  OpenOptions go = test_open_options(po, true);
+  go.stream = graph_stream;
+  Runtime graph = testing::open(head->file, go, gh);
   testing::Hooks eh;
   eh.dependent_launch = testing::Hooks::DependentLaunch::off;
   Runtime eager = testing::open(head->file, test_open_options(po, false), eh);
@@ -105,6 +108,12 @@ TFE_GPU_TEST_CASE("graphs: replay with dependent launch on every node equals pla
 // A window of 96 keys: attention's chunks over a cluster of 3 CTAs and their join, in every bucket.
 TFE_GPU_TEST_CASE("graphs: replay equals eager bit for bit, tiny dense bf16, attention over a cluster of 3") {
   graph_vs_eager("tiny", Fp8Mode::off, testing::Hooks::DependentLaunch::plan, 95);
+}
+
+// The legacy default stream (torch's) cannot capture: the runtime captures on a stream of its own and
+// replays there.
+TFE_GPU_TEST_CASE("graphs: replay on the legacy default stream equals eager bit for bit, tiny dense bf16") {
+  graph_vs_eager("tiny", Fp8Mode::off, testing::Hooks::DependentLaunch::plan, 0, cudaStreamLegacy);
 }
 
 TFE_GPU_TEST_CASE("graphs: lazy capture captures each key once, at its first replay") {

@@ -180,14 +180,11 @@ TFE_GPU_TEST_CASE("refusals: an FP8 weight holding an e4m3 NaN code is refused a
   CHECK_THROWS_WITH_AS(Runtime::open(head->file, o), doctest::Contains(want.c_str()), Error);
 }
 
-TFE_GPU_TEST_CASE("refusals: an out-of-range device and the legacy stream are refused at open") {
+TFE_GPU_TEST_CASE("refusals: an out-of-range device is refused at open") {
   auto head = random_head_image("tiny", 71, false);
   OpenOptions o = test_open_options(test_plan_options());
   o.device = 1 << 20;
   CHECK_THROWS_WITH_AS(Runtime::open(head->file, o), doctest::Contains("is outside 0.."), Error);
-  o.device = 0;
-  o.stream = cudaStreamLegacy;
-  CHECK_THROWS_WITH_AS(Runtime::open(head->file, o), doctest::Contains("legacy default stream"), Error);
 }
 
 }  // namespace

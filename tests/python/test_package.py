@@ -656,8 +656,8 @@ def test_runtime_arguments_checked_before_the_device(heads):
         tfe.Runtime(head, arch="sm_90")
     with pytest.raises(TypeError, match="bucketz"):
         tfe.Runtime(head, bucketz=[1])
-    with pytest.raises(tfe.Error, match="legacy default stream"):
-        tfe.Runtime(head, stream=0)
+    with pytest.raises(tfe.Error, match="stream: -1 is outside 0.."):
+        tfe.Runtime(head, stream=-1)
     with pytest.raises(TypeError, match="stream"):
         tfe.Runtime(head, stream="s")
     with pytest.raises(tfe.Error, match="capture"):
@@ -766,8 +766,24 @@ def test_runtime_takes_a_torch_stream(heads):
             rt.extend(0, 0, cuda_taps, torch.from_numpy(tokens))
         rt.extend(0, 0, cuda_taps.cpu(), torch.from_numpy(tokens))
         assert rt.draft([0], 1).tokens.shape == (1, 1)
-    with pytest.raises(tfe.Error, match="legacy default stream"):
-        tfe.Runtime(heads("tiny"), stream=torch.cuda.default_stream())
+
+
+@needs_torch_cuda
+def test_runtime_on_torchs_default_stream_drafts_as_on_its_own(heads):
+    options = dict(buckets=[1, 4], max_steps=3, max_slots=4)
+    with tfe.Runtime(heads("tiny"), **options) as own, tfe.Runtime(
+        heads("tiny"), stream=torch.cuda.default_stream(), **options
+    ) as default:
+        assert default.stream == 0
+        for slot in range(3):
+            taps, tokens = random_rows(own.header, 2 + slot, seed=40 + slot)
+            own.extend(slot, 0, taps, tokens)
+            default.extend(slot, 0, *cuda_rows(taps, tokens))
+        for steps in (1, 3):
+            a, b = own.draft([0, 1, 2], steps), default.draft([0, 1, 2], steps)
+            assert np.array_equal(a.tokens, b.tokens)
+            assert np.array_equal(a.confidences.view(np.uint32), b.confidences.view(np.uint32))
+        assert default.stats()["replays"] >= 2
 
 
 # ---------------------------------------------------------------------------------- the engine's door (GPU)
