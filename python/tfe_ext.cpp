@@ -336,22 +336,25 @@ std::vector<AnyRequest> check_any_extend(nb::handle requests, int64_t row_width,
   return out;
 }
 
-// draft's slots: a list, tuple or range of ints, or a 1-D integer array on the host.
-std::vector<int> check_slots(nb::handle h) {
-  std::vector<int> out;
+// A list, tuple or range of ints, or a 1-D integer array on the host, each within lo..hi.
+std::vector<int64_t> host_ints(nb::handle h, const std::string& name, std::string_view call, int64_t lo, int64_t hi) {
+  std::vector<int64_t> out;
   if (const auto items = as_sequence(h)) {
-    for (size_t i = 0; i < items->size(); ++i) out.push_back(as_int32((*items)[i], fmt::format("slots[{}]", i)));
+    out.reserve(items->size());
+    for (size_t i = 0; i < items->size(); ++i)
+      out.push_back(as_int((*items)[i], fmt::format("{}[{}]", name, i), lo, hi));
     return out;
   }
-  const Array a = as_array(h, "slots", "integers (or a list of ints)");
-  check_host(a, "slots", "draft");
+  const Array a = as_array(h, name, "integers (or a list of ints)");
+  check_host(a, name, call);
   const dl::dtype d = a.dtype();
   const bool sint = d.code == static_cast<uint8_t>(dl::dtype_code::Int);
   const bool uint = d.code == static_cast<uint8_t>(dl::dtype_code::UInt);
   if ((!sint && !uint) || d.lanes != 1 || (d.bits != 8 && d.bits != 16 && d.bits != 32 && d.bits != 64))
-    fail("slots: expected integers, got {}", dtype_text(d));
-  check_ndim(a, "slots", 1, "[streams]");
-  check_layout(a, "slots");
+    fail("{}: expected integers, got {}", name, dtype_text(d));
+  check_ndim(a, name, 1, "[n]");
+  check_layout(a, name);
+  out.reserve(a.size());
   for (size_t i = 0; i < a.size(); ++i) {
     const auto* p = static_cast<const std::byte*>(a.data()) + i * a.itemsize();
     int64_t v = 0;
@@ -362,13 +365,75 @@ std::vector<int> check_slots(nb::handle h) {
     if (d.bits == 32)
       v = sint ? int64_t(*reinterpret_cast<const int32_t*>(p)) : int64_t(*reinterpret_cast<const uint32_t*>(p));
     if (d.bits == 64) {
-      if (uint && *reinterpret_cast<const uint64_t*>(p) > uint64_t(std::numeric_limits<int>::max()))
-        fail("slots[{}]: {} is outside the int range", i, *reinterpret_cast<const uint64_t*>(p));
+      if (uint && *reinterpret_cast<const uint64_t*>(p) > static_cast<uint64_t>(hi))
+        fail("{}[{}]: {} is outside {}..{}", name, i, *reinterpret_cast<const uint64_t*>(p), lo, hi);
       v = *reinterpret_cast<const int64_t*>(p);
     }
-    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
-      fail("slots[{}]: {} is outside the int range", i, v);
-    out.push_back(static_cast<int>(v));
+    if (v < lo || v > hi) fail("{}[{}]: {} is outside {}..{}", name, i, v, lo, hi);
+    out.push_back(v);
+  }
+  return out;
+}
+
+// draft's slots: a list, tuple or range of ints, or a 1-D integer array on the host.
+std::vector<int> check_slots(nb::handle h) {
+  const std::vector<int64_t> v =
+      host_ints(h, "slots", "draft", std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
+  return {v.begin(), v.end()};
+}
+
+// extend_batch: request i is slots[i] at first_pos[i], taking counts[i] rows of the shared taps and tokens
+// from row starts[i] (default: the rows of the requests before it, in order). One array pair for every slot
+// is what an engine holds after verification, and it crosses the DLPack boundary twice instead of twice a
+// slot.
+std::vector<AnyRequest> check_batch(nb::handle slots, nb::handle first_pos, nb::handle counts, nb::handle taps,
+                                    nb::handle tokens, nb::handle starts, int64_t row_width, std::vector<Array>& arrays,
+                                    int device = -1) {
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
+  const std::vector<int64_t> s = host_ints(slots, "slots", "extend_batch", std::numeric_limits<int>::min(), kIntMax);
+  const std::vector<int64_t> f =
+      host_ints(first_pos, "first_pos", "extend_batch", std::numeric_limits<int64_t>::min(), kI64Max);
+  const std::vector<int64_t> c = host_ints(counts, "counts", "extend_batch", 0, kI64Max);
+  std::vector<int64_t> st;
+  if (!starts.is_none()) st = host_ints(starts, "starts", "extend_batch", 0, kI64Max);
+  for (const auto& [name, n] : {std::pair{"first_pos", f.size()}, {"counts", c.size()}})
+    if (n != s.size()) fail("{}: {} entries, but slots has {} (one per request)", name, n, s.size());
+  if (!starts.is_none() && st.size() != s.size())
+    fail("starts: {} entries, but slots has {} (one per request)", st.size(), s.size());
+  const Array t = check_taps(taps, "taps", row_width, "extend_batch", device);
+  const Array k = check_tokens(tokens, "tokens", "extend_batch", device);
+  if (t.shape(0) != k.shape(0))
+    fail("taps has {} rows but tokens has {} entries (one token per row)", t.shape(0), k.shape(0));
+  if (on_host(t) != on_host(k))
+    fail("taps is on {} but tokens on {}: give both on the device or both on the host", device_text(t), device_text(k));
+  arrays.push_back(t);
+  arrays.push_back(k);
+  const auto total = static_cast<int64_t>(t.shape(0));
+  const int64_t stride = on_host(t) || total <= 1 ? row_width : static_cast<int64_t>(t.stride(0));
+  const auto* taps_data = static_cast<const tfe::bf16_bits*>(t.data());
+  const auto* tokens_data = static_cast<const int32_t*>(k.data());
+  std::vector<AnyRequest> out;
+  out.reserve(s.size());
+  int64_t next = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const int64_t start = st.empty() ? next : st[i];
+    if (start > total || c[i] > total - start) {
+      if (st.empty())
+        fail("counts[0..{}] add up to {} rows, past the {} rows of taps and tokens", i, start + c[i], total);
+      fail("starts[{}] + counts[{}] = {}, past the {} rows of taps and tokens", i, i, start + c[i], total);
+    }
+    next = start + c[i];
+    const auto slot = static_cast<int32_t>(s[i]);
+    if (on_host(t))
+      out.push_back(tfe::ExtendRequest{slot,
+                                       f[i],
+                                       c[i],
+                                       {taps_data + start * row_width, static_cast<size_t>(c[i] * row_width)},
+                                       {tokens_data + start, static_cast<size_t>(c[i])}});
+    else
+      out.push_back(
+          tfe::DeviceExtendRequest{slot, f[i], c[i], taps_data + start * stride, stride, tokens_data + start});
   }
   return out;
 }
@@ -1044,6 +1109,21 @@ NB_MODULE(_tfe, m) {
           "requests"_a.none(), "first_pos"_a.none() = nb::none(), "taps"_a.none() = nb::none(),
           "tokens"_a.none() = nb::none())
       .def(
+          "extend_batch",
+          [](PyReference& r, nb::handle slots, nb::handle first_pos, nb::handle counts, nb::handle taps,
+             nb::handle tokens, nb::handle starts) {
+            std::vector<Array> arrays;
+            const auto requests = one_form<tfe::ExtendRequest>(
+                check_batch(slots, first_pos, counts, taps, tokens, starts, row_width(r.ref->header()), arrays));
+            nb::gil_scoped_release release;
+            const std::lock_guard lock(r.mu);
+            r.ref->extend(requests);
+          },
+          "slots"_a.none(), "first_pos"_a.none(), "counts"_a.none(), "taps"_a.none(), "tokens"_a.none(), nb::kw_only(),
+          "starts"_a.none() = nb::none(),
+          "extend for several slots from one pair of host arrays: request i is slots[i] at first_pos[i], taking\n"
+          "counts[i] rows from row starts[i] (default: right after the previous request's rows).")
+      .def(
           "draft",
           [](PyReference& r, nb::handle slots, nb::handle steps) {
             const std::vector<int> s = check_slots(slots);
@@ -1192,6 +1272,30 @@ NB_MODULE(_tfe, m) {
           "Absorbs real rows: taps [rows, taps * target_hidden] bfloat16 and tokens [rows] int32, both on the host\n"
           "or both on the runtime's device (no copy to the host; rows of device taps may be any stride apart).\n"
           "Enqueued on `stream` (None: the runtime's stream); device tensors must be ready in that stream's order.")
+      .def(
+          "extend_batch",
+          [](PyRuntime& r, nb::handle slots, nb::handle first_pos, nb::handle counts, nb::handle taps,
+             nb::handle tokens, nb::handle starts, nb::handle stream) {
+            std::vector<Array> arrays;
+            const auto [width, device] = r.read([](tfe::Runtime& rt) {
+              return std::pair{row_width(rt.header()), rt.device()};
+            });
+            auto any = check_batch(slots, first_pos, counts, taps, tokens, starts, width, arrays, device);
+            const std::optional<cudaStream_t> s = call_stream(stream, device);
+            if (!any.empty() && std::holds_alternative<tfe::DeviceExtendRequest>(any[0])) {
+              const auto requests = one_form<tfe::DeviceExtendRequest>(std::move(any));
+              r.run([&](tfe::Runtime& rt) { rt.extend(requests, s); });
+            } else {
+              const auto requests = one_form<tfe::ExtendRequest>(std::move(any));
+              r.run([&](tfe::Runtime& rt) { rt.extend(requests, s); });
+            }
+          },
+          "slots"_a.none(), "first_pos"_a.none(), "counts"_a.none(), "taps"_a.none(), "tokens"_a.none(), nb::kw_only(),
+          "starts"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
+          "extend for several slots from one pair of arrays (host or device), as an engine holds the rows after\n"
+          "verification: request i is slots[i] at first_pos[i], taking counts[i] rows from row starts[i] (default:\n"
+          "right after the previous request's rows). slots, first_pos, counts and starts are host ints. Two array\n"
+          "imports a call instead of two a slot: the cheap form from Python.")
       .def(
           "draft",
           [](PyRuntime& r, nb::handle slots, nb::handle steps) {

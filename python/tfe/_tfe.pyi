@@ -129,6 +129,18 @@ class Reference:
     def extend(self, slot: int, first_pos: int, taps: _ArrayLike, tokens: _ArrayLike) -> None: ...
     @overload
     def extend(self, requests: Sequence[_ExtendTuple]) -> None: ...
+    def extend_batch(
+        self,
+        slots: Sequence[int] | _ArrayLike,
+        first_pos: Sequence[int] | _ArrayLike,
+        counts: Sequence[int] | _ArrayLike,
+        taps: _ArrayLike,
+        tokens: _ArrayLike,
+        *,
+        starts: Sequence[int] | _ArrayLike | None = None,
+    ) -> None:
+        """Request i: slots[i] at first_pos[i], counts[i] rows of taps/tokens from row starts[i] (default: right
+        after the previous request's rows)."""
     def draft(self, slots: Sequence[int] | _ArrayLike, steps: int) -> DraftResult: ...
     def reset(self, slot: int) -> None: ...
     @property
@@ -191,6 +203,20 @@ class Runtime:
         runtime's device (no host copy; device taps' rows may be any stride apart)."""
     @overload
     def extend(self, requests: Sequence[_ExtendTuple], *, stream: _StreamLike = None) -> None: ...
+    def extend_batch(
+        self,
+        slots: Sequence[int] | _ArrayLike,
+        first_pos: Sequence[int] | _ArrayLike,
+        counts: Sequence[int] | _ArrayLike,
+        taps: _ArrayLike,
+        tokens: _ArrayLike,
+        *,
+        starts: Sequence[int] | _ArrayLike | None = None,
+        stream: _StreamLike = None,
+    ) -> None:
+        """Several slots from one pair of arrays (host, or the runtime's device; device taps' rows may be any
+        stride apart): request i is slots[i] at first_pos[i], counts[i] rows from row starts[i] (default: right
+        after the previous request's rows). Two array imports a call, not two a slot."""
     def draft(self, slots: Sequence[int] | _ArrayLike, steps: int) -> DraftResult: ...
     def draft_async(
         self,

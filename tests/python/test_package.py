@@ -446,6 +446,42 @@ def test_reference_read_only_and_sliced_rows(ref_setup):
     assert ref.draft([2], 2).tokens.shape == (1, 2)
 
 
+def test_reference_extend_batch_equals_the_request_list(ref_setup, heads):
+    """extend_batch over one pair of arrays (packed, or at given starts with rows between) drafts as the
+    request list does; every refusal names its field and changes nothing."""
+    make, h, baseline = ref_setup
+    rows = [random_rows(h, 6, seed=slot) for slot in (0, 1)]
+    taps = np.concatenate([r[0] for r in rows])
+    tokens = np.concatenate([r[1] for r in rows])
+    packed = tfe.Reference(heads("tiny"), max_slots=4, max_steps=4)
+    packed.extend_batch([0, 1], [0, 0], [6, 6], taps, tokens)
+    assert same_draft(packed.draft([0, 1], 3), baseline)
+    # Parts of each slot's rows, in any order, with rows between them left out.
+    spread = tfe.Reference(heads("tiny"), max_slots=4, max_steps=4)
+    spread.extend_batch(np.array([1, 0]), [0, 0], [2, 3], taps, tokens, starts=[6, 0])
+    spread.extend_batch([0, 1], [3, 2], [3, 4], taps, tokens, starts=[3, 8])
+    assert same_draft(spread.draft([0, 1], 3), baseline)
+
+    ref = make()
+    for args, kwargs, message in [
+        (([0], [0, 0], [1], taps, tokens), {}, "first_pos: 2 entries, but slots has 1"),
+        (([0], [0], [1, 1], taps, tokens), {}, "counts: 2 entries, but slots has 1"),
+        (([0], [0], [1], taps, tokens), {"starts": [0, 1]}, "starts: 2 entries, but slots has 1"),
+        (([0], [0], [-1], taps, tokens), {}, r"counts\[0\]: -1 is outside 0\.\."),
+        (([0], [0], [1], taps, tokens), {"starts": [-2]}, r"starts\[0\]: -2 is outside 0\.\."),
+        (([0, 1], [6, 6], [6, 7], taps, tokens), {}, r"counts\[0\.\.1\] add up to 13 rows, past the 12 rows"),
+        (([0], [6], [2], taps, tokens), {"starts": [11]}, r"starts\[0\] \+ counts\[0\] = 13, past the 12 rows"),
+        (([0], [6], [1], taps, tokens[:5]), {}, "taps has 12 rows but tokens has 5 entries"),
+        (([0], [6], [1], taps[:, :-1], tokens), {}, "taps: expected shape"),
+        (([0], [6], [1], taps, tokens.astype(np.int64)), {}, "tokens: expected int32"),
+        (([0], [6], [1], taps, tokens), {"starts": [np.float32(1)]}, "starts"),
+        (([0, 0], [6, 6], [1, 1], taps, tokens), {}, "slot 0"),
+    ]:
+        with pytest.raises((tfe.Error, TypeError), match=message):
+            ref.extend_batch(*args, **kwargs)
+    assert same_draft(ref.draft([0, 1], 3), baseline)
+
+
 class FakeDeviceArray:
     """A DLPack producer that says its data lives on cuda:0 (the pointer is never read): the device
     refusal, tested without torch or a GPU."""
@@ -824,6 +860,27 @@ def test_device_extend_and_draft_async_equal_the_host_forms(heads):
         device.draft_async(ids, steps, tokens=out_tokens, confidences=out_confs)
         assert np.array_equal(out_tokens.cpu().numpy(), want.tokens)
         assert torch.equal(out_confs.cpu(), torch.from_numpy(want.confidences))
+
+
+@needs_torch_cuda
+def test_device_extend_batch_equals_the_host_request_list(heads):
+    """extend_batch reading each slot's rows where a verify pass leaves them (4 rows a slot in one strided
+    buffer, the first counts[i] kept) drafts bit for bit as per-slot host requests."""
+    host, device = twin_runtimes(heads)
+    h = host.header
+    taps, tokens = random_rows(h, 16, seed=33)
+    cuda_taps, cuda_tokens = cuda_rows(taps, tokens, pad=16)
+    nxt = [0] * 4
+    for counts in ([1, 4, 2, 3], [4, 1, 3, 2]):
+        host.extend([(s, nxt[s], taps[4 * s : 4 * s + c], tokens[4 * s : 4 * s + c]) for s, c in enumerate(counts)])
+        order = [2, 0, 3, 1]
+        device.extend_batch(order, [nxt[s] for s in order], [counts[s] for s in order], cuda_taps, cuda_tokens,
+                            starts=[4 * s for s in order])
+        nxt = [n + c for n, c in zip(nxt, counts)]
+        want = host.draft([0, 1, 2, 3], 3)
+        got_tokens, got_confs = device.draft_async([0, 1, 2, 3], 3)
+        assert np.array_equal(torch.from_dlpack(got_tokens).cpu().numpy(), want.tokens)
+        assert torch.equal(torch.from_dlpack(got_confs).cpu(), torch.from_numpy(want.confidences))
 
 
 @needs_torch_cuda
