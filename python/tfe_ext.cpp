@@ -582,6 +582,10 @@ struct PyRuntime {
   std::unique_ptr<tfe::Runtime> rt;
   std::string broken;  // the first CUDA failure: the C++ runtime refuses every later call, and so does this
   std::mutex mu;       // held by every call; a call that runs without the GIL releases it before taking the GIL
+  // Time inside the library's calls made through run(), without the Python door around them: what stats()
+  // reports as library_ns and library_calls, so that a caller can tell the door's cost from the library's.
+  uint64_t library_ns = 0;
+  uint64_t library_calls = 0;
 
   void check_usable() const {
     if (!broken.empty())
@@ -604,6 +608,16 @@ struct PyRuntime {
       nb::gil_scoped_release release;
       const std::lock_guard lock(mu);
       if (!rt) fail("runtime: closed");
+      const auto t0 = std::chrono::steady_clock::now();
+      struct Account {  // counted on return and on a throw alike
+        PyRuntime& r;
+        std::chrono::steady_clock::time_point t0;
+        ~Account() {
+          r.library_ns += static_cast<uint64_t>(
+              std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+          ++r.library_calls;
+        }
+      } account{*this, t0};
       return f(*rt);
     } catch (const tfe::CudaError& e) {
       broken = e.what();
@@ -1401,7 +1415,15 @@ NB_MODULE(_tfe, m) {
           "Writes the tap dump's safetensors file now, with every row kept so far (it is written again at close).")
       .def("accept_totals",
            [](PyRuntime& r) { return accept_counts_dict(r.read([](tfe::Runtime& rt) { return rt.accept_totals(); })); })
-      .def("stats", [](PyRuntime& r) { return stats_dict(r.read([](tfe::Runtime& rt) { return rt.stats(); })); })
+      .def("stats",
+           [](PyRuntime& r) {
+             return r.read([&](tfe::Runtime& rt) {
+               nb::dict d = stats_dict(rt.stats());
+               d["library_ns"] = r.library_ns;  // under the lock that run() counts under
+               d["library_calls"] = r.library_calls;
+               return d;
+             });
+           })
       .def_prop_ro("plan_options",
                    [](PyRuntime& r) { return r.read([](tfe::Runtime& rt) { return rt.plan_options(); }); })
       .def_prop_ro("header",

@@ -244,7 +244,9 @@ class Runtime:
     def write_tap_dump(self) -> None:
         """Writes the tap dump's safetensors file now, with every row kept so far (it is written again at
         close)."""
-    def stats(self) -> dict[str, int]: ...
+    def stats(self) -> dict[str, int]:
+        """The runtime's counters, and library_ns / library_calls: time inside the library's calls made from
+        Python, without the Python door around them."""
     @property
     def plan_options(self) -> PlanOptions: ...
     @property
