@@ -820,7 +820,7 @@ def test_runtime_on_torchs_default_stream_drafts_as_on_its_own(heads):
             assert np.array_equal(a.tokens, b.tokens)
             assert np.array_equal(a.confidences.view(np.uint32), b.confidences.view(np.uint32))
         assert default.stats()["replays"] >= 2
-        assert default.stats()["library_calls"] >= 9 and default.stats()["library_ns"] > 0
+        assert default.stats()["library_calls"] == 5 and default.stats()["library_ns"] > 0
 
 
 # ---------------------------------------------------------------------------------- the engine's door (GPU)
