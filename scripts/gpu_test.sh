@@ -144,7 +144,7 @@ if [ "${GPU_TEST_PYTHON:-1}" = 1 ]; then
   echo "== python package: install, GPU tests, round cost"
   if CMAKE_PREFIX_PATH="$PWD/.deps" python3 -m pip install --no-build-isolation --no-deps --quiet . \
        >"$out/python_install.log" 2>&1; then
-    python3 -X faulthandler -m pytest -q tests/python >"$out/python_tests.log" 2>&1
+    python3 -X faulthandler -m pytest -q -rs tests/python >"$out/python_tests.log" 2>&1
     rc=$?
     tail -3 "$out/python_tests.log"
     native_backtrace "$rc" python3 -m pytest -q -x tests/python
