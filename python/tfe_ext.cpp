@@ -267,12 +267,11 @@ using AnyRequest = std::variant<tfe::ExtendRequest, tfe::DeviceExtendRequest>;
 
 // One extend request, checked; `arrays` keeps what its spans point into alive until the call returns.
 // `device` >= 0: taps and tokens may both be CUDA memory of that device (the runtime's device form).
-AnyRequest check_request(nb::handle slot, nb::handle first_pos, nb::handle taps, nb::handle tokens,
-                         const std::string& prefix, int64_t row_width, std::vector<Array>& arrays, int device = -1) {
-  const int32_t s = as_int32(slot, prefix + "slot");
-  const int64_t first = as_int(first_pos, prefix + "first_pos");
-  const Array t = check_taps(taps, prefix + "taps", row_width, "extend", device);
-  const Array k = check_tokens(tokens, prefix + "tokens", "extend", device);
+// Taps and tokens of the same rows, in the same place (both host or both device); kept alive in `arrays`.
+std::pair<Array, Array> check_rows(nb::handle taps, nb::handle tokens, const std::string& prefix, int64_t row_width,
+                                   std::string_view call, std::vector<Array>& arrays, int device) {
+  Array t = check_taps(taps, prefix + "taps", row_width, call, device);
+  Array k = check_tokens(tokens, prefix + "tokens", call, device);
   if (t.shape(0) != k.shape(0))
     fail("{}taps has {} rows but {}tokens has {} entries (one token per row)", prefix, t.shape(0), prefix, k.shape(0));
   if (on_host(t) != on_host(k))
@@ -280,6 +279,14 @@ AnyRequest check_request(nb::handle slot, nb::handle first_pos, nb::handle taps,
          prefix, device_text(k));
   arrays.push_back(t);
   arrays.push_back(k);
+  return {std::move(t), std::move(k)};
+}
+
+AnyRequest check_request(nb::handle slot, nb::handle first_pos, nb::handle taps, nb::handle tokens,
+                         const std::string& prefix, int64_t row_width, std::vector<Array>& arrays, int device = -1) {
+  const int32_t s = as_int32(slot, prefix + "slot");
+  const int64_t first = as_int(first_pos, prefix + "first_pos");
+  const auto [t, k] = check_rows(taps, tokens, prefix, row_width, "extend", arrays, device);
   const auto rows = static_cast<int64_t>(t.shape(0));
   if (on_host(t))
     return tfe::ExtendRequest{s,
@@ -401,14 +408,7 @@ std::vector<AnyRequest> check_batch(nb::handle slots, nb::handle first_pos, nb::
     if (n != s.size()) fail("{}: {} entries, but slots has {} (one per request)", name, n, s.size());
   if (!starts.is_none() && st.size() != s.size())
     fail("starts: {} entries, but slots has {} (one per request)", st.size(), s.size());
-  const Array t = check_taps(taps, "taps", row_width, "extend_batch", device);
-  const Array k = check_tokens(tokens, "tokens", "extend_batch", device);
-  if (t.shape(0) != k.shape(0))
-    fail("taps has {} rows but tokens has {} entries (one token per row)", t.shape(0), k.shape(0));
-  if (on_host(t) != on_host(k))
-    fail("taps is on {} but tokens on {}: give both on the device or both on the host", device_text(t), device_text(k));
-  arrays.push_back(t);
-  arrays.push_back(k);
+  const auto [t, k] = check_rows(taps, tokens, "", row_width, "extend_batch", arrays, device);
   const auto total = static_cast<int64_t>(t.shape(0));
   const int64_t stride = on_host(t) || total <= 1 ? row_width : static_cast<int64_t>(t.stride(0));
   const auto* taps_data = static_cast<const tfe::bf16_bits*>(t.data());
