@@ -4,9 +4,9 @@
 // the stream it is given), in thread-local capture mode, so a graph and an eager pass launch the same
 // kernels with the same arguments. Captures run on a stream the cache creates for them, so the stream the
 // graphs replay on may be any stream of the device, the legacy default stream included (which cannot
-// capture). Graphs hold raw device addresses: every buffer a graph reads or writes
-// lives in memory owned by the Runtime (weights, arena, cuBLASLt workspace, host arena), which outlives its
-// GraphCache. Each executor records the `Bindings` (the base addresses) it was captured with:
+// capture). Graphs hold raw device addresses: every buffer a graph reads or writes lives in memory owned
+// by the Runtime (weights, arena, cuBLASLt workspace, host arena), which outlives its GraphCache. Each
+// executor records the `Bindings` (the base addresses) it was captured with:
 //  - `run` with bindings that differ re-captures and updates the executor in place (cudaGraphExecUpdate),
 //    re-instantiating when the update is refused;
 //  - with `check_bindings` on (the default in tests), `replay` refuses an executor whose recorded

@@ -124,6 +124,18 @@ def split_requests(requests, ring_rows: int):
         pending = rest
 
 
+def packed(call, device):
+    """One call's requests as extend_batch takes them: slots, first positions and row counts, and every
+    request's rows in one taps (bf16) and one tokens (int32) tensor on `device`. One copy each, where a
+    request apiece would cost a conversion and two array imports a sequence."""
+    slots = [slot for slot, _, _, _ in call]
+    first = [pos for _, pos, _, _ in call]
+    counts = [tokens.shape[0] for _, _, _, tokens in call]
+    taps = torch.cat([t for _, _, t, _ in call]).to(device=device, dtype=torch.bfloat16)
+    tokens = torch.cat([k for _, _, _, k in call]).to(device=device, dtype=torch.int32)
+    return slots, first, counts, taps, tokens
+
+
 class ReferenceDrafter:
     """The CPU reference (tfe.Reference) as the drafter: taps go over as host bf16 tensors."""
 
@@ -137,12 +149,9 @@ class ReferenceDrafter:
         self.ref.reset(slot)
 
     def extend(self, requests) -> None:
-        host = [
-            (slot, pos, taps.to(torch.bfloat16).cpu().contiguous(), tokens.to(torch.int32).cpu().contiguous())
-            for slot, pos, taps, tokens in requests
-        ]
-        for call in split_requests(host, self.ring_rows):
-            self.ref.extend(call)
+        for call in split_requests(requests, self.ring_rows):
+            slots, first, counts, taps, tokens = packed(call, "cpu")
+            self.ref.extend_batch(slots, first, counts, taps, tokens)
 
     def draft(self, slots, steps: int) -> torch.Tensor:
         tokens, _ = self.ref.draft(list(slots), steps)
@@ -150,11 +159,8 @@ class ReferenceDrafter:
 
 
 class RuntimeDrafter:
-    """The GPU runtime (tfe.Runtime) as the drafter, on the current torch stream.
-
-    Where the runtime has the device-resident calls (`draft_async`, extend of CUDA tensors), taps and tokens
-    stay on the device and the drafts come back as a DLPack view; otherwise every call copies through the
-    host, which the loop reports once (`device_resident`)."""
+    """The GPU runtime (tfe.Runtime) as the drafter, on the current torch stream: taps and tokens stay on the
+    device (one extend_batch a call), and drafts come back from draft_async without a host wait."""
 
     def __init__(self, head, artifact=None, *, max_slots: int = 16, max_steps: int = 8, **options):
         import tfe
@@ -168,7 +174,6 @@ class RuntimeDrafter:
             **options,
         )
         self.ring_rows = self.rt.ring_rows
-        self.device_resident = hasattr(self.rt, "draft_async")
         # The runtime reads the taps when its stream gets there: keep them alive until the next round.
         self._in_flight: list = []
 
@@ -176,26 +181,15 @@ class RuntimeDrafter:
         self.rt.reset(slot)
 
     def extend(self, requests) -> None:
-        if self.device_resident:
-            calls = [
-                (slot, pos, taps.to(torch.bfloat16), tokens.to(torch.int32).contiguous())
-                for slot, pos, taps, tokens in requests
-            ]
-        else:
-            calls = [
-                (slot, pos, taps.to(torch.bfloat16).cpu().contiguous(), tokens.to(torch.int32).cpu().contiguous())
-                for slot, pos, taps, tokens in requests
-            ]
-        self._in_flight = calls
-        for call in split_requests(calls, self.ring_rows):
-            self.rt.extend(call)
+        self._in_flight = []
+        for call in split_requests(requests, self.ring_rows):
+            rows = packed(call, call[0][2].device)  # the target's device; the runtime takes host rows too
+            self._in_flight.append(rows)
+            self.rt.extend_batch(*rows)
 
     def draft(self, slots, steps: int) -> torch.Tensor:
-        if self.device_resident:
-            tokens, _ = self.rt.draft_async(list(slots), steps)
-            return torch.from_dlpack(tokens).long()  # a copy: the runtime's buffer is reused by the next draft
-        tokens, _ = self.rt.draft(list(slots), steps)
-        return torch.from_numpy(np.asarray(tokens)).long()
+        tokens, _ = self.rt.draft_async(list(slots), steps)
+        return torch.from_dlpack(tokens).long()  # a copy: the runtime's buffer is reused by the next draft
 
 
 class TorchDrafter:
@@ -568,8 +562,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         checkpoint=a.checkpoint,
         target=target,
     )
-    if isinstance(drafter, RuntimeDrafter) and not drafter.device_resident:
-        print("note: this tfe.Runtime has no draft_async: taps and drafts go through the host", file=sys.stderr)
     lines = None
     if a.accept_every < 1:
         p.error("--accept-every must be at least 1")

@@ -101,7 +101,6 @@ def main(argv=None) -> int:
     drafter = make_drafter(a.drafter, a.head, max_slots=16, max_steps=max(8, *steps), artifact=a.artifact)
     evaluation = prompt_sets.evaluation_prompts()
     report = {"head": a.head, "dtype": a.dtype, "max_new_tokens": a.max_new_tokens, "drafter": a.drafter, "runs": {}}
-    report["device_resident"] = bool(getattr(drafter, "device_resident", False))
     drafters = {"speculative": drafter}
     if a.checkpoint:
         drafters["torch port"] = make_drafter(

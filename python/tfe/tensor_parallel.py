@@ -262,8 +262,6 @@ def run(
     elif head is None:
         head = make_drafter(kind, a.head, max_slots=16, max_steps=max(8, a.steps), artifact=a.artifact)
     if broadcast == "tfe":
-        if rank == 0 and not head.device_resident:
-            _refuse("--broadcast tfe: this tfe.Runtime has no draft_async (device-resident drafts)")
         channel = TfeBroadcast(head, rank, world, dev, timeout=a.timeout)
         if a.steps > channel.max_steps:
             _refuse(f"--steps {a.steps}: above the plan's max_steps {channel.max_steps}")
