@@ -775,6 +775,17 @@ std::optional<cudaStream_t> call_stream(nb::handle s, int device) {
   return stream_arg(s, device);
 }
 
+// A checked extend on the runtime, in the form its first request has (one_form refuses a mix).
+void extend_runtime(PyRuntime& r, std::vector<AnyRequest>&& any, std::optional<cudaStream_t> s) {
+  if (!any.empty() && std::holds_alternative<tfe::DeviceExtendRequest>(any[0])) {
+    const auto requests = one_form<tfe::DeviceExtendRequest>(std::move(any));
+    r.run([&](tfe::Runtime& rt) { rt.extend(requests, s); });
+  } else {
+    const auto requests = one_form<tfe::ExtendRequest>(std::move(any));
+    r.run([&](tfe::Runtime& rt) { rt.extend(requests, s); });
+  }
+}
+
 // Views of a draft's outputs in the runtime's arena, [rows, steps] with their row stride: the Runtime object
 // stays alive while they do. Not flagged read-only, which some consumers' from_dlpack refuses; the next
 // draft overwrites them anyway.
@@ -1272,14 +1283,7 @@ NB_MODULE(_tfe, m) {
               return std::pair{row_width(rt.header()), rt.device()};
             });
             auto any = extend_args(a, first_pos, taps, tokens, width, arrays, device);
-            const std::optional<cudaStream_t> s = call_stream(stream, device);
-            if (!any.empty() && std::holds_alternative<tfe::DeviceExtendRequest>(any[0])) {
-              const auto requests = one_form<tfe::DeviceExtendRequest>(std::move(any));
-              r.run([&](tfe::Runtime& rt) { rt.extend(requests, s); });
-            } else {
-              const auto requests = one_form<tfe::ExtendRequest>(std::move(any));
-              r.run([&](tfe::Runtime& rt) { rt.extend(requests, s); });
-            }
+            extend_runtime(r, std::move(any), call_stream(stream, device));
           },
           "requests"_a.none(), "first_pos"_a.none() = nb::none(), "taps"_a.none() = nb::none(),
           "tokens"_a.none() = nb::none(), nb::kw_only(), "stream"_a.none() = nb::none(),
@@ -1295,14 +1299,7 @@ NB_MODULE(_tfe, m) {
               return std::pair{row_width(rt.header()), rt.device()};
             });
             auto any = check_batch(slots, first_pos, counts, taps, tokens, starts, width, arrays, device);
-            const std::optional<cudaStream_t> s = call_stream(stream, device);
-            if (!any.empty() && std::holds_alternative<tfe::DeviceExtendRequest>(any[0])) {
-              const auto requests = one_form<tfe::DeviceExtendRequest>(std::move(any));
-              r.run([&](tfe::Runtime& rt) { rt.extend(requests, s); });
-            } else {
-              const auto requests = one_form<tfe::ExtendRequest>(std::move(any));
-              r.run([&](tfe::Runtime& rt) { rt.extend(requests, s); });
-            }
+            extend_runtime(r, std::move(any), call_stream(stream, device));
           },
           "slots"_a.none(), "first_pos"_a.none(), "counts"_a.none(), "taps"_a.none(), "tokens"_a.none(), nb::kw_only(),
           "starts"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
