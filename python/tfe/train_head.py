@@ -406,8 +406,9 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print) 
         lr = settings.lr * min(1.0, (update + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
         for group in opt.param_groups:
             group["lr"] = lr
-        # The head reads bf16 taps, whatever the target computes in.
-        taps = taps.to(torch.bfloat16)
+        # The head reads bf16 taps, whatever the target computes in. A copy, because the target's forward
+        # runs in inference mode and autograd cannot save its tensors.
+        taps = taps.to(torch.bfloat16, copy=True)
         with autocast:
             outs = head.ttt(taps if dev.type == "cuda" else taps.float(), ids, settings.ttt_steps)
         # Labels once per batch: the target's logits over the draft vocabulary, and whether its own choice
