@@ -173,7 +173,105 @@ std::string shape_text(const Array& a) {
   return fmt::format("[{}]", fmt::join(s, ", "));
 }
 
+// torch tensors read through their own accessors, without DLPack: torch's __dlpack__ costs about 5 us a
+// tensor, most of what a call from Python adds (BENCHMARKS.md, "An engine round from Python"). Only a
+// plain strided tensor that needs no grad, on the CPU or a CUDA device, of a dtype listed here is read this
+// way; anything else goes through DLPack like any other producer, with its refusals and messages.
+struct TorchTypes {
+  PyTypeObject* tensor = nullptr;
+  nb::handle strided;
+  std::vector<std::pair<nb::handle, dl::dtype>> dtypes;
+  // Interned attribute names, looked up once.
+  nb::handle data_ptr, shape, stride, dtype, device, type, index, requires_grad, layout, cuda, cpu;
+};
+
+// The torch types once torch is imported (a tensor cannot exist before); null until then. Held for the
+// process's life, as the module's other types are.
+const TorchTypes* torch_types() {
+  static TorchTypes* types = nullptr;
+  if (types) return types;
+  PyObject* modules = PySys_GetObject("modules");  // borrowed
+  PyObject* torch = modules ? PyDict_GetItemString(modules, "torch") : nullptr;
+  if (!torch) return nullptr;
+  nb::handle t(torch);
+  if (!nb::hasattr(t, "Tensor") || !nb::hasattr(t, "strided")) return nullptr;  // torch still importing
+  auto* k = new TorchTypes;
+  k->tensor = reinterpret_cast<PyTypeObject*>(t.attr("Tensor").inc_ref().ptr());
+  k->strided = t.attr("strided").inc_ref();
+  const std::pair<const char*, dl::dtype> known[] = {
+      {"bfloat16", nb::dtype<uint16_t>()}, {"float16", nb::dtype<uint16_t>()}, {"float32", nb::dtype<float>()},
+      {"float64", nb::dtype<double>()},    {"int8", nb::dtype<int8_t>()},      {"uint8", nb::dtype<uint8_t>()},
+      {"int16", nb::dtype<int16_t>()},     {"uint16", nb::dtype<uint16_t>()},  {"int32", nb::dtype<int32_t>()},
+      {"int64", nb::dtype<int64_t>()}};
+  for (auto [name, d] : known) {
+    if (!nb::hasattr(t, name)) continue;
+    if (std::string_view(name) == "bfloat16") d = dl::dtype{static_cast<uint8_t>(dl::dtype_code::Bfloat), 16, 1};
+    if (std::string_view(name) == "float16") d = dl::dtype{static_cast<uint8_t>(dl::dtype_code::Float), 16, 1};
+    k->dtypes.emplace_back(t.attr(name).inc_ref(), d);
+  }
+  auto intern = [](const char* s) { return nb::handle(PyUnicode_InternFromString(s)); };
+  k->data_ptr = intern("data_ptr");
+  k->shape = intern("shape");
+  k->stride = intern("stride");
+  k->dtype = intern("dtype");
+  k->device = intern("device");
+  k->type = intern("type");
+  k->index = intern("index");
+  k->requires_grad = intern("requires_grad");
+  k->layout = intern("layout");
+  k->cuda = intern("cuda");
+  k->cpu = intern("cpu");
+  types = k;
+  return types;
+}
+
+std::optional<Array> torch_array(nb::handle h) {
+  const TorchTypes* k = torch_types();
+  if (!k || !PyObject_TypeCheck(h.ptr(), k->tensor)) return std::nullopt;
+  auto get = [&](nb::handle name) { return nb::steal(PyObject_GetAttr(h.ptr(), name.ptr())); };
+  auto call = [&](nb::handle name) { return nb::steal(PyObject_CallMethodNoArgs(h.ptr(), name.ptr())); };
+  // No complex dtype is listed, so no tensor read here carries a conjugate or negative bit.
+  nb::object grad = get(k->requires_grad), layout = get(k->layout);
+  if (!grad.is_valid() || !layout.is_valid()) throw nb::python_error();
+  if (grad.ptr() != Py_False || !layout.is(k->strided)) return std::nullopt;
+  nb::object dtype = get(k->dtype);
+  if (!dtype.is_valid()) throw nb::python_error();
+  const dl::dtype* d = nullptr;
+  for (const auto& [object, code] : k->dtypes)
+    if (dtype.is(object)) d = &code;
+  if (!d) return std::nullopt;
+  nb::object device = get(k->device);
+  if (!device.is_valid()) throw nb::python_error();
+  nb::object type = nb::steal(PyObject_GetAttr(device.ptr(), k->type.ptr()));
+  if (!type.is_valid()) throw nb::python_error();
+  int device_type = 0, device_id = 0;
+  if (PyUnicode_Compare(type.ptr(), k->cuda.ptr()) == 0) {
+    nb::object index = nb::steal(PyObject_GetAttr(device.ptr(), k->index.ptr()));
+    if (!index.is_valid()) throw nb::python_error();
+    device_type = nb::device::cuda::value;
+    device_id = index.is_none() ? 0 : nb::cast<int>(index);
+  } else if (PyUnicode_Compare(type.ptr(), k->cpu.ptr()) == 0) {
+    device_type = nb::device::cpu::value;
+  } else {
+    return std::nullopt;
+  }
+  nb::object shape = get(k->shape), strides = call(k->stride), data = call(k->data_ptr);
+  if (!shape.is_valid() || !strides.is_valid() || !data.is_valid()) throw nb::python_error();
+  const size_t ndim = nb::len(shape);
+  if (ndim > 8 || nb::len(strides) != ndim) return std::nullopt;
+  size_t dims[8];
+  int64_t steps[8];
+  for (size_t i = 0; i < ndim; ++i) {
+    dims[i] = nb::cast<size_t>(shape[i]);
+    steps[i] = nb::cast<int64_t>(strides[i]);
+  }
+  auto* p = reinterpret_cast<void*>(static_cast<uintptr_t>(nb::cast<uint64_t>(data)));
+  // The tensor owns the memory: the array holds it.
+  return Array(p, ndim, dims, h, steps, *d, device_type, device_id);
+}
+
 Array as_array(nb::handle h, const std::string& name, std::string_view expected) {
+  if (auto t = torch_array(h)) return *std::move(t);
   Array a;
   if (!nb::try_cast(h, a))
     fail("{}: expected an array of {} (numpy, torch, or any object with __dlpack__ or the buffer protocol), got {}{}",

@@ -636,7 +636,8 @@ def test_reference_options_refused(heads):
 
 @needs_torch
 def test_reference_takes_torch_bf16(heads):
-    """torch bf16 arrives as DLPack bfloat16 and drafts what the same bits as numpy uint16 draft."""
+    """torch bf16 (read through torch's accessors, other dtypes through DLPack) drafts what the same bits as
+    numpy uint16 draft."""
     head = heads("tiny")
     h = head.header
     taps, tokens = random_rows(h, 5, seed=1)
@@ -650,6 +651,16 @@ def test_reference_takes_torch_bf16(heads):
         b.extend(0, 5, t.float(), torch.from_numpy(tokens))
     with pytest.raises(tfe.Error, match="not C-contiguous"):
         b.extend(0, 5, torch.zeros((row_width(h), 5), dtype=torch.bfloat16).t(), torch.from_numpy(tokens))
+    with pytest.raises(tfe.Error, match=r"taps: expected bfloat16 .*got float16"):
+        b.extend(0, 5, t.half(), torch.from_numpy(tokens))
+    with pytest.raises(tfe.Error, match=r"tokens: expected int32, got bool"):  # a dtype read through DLPack
+        b.extend(0, 5, t, torch.from_numpy(tokens) > 0)
+    # Views that start inside their storage are read from their own first element.
+    d = tfe.Reference(head, max_slots=2, max_steps=2)
+    wide_taps = torch.cat([torch.full((3, row_width(h)), float("nan"), dtype=torch.bfloat16), t])
+    wide_tokens = torch.cat([torch.full((3,), -1, dtype=torch.int32), torch.from_numpy(tokens)])
+    d.extend(0, 0, wide_taps[3:], wide_tokens[3:])
+    assert same_draft(a.draft([0], 2), d.draft([0], 2))
     # A tensor that requires grad: torch versions differ in whether DLPack exports it. Either it is read
     # as its detached bits (the same draft) or refused with the hint; never read as something else.
     c = tfe.Reference(head, max_slots=2, max_steps=2)
