@@ -896,6 +896,33 @@ def test_device_extend_batch_equals_the_host_request_list(heads):
 
 
 @needs_torch_cuda
+def test_runtime_drafter_packs_a_rounds_rows_as_per_slot_requests(heads):
+    """tfe.speculative.RuntimeDrafter extends a round's requests (more rows than the ring holds, split into
+    calls, packed into one extend_batch each) and drafts bit for bit as per-slot host requests."""
+    from tfe.speculative import RuntimeDrafter
+
+    head = heads("tiny")
+    options = dict(buckets=[1, 4], max_steps=3, max_slots=6)
+    drafter = RuntimeDrafter(head, **options)
+    host = tfe.Runtime(head, stream=torch.cuda.current_stream(), **options)
+    ring = drafter.ring_rows
+    h = host.header
+    nxt = [0] * 4
+    for round_, counts in enumerate(([ring + 3, 1, 2 * ring, 5], [2, 4, 1, 3])):
+        requests = []
+        for s, c in enumerate(counts):
+            taps, tokens = random_rows(h, c, seed=60 + 4 * round_ + s)
+            for i in range(0, c, ring):
+                host.extend(s, nxt[s] + i, taps[i : i + ring], tokens[i : i + ring])
+            requests.append((s, nxt[s], *cuda_rows(taps, tokens)))
+        drafter.extend(requests)
+        nxt = [n + c for n, c in zip(nxt, counts)]
+        want = host.draft([3, 1, 0, 2], 3)
+        got = drafter.draft([3, 1, 0, 2], 3)
+        assert np.array_equal(got.cpu().numpy(), want.tokens), round_
+
+
+@needs_torch_cuda
 def test_draft_async_in_a_torch_cuda_graph_equals_the_direct_call(heads):
     recorded, direct = twin_runtimes(heads)
     h = direct.header
