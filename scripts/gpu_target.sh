@@ -12,7 +12,8 @@
 #   scripts/gpu_target.sh receive    there, carrying .target/gguf.1: keeps the first half in /tmp
 #   scripts/gpu_target.sh train      there, the very next call, carrying .target/gguf.2 .target/wheels .deps:
 #                                    joins and checks the GGUF, builds the module, trains (TRAIN_MINUTES,
-#                                    default 4), converts, compiles; about 8 minutes
+#                                    default 4; TRAIN_ARGS: more tfe.train_head flags), converts, compiles;
+#                                    about 6 minutes
 #   scripts/gpu_target.sh measure    there, the next call: exactness and speed-up, the table last; on a
 #                                    machine with 2 GPUs also the phase tp
 #   scripts/gpu_target.sh tp         there, after train: the loop with the target split over 2 GPUs
@@ -82,7 +83,7 @@ train() {
   assemble
   build_module
   echo "== module built ($((SECONDS - t0)) s)"
-  python3 -m tfe.train_head -o "$state/eagle3" --minutes "${TRAIN_MINUTES:-4}" 2>&1 | grep -v "it/s\]" | tee "$out/train.log"
+  python3 -m tfe.train_head -o "$state/eagle3" --minutes "${TRAIN_MINUTES:-4}" ${TRAIN_ARGS:-} 2>&1 | grep --line-buffered -v "it/s\]" | tee "$out/train.log"
   [ -f "$state/eagle3/model.safetensors" ] || die "training wrote no checkpoint"
   cp "$state/eagle3/training.png" "$state/eagle3/training.json" "$state/eagle3/config.json" "$out/"
   python3 - "$state" <<'EOF' 2>&1 | tee "$out/convert.log" || die "convert or compile failed"
@@ -101,9 +102,9 @@ measure() {
   local rc=0
   python3 -m tfe.exactness --head "$state/head.tfe" --artifact "$state/deploy" --drafter runtime \
     --dtype float32 --dtype bfloat16 --max-new-tokens 128 --samples 4000 -o "$out/exactness.json" 2>&1 |
-    grep -v "it/s\]" | tee "$out/exactness.log" || rc=1
+    grep --line-buffered -v "it/s\]" | tee "$out/exactness.log" || rc=1
   python3 -m tfe.speedup --head "$state/head.tfe" --artifact "$state/deploy" --checkpoint "$state/eagle3" -o "$out" 2>&1 |
-    grep -v "it/s\]" | tee "$out/speedup.log" || rc=1
+    grep --line-buffered -v "it/s\]" | tee "$out/speedup.log" || rc=1
   echo "== exactness: $(tail -1 "$out/exactness.log")"
   grep -A5 "^speed-up" "$out/speedup.log"
   [ "$(gpu_count)" -lt 2 ] || tensor_parallel || rc=1
@@ -128,7 +129,7 @@ tensor_parallel() {
     [ "$dtype" = bfloat16 ] && extra=(--one-gpu-loop)
     NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m tfe.tensor_parallel \
       --head "$state/head.tfe" --artifact "$state/deploy" --dtype "$dtype" --max-new-tokens 128 "${extra[@]}" \
-      -o "$out/tensor_parallel_$dtype.json" 2>&1 | grep -v "it/s\]" | tee "$out/tensor_parallel_$dtype.log" || rc=1
+      -o "$out/tensor_parallel_$dtype.json" 2>&1 | grep --line-buffered -v "it/s\]" | tee "$out/tensor_parallel_$dtype.log" || rc=1
   done
   return $rc
 }
