@@ -9,7 +9,8 @@ import numpy.typing as npt
 
 __version__: str
 
-# An array passed through DLPack or the buffer protocol: numpy, torch, CuPy, JAX, ...
+# An array: a torch tensor (read through its accessors), or anything with DLPack or the buffer protocol (numpy,
+# CuPy, JAX, ...).
 _ArrayLike = Any
 # A stream: None (the runtime's own), a raw cudaStream_t as an int (0: the null stream, torch's default), or an
 # object with .cuda_stream (torch) or .ptr (CuPy).
