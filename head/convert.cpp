@@ -498,16 +498,18 @@ std::vector<std::string> eagle3_warnings(const ConvertOptions& opt) {
   const fs::path dir(opt.eagle_dir);
   const Config head{dir / "config.json", read_json(dir / "config.json")};
   std::vector<std::string> out;
-  // EAGLE-3's training writes the sequence length it trained on here; past the window the head sees only
-  // the last `window` rows of a context it was trained to see whole.
+  // EAGLE-3's training writes the sequence length it trained on here. A window of W rows attends to the
+  // current position and the W before it; past W + 1 tokens the head sees only the last W + 1 of a context
+  // it was trained to see whole.
   if (head.has("max_position_embeddings")) {
     const int64_t trained = head.integer("max_position_embeddings");
-    if (trained > opt.window)
+    const int64_t seen = int64_t{opt.window} + 1;
+    if (trained > seen)
       out.push_back(fmt::format(
           "{}: max_position_embeddings = {}, but the window is {} rows: past {} tokens the head attends to the "
           "last {} only, fewer than the context its config names, and acceptance may drop there (the window is "
           "at most {})",
-          head.path.string(), trained, opt.window, opt.window, opt.window, kMaxWindow));
+          head.path.string(), trained, opt.window, seen, seen, kMaxWindow));
   }
   return out;
 }

@@ -14,8 +14,11 @@
 #                                    joins and checks the GGUF, builds the module, trains (TRAIN_MINUTES,
 #                                    default 4; TRAIN_ARGS: more tfe.train_head flags), converts, compiles;
 #                                    about 6 minutes
-#   scripts/gpu_target.sh measure    there, the next call: exactness and speed-up, the table last; on a
-#                                    machine with 2 GPUs also the phase tp
+#   scripts/gpu_target.sh exact      there, the next call: greedy exactness (fp32, bf16) and the sampled test
+#   scripts/gpu_target.sh speed      there, the next call: tokens/s against the target alone and the PyTorch
+#                                    port, acceptance by S and prompt class, and the window study;
+#                                    SPEED_SEQUENCES (1,4,16) and SPEED_WINDOWS (128,511) split it over calls
+#   scripts/gpu_target.sh measure    exact, speed, and on a machine with 2 GPUs also tp
 #   scripts/gpu_target.sh tp         there, after train: the loop with the target split over 2 GPUs
 #                                    (tfe.tensor_parallel, docs/distributed.md); skipped, saying so, with
 #                                    fewer than 2 GPUs
@@ -96,17 +99,35 @@ EOF
   echo "== trained, converted and compiled in $((SECONDS - t0)) s; next: scripts/gpu_target.sh measure"
 }
 
-measure() {
+ready() {
   [ -f "$state/head.tfe" ] || die "no $state/head.tfe: run 'train' first (in this warm machine)"
   export TFE_TARGET_GGUF=$state/$gguf_name
-  local rc=0
+}
+
+exact() {
+  ready
+  local t0=$SECONDS rc=0
   python3 -m tfe.exactness --head "$state/head.tfe" --artifact "$state/deploy" --drafter runtime \
     --dtype float32 --dtype bfloat16 --max-new-tokens 128 --samples 4000 -o "$out/exactness.json" 2>&1 |
     grep --line-buffered -v "it/s\]" | tee "$out/exactness.log" || rc=1
-  python3 -m tfe.speedup --head "$state/head.tfe" --artifact "$state/deploy" --checkpoint "$state/eagle3" -o "$out" 2>&1 |
-    grep --line-buffered -v "it/s\]" | tee "$out/speedup.log" || rc=1
-  echo "== exactness: $(tail -1 "$out/exactness.log")"
-  grep -A5 "^speed-up" "$out/speedup.log"
+  echo "== exactness in $((SECONDS - t0)) s: $(tail -1 "$out/exactness.log")"
+  return $rc
+}
+
+speed() {  # SPEED_SEQUENCES (default 1,4,16), SPEED_WINDOWS (default 128,511; empty: none)
+  ready
+  local t0=$SECONDS rc=0
+  python3 -m tfe.speedup --head "$state/head.tfe" --artifact "$state/deploy" --checkpoint "$state/eagle3" \
+    --sequences "${SPEED_SEQUENCES-1,4,16}" --windows "${SPEED_WINDOWS-128,511}" -o "$out" 2>&1 |
+    grep --line-buffered -v "it/s\]" | tee "$out/speedup${SPEED_SEQUENCES+-$SPEED_SEQUENCES}.log" || rc=1
+  echo "== speed-up in $((SECONDS - t0)) s"
+  return $rc
+}
+
+measure() {
+  local rc=0
+  exact || rc=1
+  speed || rc=1
   [ "$(gpu_count)" -lt 2 ] || tensor_parallel || rc=1
   return $rc
 }
@@ -138,8 +159,10 @@ case $phase in
   stage) stage ;;
   receive) receive ;;
   train) train ;;
+  exact) exact ;;
+  speed) speed ;;
   measure) measure ;;
   tp) tensor_parallel ;;
   all) train && measure ;;
-  *) die "unknown phase '$phase' (stage receive train measure tp all)" ;;
+  *) die "unknown phase '$phase' (stage receive train exact speed measure tp all)" ;;
 esac

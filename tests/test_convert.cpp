@@ -645,9 +645,15 @@ TEST_CASE("convert: a head made for positions past its window is converted, with
   REQUIRE(w.size() == 1);
   CHECK(w[0].find("max_position_embeddings = 2048, but the window is 128 rows") != std::string::npos);
   CHECK(w[0].find((s.dir / "long" / "config.json").string()) != std::string::npos);
-  ck.config["max_position_embeddings"] = 128;
+  CHECK(w[0].find("past 129 tokens the head attends to the last 129 only") != std::string::npos);
+  ck.config["max_position_embeddings"] = 129;  // the current position and the 128 before it
   write_ckpt(s.dir / "fits", ck);
   auto f = options(s.dir / "fits");
   f.window = 128;
   CHECK(eagle3_warnings(f).empty());
+  ck.config["max_position_embeddings"] = 130;
+  write_ckpt(s.dir / "one-past", ck);
+  auto p = options(s.dir / "one-past");
+  p.window = 128;
+  CHECK(eagle3_warnings(p).size() == 1);
 }

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -78,32 +79,48 @@ def greedy_checks(
     max_new_tokens: int,
     steps: int,
     with_hf: bool = True,
+    log=lambda message: None,
 ) -> GreedyReport:
-    """The greedy runs above, each compared with the drafts-off loop one sequence at a time."""
+    """The greedy runs above, each compared with the drafts-off loop one sequence at a time; `log` gets a line
+    with each run's time."""
     report = GreedyReport(str(target.dtype).replace("torch.", ""))
     n = len(prompts)
-    alone = [Decoder(target).generate([p], max_new_tokens) for p in prompts]
     everyone = list(range(n))
+    clock = time.perf_counter()
+
+    def done(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        log(f"   {name}: {now - clock:.1f} s")
+        clock = now
+
+    alone = [Decoder(target).generate([p], max_new_tokens) for p in prompts]
     report.runs["drafts off, 1 sequence"] = [r.sha256(0) for r in alone]
     report.speed["drafts off, 1 sequence"] = run_speed(alone)
+    done("drafts off, 1 sequence")
     if with_hf:
         _compare("transformers generate", [hf_greedy(target, p, max_new_tokens) for p in prompts], alone, report, everyone)
+        done("transformers generate")
     off = Decoder(target).generate(prompts, max_new_tokens)
     _compare("drafts off, 4 sequences", off.tokens, alone, report, everyone)
     report.speed["drafts off, 4 sequences"] = run_speed([off])
+    done("drafts off, 4 sequences")
     spec = Decoder(target, drafter, steps=steps)
     ones = [spec.generate([p], max_new_tokens) for p in prompts]
     _compare("drafts on, 1 sequence", [r.tokens[0] for r in ones], alone, report, everyone)
     report.speed["drafts on, 1 sequence"] = run_speed(ones)
+    done("drafts on, 1 sequence")
     four = spec.generate(prompts, max_new_tokens)
     _compare("drafts on, 4 sequences", four.tokens, alone, report, everyone)
     report.speed["drafts on, 4 sequences"] = run_speed([four])
     report.accept["drafts on, 4 sequences"] = four.accept_log()
+    done("drafts on, 4 sequences")
     pieces = []
     for p in prompts:
         split = Decoder(target, drafter, steps=steps, prefill_chunk=(len(p) + 1) // 2)
         pieces.append(split.generate([p], max_new_tokens).tokens[0])
     _compare("drafts on, prompt in two pieces", pieces, alone, report, everyone)
+    done("drafts on, prompt in two pieces")
     return report
 
 
@@ -193,10 +210,15 @@ def main(argv=None) -> int:
     report: dict = {"head": a.head, "drafter": kind, "steps": a.steps, "max_new_tokens": a.max_new_tokens, "greedy": {}}
     ok = True
     for name in dtypes:
+        t0 = time.perf_counter()
         target = load_target(a.gguf, device=device, dtype=getattr(torch, name))
         drafter = make_drafter(kind, a.head, max_slots=16, max_steps=max(8, a.steps), artifact=a.artifact)
         prompts = [target.encode_chat(t) for t in texts]
-        g = greedy_checks(target, drafter, prompts=prompts, max_new_tokens=a.max_new_tokens, steps=a.steps)
+        print(f"== greedy, {name}: target loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+        g = greedy_checks(
+            target, drafter, prompts=prompts, max_new_tokens=a.max_new_tokens, steps=a.steps,
+            log=lambda m: print(m, flush=True),
+        )
         tie = None if name == "float32" else a.bf16_tie
         failures = g.failures(tie)
         ok &= not failures
@@ -212,6 +234,7 @@ def main(argv=None) -> int:
         for run, shas in g.runs.items():
             print(f"   {run:34s} " + " ".join(s[:12] for s in shas))
         if a.samples and name == dtypes[0]:
+            t0 = time.perf_counter()
             s = sampled_check(
                 target,
                 drafter,
@@ -223,7 +246,7 @@ def main(argv=None) -> int:
             report["sampled"] = s
             ok &= s["p_value"] > 1e-3 and s["outside_support"] == 0
             print(f"== sampled ({name}): chi2 {s['chi2']:.1f} on {s['dof']} dof, p = {s['p_value']:.3g}, "
-                  f"{s['outside_support']} draws outside the support")
+                  f"{s['outside_support']} draws outside the support ({time.perf_counter() - t0:.1f} s)", flush=True)
         del target, drafter
     report["passed"] = bool(ok)
     if a.out:

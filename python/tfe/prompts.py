@@ -134,3 +134,28 @@ EVALUATION = [
 
 def evaluation_prompts(cls: str | None = None) -> list[Prompt]:
     return [p for p in EVALUATION if cls is None or p.cls == cls]
+
+
+# Long contexts, for acceptance past the head's window: the start of a standard-library module (present
+# wherever Python is) and a request about it.
+LONG_SOURCES = ("textwrap.py", "shlex.py", "fractions.py", "csv.py")
+LONG_REQUESTS = (
+    "Summarize what this module does, then list its public functions.",
+    "Explain how this code works, step by step.",
+    "Write a short usage example for this module.",
+    "Which parts of this code would you test first, and why?",
+)
+
+
+def long_prompts(chars: int = 3600) -> list[Prompt]:
+    """One prompt per LONG_SOURCES file: its first `chars` characters and a request (about 900 tokens of the
+    target's tokenizer at the default)."""
+    import pathlib
+    import sysconfig
+
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    out = []
+    for name, request in zip(LONG_SOURCES, LONG_REQUESTS):
+        source = (root / name).read_text(encoding="utf-8")[:chars]
+        out.append(Prompt("long", f"Here is a Python module:\n\n```python\n{source}\n```\n\n{request}"))
+    return out

@@ -279,7 +279,7 @@ class Result:
     kept: list[int] = field(default_factory=list)  # ... and accepted
     accepted_per_round: list[int] = field(default_factory=list)  # k of every sequence and round
     seconds: float = 0.0
-    draft_seconds: float = 0.0
+    draft_seconds: float = 0.0  # in the drafter's calls, prefill extends included (DraftClock)
     prefill_seconds: float = 0.0
 
     @property
@@ -323,6 +323,39 @@ def token_sha256(tokens: Sequence[int]) -> str:
 def _margin(logits: torch.Tensor) -> torch.Tensor:
     top = logits.topk(2, dim=-1).values
     return top[..., 0] - top[..., 1]
+
+
+class DraftClock:
+    """Time spent in the drafter's calls. On a GPU those calls return before the device has run them (the
+    runtime only enqueues), so host time would miss the work: CUDA events on the current stream bracket each
+    call instead. The loop waits for the device every round (the accepted counts come to the host), so a
+    call starts on an idle device and its span is the call's host time plus the device work behind it."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.spans: list = []
+        self.host = 0.0
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        if self.cuda:
+            begin = torch.cuda.Event(enable_timing=True)
+            begin.record()
+            self.spans.append([begin, None])
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.spans[-1][1] = end
+        else:
+            self.host += time.perf_counter() - self._t0
+
+    def seconds(self) -> float:
+        """The total; on a GPU, call it after the device has finished."""
+        return self.host + sum(begin.elapsed_time(end) for begin, end in self.spans) / 1e3
 
 
 class Decoder:
@@ -371,8 +404,9 @@ class Decoder:
             for slot in range(B):
                 self.drafter.reset(slot)
 
+        clock = DraftClock(dev)
         cache = self.target.new_cache()
-        last, pos, valid = self._prefill(prompts, cache, generator, result)
+        last, pos, valid = self._prefill(prompts, cache, generator, result, clock)
         result.prefill_seconds = time.perf_counter() - start
 
         bar = None
@@ -383,9 +417,9 @@ class Decoder:
             bar.update(B)
         while min(len(t) for t in result.tokens) < max_new_tokens:
             if S:
-                t0 = time.perf_counter()
+                clock.start()
                 drafts = self.drafter.draft(range(B), S).to(dev)
-                result.draft_seconds += time.perf_counter() - t0
+                clock.stop()
             else:
                 drafts = torch.empty(B, 0, dtype=torch.long, device=dev)
             q = S + 1
@@ -405,9 +439,9 @@ class Decoder:
                 self.accept_log.record(kept_host, S)
             if self.drafter is not None:
                 requests = [(b, int(pos[b]), out.taps[b, : k + 1], emitted[b, : k + 1]) for b, k in enumerate(kept_host)]
-                t0 = time.perf_counter()
+                clock.start()
                 self.drafter.extend(requests)
-                result.draft_seconds += time.perf_counter() - t0
+                clock.stop()
             emitted_host, margins_host = emitted.tolist(), margins.tolist()
             before = sum(min(len(t), max_new_tokens) for t in result.tokens)
             for b, k in enumerate(kept_host):
@@ -426,11 +460,12 @@ class Decoder:
             bar.close()
         self._sync()
         result.seconds = time.perf_counter() - start
+        result.draft_seconds = clock.seconds()
         result.tokens = [t[:max_new_tokens] for t in result.tokens]
         result.margins = [m[:max_new_tokens] for m in result.margins]
         return result
 
-    def _prefill(self, prompts, cache, generator, result):
+    def _prefill(self, prompts, cache, generator, result, clock: DraftClock):
         """Runs the prompts through the target (in chunks of prefill_chunk columns), extends the head with
         every prompt row, and picks each sequence's first new token. Returns (that token [B], its position
         [B], the valid cache columns [B, C])."""
@@ -468,9 +503,9 @@ class Decoder:
                     for b, n in enumerate(lengths.tolist())
                     if int(n) > a
                 ]
-                t0 = time.perf_counter()
+                clock.start()
                 self.drafter.extend(requests)
-                result.draft_seconds += time.perf_counter() - t0
+                clock.stop()
         return first, lengths.clone(), valid
 
 

@@ -9,7 +9,13 @@ For each number of sequences (1, 4, 16 by default) it times, greedy, the same pr
   the loop with the head, at each S given: tokens/s, the accept log, the share of the time spent drafting;
   with --checkpoint, the same loop with the head run by its PyTorch port (tfe.speculative.TorchDrafter).
 Every configuration runs once to warm up (compilation, graph capture, allocator) and is timed on the second
-run. Writes speedup.json and speedup.png into --out, and prints a table last.
+run. The share spent drafting is the drafter's calls timed by CUDA events (tfe.speculative.DraftClock).
+Writes speedup-<sequences>.json (after every configuration) and .png into --out, and prints a table last.
+
+With --windows (e.g. 128,511) it also measures acceptance on prompts longer than the largest window
+(prompts.long_prompts): the head converted at each window and run by tfe, against its PyTorch port at the
+largest window and over the whole context; windows.json. Every run's tokens are compared with the target
+alone (in fp32 a difference fails; in bf16 it may only come from a near-tie, which tfe-check-exact judges).
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ import argparse
 import json
 import pathlib
 import sys
+import tempfile
 import time
+import warnings
 
 import torch
 
 from . import prompts as prompt_sets
-from .speculative import Decoder, make_drafter
+from .speculative import Decoder, TorchDrafter, make_drafter
 from .target import Target, load_target
 
 
@@ -79,45 +87,22 @@ def plain_baselines(target: Target, prompts: list[list[int]], new: int, compile:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="tfe-speedup", description=__doc__.split("\n")[0])
-    ap.add_argument("--head", required=True, help="the .tfe head")
-    ap.add_argument("--artifact", help="tfe-plan compile's deploy directory")
-    ap.add_argument("--drafter", choices=["runtime", "reference"], default="runtime")
-    ap.add_argument("--checkpoint", help="the EAGLE-3 checkpoint: also run the loop with the PyTorch port as drafter")
-    ap.add_argument("--sequences", default="1,4,16")
-    ap.add_argument("--steps", default="1,2,3,4,6,8", help="draft steps S to measure")
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    ap.add_argument("--device", default="cuda", help="cpu runs it too (a check of the script, not a measurement)")
-    ap.add_argument("--no-compile", action="store_true", help="leave out the static-cache compiled baseline")
-    ap.add_argument("--gguf")
-    ap.add_argument("-o", "--out", required=True)
-    a = ap.parse_args(argv)
-    out = pathlib.Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    target = load_target(a.gguf, device=a.device, dtype=getattr(torch, a.dtype))
-    steps = [int(s) for s in a.steps.split(",")]
-    drafter = make_drafter(a.drafter, a.head, max_slots=16, max_steps=max(8, *steps), artifact=a.artifact)
+def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int], new: int, compile: bool, report: dict, save) -> None:
+    """For each number of sequences: the plain baselines, then every drafter at every S; `save` after each."""
     evaluation = prompt_sets.evaluation_prompts()
-    report = {"head": a.head, "dtype": a.dtype, "max_new_tokens": a.max_new_tokens, "drafter": a.drafter, "runs": {}}
-    drafters = {"speculative": drafter}
-    if a.checkpoint:
-        drafters["torch port"] = make_drafter(
-            "torch", None, max_slots=16, max_steps=max(8, *steps), checkpoint=a.checkpoint, target=target
-        )
-    for n in [int(x) for x in a.sequences.split(",")]:
+    for n in sequences:
         chosen = [evaluation[i % len(evaluation)] for i in range(n)]
         prompts = [target.encode_chat(p.text) for p in chosen]
-        plain = plain_baselines(target, prompts, a.max_new_tokens, compile=not a.no_compile)
+        plain = plain_baselines(target, prompts, new, compile=compile)
         ok = {k: v for k, v in plain.items() if "tokens_per_second" in v}
         best = max(ok, key=lambda k: ok[k]["tokens_per_second"])
         entry = {"plain": plain, "baseline": best, **{name: {} for name in drafters}}
+        report["runs"][n] = entry
         for name, d in drafters.items():
             for s in steps:
                 dec = Decoder(target, d, steps=s)
-                dec.generate(prompts, min(32, a.max_new_tokens))
-                result = dec.generate(prompts, a.max_new_tokens)
+                dec.generate(prompts, min(32, new))
+                result = dec.generate(prompts, new)
                 log = result.accept_log()
                 log["speedup"] = log["tokens_per_second"] / ok[best]["tokens_per_second"]
                 by_class: dict[str, list[int]] = {}
@@ -127,13 +112,101 @@ def main(argv=None) -> int:
                 entry[name][s] = log
                 print(
                     f"{name:>12} {n:2d} seq S={s}: {log['tokens_per_second']:8.1f} tok/s, "
-                    f"{log['tokens_per_round']:.2f} tok/round, x{log['speedup']:.2f} vs {best}",
+                    f"{log['tokens_per_round']:.2f} tok/round, draft share {log['draft_share']:.2f}, "
+                    f"x{log['speedup']:.2f} vs {best}",
                     flush=True,
                 )
-        report["runs"][n] = entry
-    (out / "speedup.json").write_text(json.dumps(report, indent=1) + "\n")
-    plot(report, out / "speedup.png")
-    print_table(report)
+            save()
+
+
+def windows_study(
+    target: Target, checkpoint, windows: list[int], kind: str, steps: int, new: int, work: pathlib.Path, prompts=None
+) -> dict:
+    """Acceptance on prompts longer than the largest window: the head converted at each window and run by tfe
+    (`kind`: runtime or reference), and the PyTorch port at the largest window and over the whole context.
+    Every run's tokens are compared with the target's own greedy decoding (drafts off): a window changes what
+    is drafted, never what is kept. `prompts`: token lists (default: prompts.long_prompts, encoded)."""
+    import tfe
+
+    if prompts is None:
+        prompts = [target.encode_chat(p.text) for p in prompt_sets.long_prompts()]
+    lengths = [len(p) for p in prompts]
+    if min(lengths) <= max(windows):
+        raise ValueError(f"the long prompts have {min(lengths)} tokens, not more than the largest window {max(windows)}")
+    full = max(lengths) + new + 1
+    alone = Decoder(target).generate(prompts, new).tokens
+    rows: dict[str, dict] = {}
+    runs: list[tuple[str, object]] = []
+    for w in windows:
+        with warnings.catch_warnings():  # convert warns of a window shorter than the training contexts: the point here
+            warnings.simplefilter("ignore")
+            head = tfe.convert(checkpoint, work / f"head-w{w}.tfe", window=w)
+        runs.append((f"tfe, window {w}", lambda head=head: make_drafter(kind, head, max_slots=len(prompts), max_steps=steps)))
+    last = max(windows)
+    runs.append((f"PyTorch port, window {last}", lambda: TorchDrafter(checkpoint, target, max_slots=len(prompts), max_steps=steps, window=last)))
+    runs.append(("PyTorch port, whole context", lambda: TorchDrafter(checkpoint, target, max_slots=len(prompts), max_steps=steps, window=full)))
+    for name, make in runs:
+        result = Decoder(target, make(), steps=steps).generate(prompts, new)
+        log = result.accept_log()
+        log["equals_drafts_off"] = result.tokens == alone
+        rows[name] = log
+        print(f"{name:>30}: {log['tokens_per_round']:.2f} tok/round, by position "
+              + " ".join(f"{r:.2f}" for r in log["accept_rate_by_position"])
+              + ("" if log["equals_drafts_off"] else "  (tokens differ from drafts off)"), flush=True)
+    return {"prompt_tokens": lengths, "new_tokens": new, "steps": steps, "runs": rows}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="tfe-speedup", description=__doc__.split("\n")[0])
+    ap.add_argument("--head", required=True, help="the .tfe head")
+    ap.add_argument("--artifact", help="tfe-plan compile's deploy directory")
+    ap.add_argument("--drafter", choices=["runtime", "reference"], default="runtime")
+    ap.add_argument("--checkpoint", help="the EAGLE-3 checkpoint: also run the loop with the PyTorch port as drafter")
+    ap.add_argument("--sequences", default="1,4,16", help="numbers of sequences to time; empty: no timing")
+    ap.add_argument("--steps", default="1,2,3,4,5,6,7,8", help="draft steps S to measure")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    ap.add_argument("--device", default="cuda", help="cpu runs it too (a check of the script, not a measurement)")
+    ap.add_argument("--no-compile", action="store_true", help="leave out the static-cache compiled baseline")
+    ap.add_argument("--windows", default="", help="e.g. 128,511: acceptance on long prompts at these windows "
+                    "against the PyTorch port over the whole context (needs --checkpoint)")
+    ap.add_argument("--window-steps", type=int, default=4, help="draft steps S of the window study")
+    ap.add_argument("--gguf")
+    ap.add_argument("-o", "--out", required=True)
+    a = ap.parse_args(argv)
+    sequences = [int(x) for x in a.sequences.split(",") if x]
+    steps = [int(s) for s in a.steps.split(",")]
+    windows = [int(w) for w in a.windows.split(",") if w]
+    if windows and not a.checkpoint:
+        ap.error("--windows compares against the PyTorch port: pass --checkpoint")
+    out = pathlib.Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    target = load_target(a.gguf, device=a.device, dtype=getattr(torch, a.dtype))
+    report = {"head": a.head, "dtype": a.dtype, "max_new_tokens": a.max_new_tokens, "drafter": a.drafter, "runs": {}}
+    # One file per part, so that parts run as separate commands (and a cut run) keep what they measured.
+    name = "speedup-" + "-".join(map(str, sequences)) if sequences else None
+
+    def save():
+        (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+
+    if sequences:
+        drafters = {"speculative": make_drafter(a.drafter, a.head, max_slots=16, max_steps=max(8, *steps), artifact=a.artifact)}
+        if a.checkpoint:
+            drafters["torch port"] = make_drafter(
+                "torch", None, max_slots=16, max_steps=max(8, *steps), checkpoint=a.checkpoint, target=target
+            )
+        speed(target, drafters, sequences, steps, a.max_new_tokens, not a.no_compile, report, save)
+        plot(report, out / f"{name}.png")
+        print_table(report)
+    if windows:
+        with tempfile.TemporaryDirectory() as work:  # the heads converted at each window
+            study = windows_study(
+                target, a.checkpoint, windows, a.drafter, a.window_steps, min(a.max_new_tokens, 128), pathlib.Path(work)
+            )
+        (out / "windows.json").write_text(json.dumps(study, indent=1) + "\n")
+        if not all(r["equals_drafts_off"] for r in study["runs"].values()) and a.dtype == "float32":
+            print("windows: a run's tokens differ from the target alone", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -144,18 +217,17 @@ def _per_sequence_accepts(result, n: int) -> list[list[int]]:
 
 def print_table(report: dict) -> None:
     print(f"\nspeed-up, {report['dtype']} target, {report['max_new_tokens']} new tokens per sequence, drafter {report['drafter']}")
-    print(f"{'seqs':>4} {'baseline':>26} {'tok/s':>9} {'best S':>6} {'tok/s':>9} {'tok/round':>9} {'speed-up':>8}")
+    print(f"{'seqs':>4}  {'run':<36} {'tok/s':>9} {'best S':>6} {'tok/round':>9} {'drafting':>8} {'speed-up':>8}")
     for n, e in report["runs"].items():
         base = e["plain"][e["baseline"]]["tokens_per_second"]
-        s, best = max(e["speculative"].items(), key=lambda kv: kv[1]["tokens_per_second"])
-        print(
-            f"{n:>4} {e['baseline']:>26} {base:9.1f} {s:>6} {best['tokens_per_second']:9.1f} "
-            f"{best['tokens_per_round']:9.2f} {best['speedup']:8.2f}"
-        )
-        if "torch port" in e:
-            s, port = max(e["torch port"].items(), key=lambda kv: kv[1]["tokens_per_second"])
-            print(f"{'':>4} {'same loop, PyTorch port':>26} {'':>9} {s:>6} {port['tokens_per_second']:9.1f} "
-                  f"{port['tokens_per_round']:9.2f} {port['speedup']:8.2f}")
+        print(f"{n:>4}  {'alone: ' + e['baseline']:<36} {base:9.1f}")
+        for name, label in (("speculative", "the loop, tfe"), ("torch port", "the loop, PyTorch port")):
+            if name in e and e[name]:
+                s, best = max(e[name].items(), key=lambda kv: kv[1]["tokens_per_second"])
+                print(
+                    f"{n:>4}  {label:<36} {best['tokens_per_second']:9.1f} {s:>6} {best['tokens_per_round']:9.2f} "
+                    f"{best['draft_share']:8.2f} {best['speedup']:8.2f}"
+                )
 
 
 def plot(report: dict, path: pathlib.Path) -> None:

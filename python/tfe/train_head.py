@@ -324,15 +324,15 @@ class Eagle3Head(nn.Module):
             "hidden_act": "silu",
             "rms_norm_eps": self.eps,
             "rope_theta": self.rope_theta,
-            "max_position_embeddings": cfg.max_position_embeddings,
+            # The contexts it was trained on (the target's own limit is larger): what `convert` compares with
+            # the window it is given.
+            "max_position_embeddings": window + 1,
             "vocab_size": cfg.vocab_size,
             "draft_vocab_size": len(ids),
             "tie_word_embeddings": False,
             "torch_dtype": "bfloat16",
             # SGLang's key names the layer whose output is tapped: tap i (the input of layer i) is i - 1.
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [t - 1 for t in target.tap_layers]},
-            # Trained on contexts up to this many tokens (the head attends window + 1 keys).
-            "tfe_training": {"seq_len": window + 1},
         }
         out_dir.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(out_dir / "model.safetensors"))

@@ -135,3 +135,21 @@ def test_sampled_loop_keeps_the_target_distribution(target, smoke, chats):
     )
     assert s["outside_support"] == 0
     assert s["p_value"] > 1e-3, s
+
+
+def test_windows_study_keeps_the_targets_tokens(target, smoke, tmp_path):
+    """tfe-speedup --windows on the CPU: the head converted at two windows shorter than the prompts, and its
+    PyTorch port at the larger one and over the whole context; every run keeps the target's own tokens."""
+    from tfe import prompts
+    from tfe.speedup import windows_study
+
+    long = [target.encode_chat(p.text) for p in prompts.long_prompts(chars=500)[:2]]
+    study = windows_study(target, smoke[0], [16, 48], "reference", 3, 6, tmp_path, prompts=long)
+    assert min(study["prompt_tokens"]) > 48
+    assert list(study["runs"]) == [
+        "tfe, window 16", "tfe, window 48", "PyTorch port, window 48", "PyTorch port, whole context"
+    ]
+    for name, log in study["runs"].items():
+        assert log["equals_drafts_off"], name
+        assert log["new_tokens"] == 2 * 6 and len(log["asked"]) == 3, name
+    assert tfe.HeadFile(tmp_path / "head-w16.tfe").header["window"] == 16
