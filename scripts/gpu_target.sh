@@ -23,11 +23,13 @@
 #                                    (tfe.tensor_parallel, docs/distributed.md); skipped, saying so, with
 #                                    fewer than 2 GPUs
 #   scripts/gpu_target.sh all        train + measure in one command (where a command may run ~15 minutes)
+#   Several phases may run in one call, in order: scripts/gpu_target.sh train exact
 #
 # State between the calls lives in /tmp/tfe-target, which the machine keeps while it stays warm.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-phase=${1:-all}
+phases=("$@")
+[ ${#phases[@]} -gt 0 ] || phases=(all)
 state=/tmp/tfe-target
 out=${OUT:-out/gpu_target}
 gguf_name=SmolLM2-135M-Instruct.Q4_1.gguf
@@ -86,6 +88,7 @@ train() {
   assemble
   build_module
   echo "== module built ($((SECONDS - t0)) s)"
+  # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags
   python3 -m tfe.train_head -o "$state/eagle3" --minutes "${TRAIN_MINUTES:-4}" ${TRAIN_ARGS:-} 2>&1 | grep --line-buffered -v "it/s\]" | tee "$out/train.log"
   [ -f "$state/eagle3/model.safetensors" ] || die "training wrote no checkpoint"
   cp "$state/eagle3/training.png" "$state/eagle3/training.json" "$state/eagle3/config.json" "$out/"
@@ -155,14 +158,17 @@ tensor_parallel() {
   return $rc
 }
 
-case $phase in
-  stage) stage ;;
-  receive) receive ;;
-  train) train ;;
-  exact) exact ;;
-  speed) speed ;;
-  measure) measure ;;
-  tp) tensor_parallel ;;
-  all) train && measure ;;
-  *) die "unknown phase '$phase' (stage receive train exact speed measure tp all)" ;;
-esac
+# Phases run in the order given (e.g. "train exact" in one call); the first that fails stops the rest.
+for phase in "${phases[@]}"; do
+  case $phase in
+    stage) stage ;;
+    receive) receive ;;
+    train) train ;;
+    exact) exact ;;
+    speed) speed ;;
+    measure) measure ;;
+    tp) tensor_parallel ;;
+    all) train && measure ;;
+    *) die "unknown phase '$phase' (stage receive train exact speed measure tp all)" ;;
+  esac || exit 1
+done
