@@ -76,10 +76,11 @@ for stage in "${stages[@]}"; do
         fail_stage package "the installed package did not build or run tests/consumer"
       fi ;;
     sanitize)
-      # The nvcc check (check_kernels.sh) compiles kernels, which no host sanitizer looks at.
+      # The nvcc check (check_kernels.sh) compiles kernels, which no host sanitizer looks at; the GPU
+      # programs (tfe_gpu_tests, the broadcast ranks, the benchmarks) are not built here.
       if configure build-asan -DTFE_SANITIZE=ON && cmake --build build-asan -j "$jobs" --target tfe_tests tfe-plan; then
         ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-          run_ctest build-asan sanitize -E "check_kernels|tfe_gpu_tests|tfe-bench|bench_boundary"
+          run_ctest build-asan sanitize -E "check_kernels|tfe_gpu_tests|tfe-bench|bench_boundary|broadcast"
       else
         fail_stage sanitize "the sanitizer build failed"
       fi ;;
