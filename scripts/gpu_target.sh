@@ -34,7 +34,7 @@ state=/tmp/tfe-target
 out=${OUT:-out/gpu_target}
 gguf_name=SmolLM2-135M-Instruct.Q4_1.gguf
 gguf_sha=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-export PYTHONUNBUFFERED=1 TFE_CACHE_DIR=$state/kernel-cache
+export PYTHONUNBUFFERED=1 TFE_CACHE_DIR=$state/kernel-cache TFE_TARGET_CACHE=$state/target-cache
 export PYTHONPATH=$state/site:$state/build/python${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$out"
 

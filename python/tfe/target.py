@@ -173,12 +173,19 @@ def load_target(
     check_sha256: bool = True,
     tap_layers: list[int] | None = None,
     distributed_config=None,
+    cache: str | os.PathLike[str] | None = None,
 ) -> Target:
     """SmolLM2-135M-Instruct in transformers from its GGUF (`find_gguf`), checked by sha256, on `device`.
 
     With a transformers `DistributedConfig` the model is split over the ranks of torch.distributed as its
     tp_plan says (tfe.tensor_parallel), and transformers places each rank's part on that rank's device:
-    `device` is then not used."""
+    `device` is then not used.
+
+    `cache` (default $TFE_TARGET_CACHE; none where neither is set): a folder that keeps the model and its
+    tokenizer as read from the GGUF, one entry per GGUF sha256 and dtype, in transformers' own layout. A later
+    load reads the entry (about 1 s) instead of parsing and dequantizing the GGUF (about 30 s); the weights are
+    the same bits. Used only with the sha256 checked, so that an entry belongs to the file it is named after;
+    a split load reads an entry but does not write one."""
     # Everything is local: transformers and its helpers must not reach for a hub.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -186,11 +193,45 @@ def load_target(
     path = find_gguf(gguf)
     if check_sha256:
         check_gguf(path)
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    cache = cache if cache is not None else os.environ.get("TFE_TARGET_CACHE")
+    entry = None
+    if cache and check_sha256:
+        entry = pathlib.Path(cache) / f"{GGUF_SHA256[:16]}-{str(dtype).removeprefix('torch.')}"
+    cached = entry is not None and (entry / "config.json").is_file()
+    source = {"pretrained_model_name_or_path": entry} if cached else {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name}
+    tokenizer = AutoTokenizer.from_pretrained(**source)
     if distributed_config is not None:
-        model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=dtype, distributed_config=distributed_config
-        )
+        model = AutoModelForCausalLM.from_pretrained(**source, dtype=dtype, distributed_config=distributed_config)
         return Target(model, tokenizer, tap_layers)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(**source, dtype=dtype)
+    if entry is not None and not cached:
+        _save_entry(model, tokenizer, entry)
     return Target(model.to(device), tokenizer, tap_layers)
+
+
+def _save_entry(model, tokenizer, entry: pathlib.Path) -> None:
+    """Writes a cache entry into a fresh folder beside it, then renames that into place: a reader never sees
+    half an entry, and of two processes writing one the first to finish wins. transformers will not save a
+    model read from a GGUF (it is marked quantized, though its weights are plain tensors), so the config is
+    saved without that mark and the weights through safetensors (the tied embedding once)."""
+    import copy
+    import shutil
+    import tempfile
+
+    from safetensors.torch import save_model
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+    try:
+        config = copy.deepcopy(model.config)
+        del config.quantization_config
+        config.save_pretrained(work)
+        save_model(model, str(work / "model.safetensors"))
+        tokenizer.save_pretrained(work)
+        try:
+            os.rename(work, entry)
+        except OSError:
+            if not (entry / "config.json").is_file():  # not another writer's entry: a real failure
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

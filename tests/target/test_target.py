@@ -153,3 +153,25 @@ def test_windows_study_keeps_the_targets_tokens(target, smoke, tmp_path):
         assert log["equals_drafts_off"], name
         assert log["new_tokens"] == 2 * 6 and len(log["asked"]) == 3, name
     assert tfe.HeadFile(tmp_path / "head-w16.tfe").header["window"] == 16
+
+
+def test_cached_target_is_the_gguf_target(target, tmp_path):
+    """load_target(cache=DIR) writes an entry from the GGUF, and a later load from that entry gives the same
+    weights, bit for bit, the same tokenizer and the same logits."""
+    from tfe.target import load_target
+
+    written = load_target(dtype=torch.float32, cache=tmp_path)
+    (entry,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    assert entry.name.endswith("-float32") and (entry / "model.safetensors").is_file()
+    cached = load_target(dtype=torch.float32, cache=tmp_path)
+    assert getattr(cached.model, "hf_quantizer", None) is None  # read from the entry, not the GGUF
+    want, got = target.model.state_dict(), cached.model.state_dict()
+    assert want.keys() == got.keys()
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    ids = target.encode_chat("Write a haiku about the sea.")
+    assert cached.encode_chat("Write a haiku about the sea.") == ids
+    with torch.inference_mode():
+        x = torch.tensor([ids])
+        assert torch.equal(target.model(x).logits, cached.model(x).logits)
+    assert list(tmp_path.iterdir()) == [entry]  # no temporary left beside it
+    del written
