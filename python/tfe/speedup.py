@@ -111,7 +111,7 @@ def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int]
                 log["mean_accepted_by_class"] = {c: sum(v) / len(v) for c, v in by_class.items() if v}
                 entry[name][s] = log
                 print(
-                    f"{name:>12} {n:2d} seq S={s}: {log['tokens_per_second']:8.1f} tok/s, "
+                    f"{name:>10} {n:2d} seq S={s}: {log['tokens_per_second']:8.1f} tok/s, "
                     f"{log['tokens_per_round']:.2f} tok/round, draft share {log['draft_share']:.2f}, "
                     f"x{log['speedup']:.2f} vs {best}",
                     flush=True,
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
         (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
 
     if sequences:
-        drafters = {"speculative": make_drafter(a.drafter, a.head, max_slots=16, max_steps=max(8, *steps), artifact=a.artifact)}
+        drafters = {"tfe": make_drafter(a.drafter, a.head, max_slots=16, max_steps=max(8, *steps), artifact=a.artifact)}
         if a.checkpoint:
             drafters["torch port"] = make_drafter(
                 "torch", None, max_slots=16, max_steps=max(8, *steps), checkpoint=a.checkpoint, target=target
@@ -221,7 +221,7 @@ def print_table(report: dict) -> None:
     for n, e in report["runs"].items():
         base = e["plain"][e["baseline"]]["tokens_per_second"]
         print(f"{n:>4}  {'alone: ' + e['baseline']:<36} {base:9.1f}")
-        for name, label in (("speculative", "the loop, tfe"), ("torch port", "the loop, PyTorch port")):
+        for name, label in (("tfe", "the loop, tfe"), ("torch port", "the loop, PyTorch port")):
             if name in e and e[name]:
                 s, best = max(e[name].items(), key=lambda kv: kv[1]["tokens_per_second"])
                 print(
@@ -237,11 +237,15 @@ def plot(report: dict, path: pathlib.Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (n, e) in enumerate(report["runs"].items()):
-        xs = sorted(e["speculative"], key=int)
-        line = ax.plot([int(x) for x in xs], [e["speculative"][x]["tokens_per_second"] for x in xs], "o-", label=f"{n} seq, loop")
+    for n, e in report["runs"].items():
+        xs = sorted(e["tfe"], key=int)
+        line = ax.plot([int(x) for x in xs], [e["tfe"][x]["tokens_per_second"] for x in xs], "o-", label=f"{n} seq, loop with tfe")
+        if e.get("torch port"):
+            xs = sorted(e["torch port"], key=int)
+            ax.plot([int(x) for x in xs], [e["torch port"][x]["tokens_per_second"] for x in xs], "s:",
+                    color=line[0].get_color(), label=f"{n} seq, loop with the PyTorch port")
         base = e["plain"][e["baseline"]]["tokens_per_second"]
-        ax.axhline(base, color=line[0].get_color(), linestyle="--", label=f"{n} seq, {e['baseline']}")
+        ax.axhline(base, color=line[0].get_color(), linestyle="--", label=f"{n} seq, alone: {e['baseline']}")
     ax.set_xlabel("draft steps S")
     ax.set_ylabel("tokens/s")
     ax.set_yscale("log")
