@@ -17,7 +17,8 @@
 #   scripts/gpu_target.sh exact      there, the next call: greedy exactness (fp32, bf16) and the sampled test
 #   scripts/gpu_target.sh speed      there, the next call: tokens/s against the target alone and the PyTorch
 #                                    port, acceptance by S and prompt class, and the window study;
-#                                    SPEED_SEQUENCES (1,4,16) and SPEED_WINDOWS (128,511) split it over calls
+#                                    SPEED_SEQUENCES (1,4,16) and SPEED_WINDOWS (128,511) split it over calls;
+#                                    SPEED_NEW_TOKENS (128) a sequence
 #   scripts/gpu_target.sh measure    exact, speed, and on a machine with 2 GPUs also tp
 #   scripts/gpu_target.sh tp         there, after train: the loop with the target split over 2 GPUs
 #                                    (tfe.tensor_parallel, docs/distributed.md); skipped, saying so, with
@@ -117,12 +118,12 @@ exact() {
   return $rc
 }
 
-speed() {  # SPEED_SEQUENCES (default 1,4,16), SPEED_WINDOWS (default 128,511; empty: none)
+speed() {  # SPEED_SEQUENCES (default 1,4,16), SPEED_WINDOWS (default 128,511; empty: none), SPEED_NEW_TOKENS (128)
   ready
-  local t0=$SECONDS rc=0
+  local t0=$SECONDS rc=0 sequences=${SPEED_SEQUENCES-1,4,16}
   python3 -m tfe.speedup --head "$state/head.tfe" --artifact "$state/deploy" --checkpoint "$state/eagle3" \
-    --sequences "${SPEED_SEQUENCES-1,4,16}" --windows "${SPEED_WINDOWS-128,511}" -o "$out" 2>&1 |
-    grep --line-buffered -v "it/s\]" | tee "$out/speedup${SPEED_SEQUENCES+-$SPEED_SEQUENCES}.log" || rc=1
+    --sequences "$sequences" --windows "${SPEED_WINDOWS-128,511}" --max-new-tokens "${SPEED_NEW_TOKENS:-128}" \
+    -o "$out" 2>&1 | grep --line-buffered -v "it/s\]" | tee "$out/speedup-${sequences//,/-}.log" || rc=1
   echo "== speed-up in $((SECONDS - t0)) s"
   return $rc
 }
