@@ -105,6 +105,9 @@ def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int]
                 result = dec.generate(prompts, new)
                 log = result.accept_log()
                 log["speedup"] = log["tokens_per_second"] / ok[best]["tokens_per_second"]
+                # Like for like: the same loop and target code with drafts off.
+                if "loop, drafts off" in ok:
+                    log["speedup_same_loop"] = log["tokens_per_second"] / ok["loop, drafts off"]["tokens_per_second"]
                 by_class: dict[str, list[int]] = {}
                 for p, accepted in zip(chosen, _per_sequence_accepts(result, n)):
                     by_class.setdefault(p.cls, []).extend(accepted)
@@ -217,7 +220,9 @@ def _per_sequence_accepts(result, n: int) -> list[list[int]]:
 
 def print_table(report: dict) -> None:
     print(f"\nspeed-up, {report['dtype']} target, {report['max_new_tokens']} new tokens per sequence, drafter {report['drafter']}")
-    print(f"{'seqs':>4}  {'run':<36} {'tok/s':>9} {'best S':>6} {'tok/round':>9} {'drafting':>8} {'speed-up':>8}")
+    print("speed-up: against the fastest way alone; vs off: against the same loop with drafts off")
+    print(f"{'seqs':>4}  {'run':<36} {'tok/s':>9} {'best S':>6} {'tok/round':>9} {'drafting':>8} {'speed-up':>8} "
+          f"{'vs off':>7}")
     for n, e in report["runs"].items():
         base = e["plain"][e["baseline"]]["tokens_per_second"]
         print(f"{n:>4}  {'alone: ' + e['baseline']:<36} {base:9.1f}")
@@ -226,7 +231,7 @@ def print_table(report: dict) -> None:
                 s, best = max(e[name].items(), key=lambda kv: kv[1]["tokens_per_second"])
                 print(
                     f"{n:>4}  {label:<36} {best['tokens_per_second']:9.1f} {s:>6} {best['tokens_per_round']:9.2f} "
-                    f"{best['draft_share']:8.2f} {best['speedup']:8.2f}"
+                    f"{best['draft_share']:8.2f} {best['speedup']:8.2f} {best.get('speedup_same_loop', float('nan')):7.2f}"
                 )
 
 
