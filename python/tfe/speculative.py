@@ -371,8 +371,15 @@ class Decoder:
         prefill_chunk: int | None = None,
         progress: bool = False,
         accept_log: Any = None,
+        compile_target: bool = False,
     ):
         self.target = target
+        # The target's verify forward through torch.compile (CUDA graphs on a GPU) against a static cache,
+        # kept from call to call so that a graph recorded once is replayed (Target.forward). The prefill
+        # stays eager: its shape changes with the prompts.
+        self.compile_target = compile_target
+        self._static = None
+        self._static_shape: tuple[int, int] | None = None
         self.accept_log = accept_log  # a tfe.AcceptLog: each round's kept drafts, by window position
         self.drafter = drafter
         self.steps = steps if drafter is not None else 0
@@ -405,7 +412,7 @@ class Decoder:
                 self.drafter.reset(slot)
 
         clock = DraftClock(dev)
-        cache = self.target.new_cache()
+        cache = self._cache(B, max(len(p) for p in prompts), max_new_tokens)
         last, pos, valid = self._prefill(prompts, cache, generator, result, clock)
         result.prefill_seconds = time.perf_counter() - start
 
@@ -427,7 +434,7 @@ class Decoder:
             positions = pos[:, None] + torch.arange(q, device=dev)
             causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril()
             mask = torch.cat([valid[:, None, :].expand(B, q, -1), causal.expand(B, q, q)], dim=-1)[:, None]
-            out = self.target.forward(tokens, positions, cache, mask)
+            out = self.target.forward(tokens, positions, cache, mask, compiled=self.compile_target)
             kept, nxt = self._choose(drafts, out.logits, generator)
             margins = _margin(out.logits)
 
@@ -464,6 +471,19 @@ class Decoder:
         result.tokens = [t[:max_new_tokens] for t in result.tokens]
         result.margins = [m[:max_new_tokens] for m in result.margins]
         return result
+
+    def _cache(self, batch: int, width: int, max_new_tokens: int):
+        """A fresh dynamic cache; compiled, the static one for this shape, emptied. Every round appends S + 1
+        columns and emits at least one token, so the prompt's width plus max_new_tokens * (S + 1) suffice."""
+        if not self.compile_target:
+            return self.target.new_cache()
+        shape = (batch, width + max_new_tokens * (self.steps + 1))
+        if self._static_shape != shape:
+            self._static, self._static_shape = self.target.new_cache(shape[1]), shape
+        else:
+            with torch.inference_mode():  # its tensors were made by the target's forward, in inference mode
+                self._static.reset()
+        return self._static
 
     def _prefill(self, prompts, cache, generator, result, clock: DraftClock):
         """Runs the prompts through the target (in chunks of prefill_chunk columns), extends the head with

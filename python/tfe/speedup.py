@@ -7,6 +7,8 @@ For each number of sequences (1, 4, 16 by default) it times, greedy, the same pr
     `generate, static+compile` transformers' generate with a static cache, which it compiles (CUDA graphs);
                                where that fails the reason is recorded and it is left out
   the loop with the head, at each S given: tokens/s, the accept log, the share of the time spent drafting;
+  the same at its best S with the target's verify forward compiled against a static cache (CUDA graphs),
+    as `generate, static+compile` runs the target alone (not with --no-compile);
   with --checkpoint, the same loop with the head run by its PyTorch port (tfe.speculative.TorchDrafter).
 Every configuration runs once to warm up (compilation, graph capture, allocator) and is timed on the second
 run. The share spent drafting is the drafter's calls timed by CUDA events (tfe.speculative.DraftClock).
@@ -87,8 +89,12 @@ def plain_baselines(target: Target, prompts: list[list[int]], new: int, compile:
     return out
 
 
+COMPILED = "tfe, compiled target"  # the tfe loop with the target's verify forward compiled
+
+
 def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int], new: int, compile: bool, report: dict, save) -> None:
-    """For each number of sequences: the plain baselines, then every drafter at every S; `save` after each."""
+    """For each number of sequences: the plain baselines, then every drafter at every S, then (with
+    `compile`) the tfe loop at its best S with the target's verify forward compiled; `save` after each."""
     evaluation = prompt_sets.evaluation_prompts()
     for n in sequences:
         chosen = [evaluation[i % len(evaluation)] for i in range(n)]
@@ -98,27 +104,40 @@ def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int]
         best = max(ok, key=lambda k: ok[k]["tokens_per_second"])
         entry = {"plain": plain, "baseline": best, **{name: {} for name in drafters}}
         report["runs"][n] = entry
+
+        def timed_loop(name: str, s: int, decoder: Decoder, warmup_tokens: int) -> None:
+            decoder.generate(prompts, warmup_tokens)
+            result = decoder.generate(prompts, new)
+            log = result.accept_log()
+            log["speedup"] = log["tokens_per_second"] / ok[best]["tokens_per_second"]
+            # Like for like: the target alone run the same way (eager, or compiled with a static cache).
+            same = "generate, static+compile" if decoder.compile_target else "loop, drafts off"
+            if same in ok:
+                log["speedup_same_loop"] = log["tokens_per_second"] / ok[same]["tokens_per_second"]
+                log["same_loop"] = same
+            by_class: dict[str, list[int]] = {}
+            for p, accepted in zip(chosen, _per_sequence_accepts(result, n)):
+                by_class.setdefault(p.cls, []).extend(accepted)
+            log["mean_accepted_by_class"] = {c: sum(v) / len(v) for c, v in by_class.items() if v}
+            entry.setdefault(name, {})[s] = log
+            print(
+                f"{name:>10} {n:2d} seq S={s}: {log['tokens_per_second']:8.1f} tok/s, "
+                f"{log['tokens_per_round']:.2f} tok/round, draft share {log['draft_share']:.2f}, "
+                f"x{log['speedup']:.2f} vs {best}",
+                flush=True,
+            )
+
         for name, d in drafters.items():
             for s in steps:
-                dec = Decoder(target, d, steps=s)
-                dec.generate(prompts, min(32, new))
-                result = dec.generate(prompts, new)
-                log = result.accept_log()
-                log["speedup"] = log["tokens_per_second"] / ok[best]["tokens_per_second"]
-                # Like for like: the same loop and target code with drafts off.
-                if "loop, drafts off" in ok:
-                    log["speedup_same_loop"] = log["tokens_per_second"] / ok["loop, drafts off"]["tokens_per_second"]
-                by_class: dict[str, list[int]] = {}
-                for p, accepted in zip(chosen, _per_sequence_accepts(result, n)):
-                    by_class.setdefault(p.cls, []).extend(accepted)
-                log["mean_accepted_by_class"] = {c: sum(v) / len(v) for c, v in by_class.items() if v}
-                entry[name][s] = log
-                print(
-                    f"{name:>10} {n:2d} seq S={s}: {log['tokens_per_second']:8.1f} tok/s, "
-                    f"{log['tokens_per_round']:.2f} tok/round, draft share {log['draft_share']:.2f}, "
-                    f"x{log['speedup']:.2f} vs {best}",
-                    flush=True,
-                )
+                timed_loop(name, s, Decoder(target, d, steps=s), min(32, new))
+            save()
+        if compile:
+            s = max(entry["tfe"], key=lambda k: entry["tfe"][k]["tokens_per_second"])
+            try:  # the warm-up runs the whole length: the static cache's shape, and so the graphs, depend on it
+                timed_loop(COMPILED, s, Decoder(target, drafters["tfe"], steps=s, compile_target=True), new)
+            except Exception as e:  # reported, like a plain configuration this stack cannot run
+                entry[COMPILED] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                print(f"{COMPILED}: {entry[COMPILED]['error']}", flush=True)
             save()
 
 
@@ -220,14 +239,21 @@ def _per_sequence_accepts(result, n: int) -> list[list[int]]:
 
 def print_table(report: dict) -> None:
     print(f"\nspeed-up, {report['dtype']} target, {report['max_new_tokens']} new tokens per sequence, drafter {report['drafter']}")
-    print("speed-up: against the fastest way alone; vs off: against the same loop with drafts off")
+    print("speed-up: against the fastest way alone; vs off: against the target alone run the same way (the loop "
+          "with drafts off; for the compiled target, generate with a static cache, compiled)")
     print(f"{'seqs':>4}  {'run':<36} {'tok/s':>9} {'best S':>6} {'tok/round':>9} {'drafting':>8} {'speed-up':>8} "
           f"{'vs off':>7}")
     for n, e in report["runs"].items():
         base = e["plain"][e["baseline"]]["tokens_per_second"]
         print(f"{n:>4}  {'alone: ' + e['baseline']:<36} {base:9.1f}")
-        for name, label in (("tfe", "the loop, tfe"), ("torch port", "the loop, PyTorch port")):
-            if name in e and e[name]:
+        for name, label in (
+            ("tfe", "the loop, tfe"),
+            (COMPILED, "the loop, tfe, target compiled"),
+            ("torch port", "the loop, PyTorch port"),
+        ):
+            if name in e and "error" in e[name]:
+                print(f"{n:>4}  {label:<36} {e[name]['error'][:80]}")
+            elif name in e and e[name]:
                 s, best = max(e[name].items(), key=lambda kv: kv[1]["tokens_per_second"])
                 print(
                     f"{n:>4}  {label:<36} {best['tokens_per_second']:9.1f} {s:>6} {best['tokens_per_round']:9.2f} "

@@ -175,3 +175,19 @@ def test_cached_target_is_the_gguf_target(target, tmp_path):
         assert torch.equal(target.model(x).logits, cached.model(x).logits)
     assert list(tmp_path.iterdir()) == [entry]  # no temporary left beside it
     del written
+
+
+def test_static_cache_loop_keeps_the_targets_tokens(target, smoke, chats, monkeypatch):
+    """The compiled loop's cache and masks (one static cache, emptied between calls, the mask padded to its
+    columns), run eagerly here: drafts on, 4 sequences, two calls on one Decoder, the target's own tokens."""
+    monkeypatch.setattr(target, "_compiled_model", lambda: target.model)  # compiling takes minutes on a CPU
+    drafter = ReferenceDrafter(smoke[1], max_slots=16, max_steps=8)
+    alone = Decoder(target).generate(chats, NEW).tokens
+    decoder = Decoder(target, drafter, steps=3, compile_target=True)
+    for _ in range(2):
+        assert decoder.generate(chats, NEW).tokens == alone
+    assert decoder._static_shape == (4, max(map(len, chats)) + NEW * 4)
+    cache = target.new_cache(8)
+    rows = torch.zeros(1, 9, dtype=torch.long)
+    with pytest.raises(ValueError, match="the static cache has 8 columns; this forward needs 9"):
+        target.forward(rows, rows, cache, torch.ones(1, 1, 9, 9, dtype=torch.bool))
