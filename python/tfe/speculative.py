@@ -328,8 +328,8 @@ def _margin(logits: torch.Tensor) -> torch.Tensor:
 class DraftClock:
     """Time spent in the drafter's calls. On a GPU those calls return before the device has run them (the
     runtime only enqueues), so host time would miss the work: CUDA events on the current stream bracket each
-    call instead. The loop waits for the device every round (the accepted counts come to the host), so a
-    call starts on an idle device and its span is the call's host time plus the device work behind it."""
+    call instead: a span runs from when the stream reaches the call's first work to when its last is done,
+    or, where the call itself waits (the CPU reference), to when it returns."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -414,6 +414,7 @@ class Decoder:
         clock = DraftClock(dev)
         cache = self._cache(B, max(len(p) for p in prompts), max_new_tokens)
         last, pos, valid = self._prefill(prompts, cache, generator, result, clock)
+        pos_host = [len(p) for p in prompts]  # each sequence's next position, as pos holds it on the device
         result.prefill_seconds = time.perf_counter() - start
 
         bar = None
@@ -441,15 +442,20 @@ class Decoder:
             valid = torch.cat([valid, torch.arange(q, device=dev)[None, :] <= kept[:, None]], dim=1)
             emitted = torch.cat([drafts, torch.zeros(B, 1, dtype=torch.long, device=dev)], dim=1)
             emitted.scatter_(1, kept[:, None], nxt[:, None])
-            kept_host = kept.tolist()
+            # One copy to the host a round (accepted counts, emitted tokens, margins; float64 holds each
+            # exactly), taken before the extend is enqueued so that the device runs it while the host keeps
+            # the books.
+            rows = torch.cat([kept[:, None].double(), emitted.double(), margins.double()], dim=1).tolist()
+            kept_host = [int(r[0]) for r in rows]
+            emitted_host = [[int(t) for t in r[1 : q + 1]] for r in rows]
+            margins_host = [r[q + 1 :] for r in rows]
             if self.accept_log is not None and S:
                 self.accept_log.record(kept_host, S)
             if self.drafter is not None:
-                requests = [(b, int(pos[b]), out.taps[b, : k + 1], emitted[b, : k + 1]) for b, k in enumerate(kept_host)]
+                requests = [(b, pos_host[b], out.taps[b, : k + 1], emitted[b, : k + 1]) for b, k in enumerate(kept_host)]
                 clock.start()
                 self.drafter.extend(requests)
                 clock.stop()
-            emitted_host, margins_host = emitted.tolist(), margins.tolist()
             before = sum(min(len(t), max_new_tokens) for t in result.tokens)
             for b, k in enumerate(kept_host):
                 result.tokens[b] += emitted_host[b][: k + 1]
@@ -460,6 +466,7 @@ class Decoder:
                     result.kept[j] += int(j < k)
             result.rounds += 1
             pos = pos + kept + 1
+            pos_host = [p + k + 1 for p, k in zip(pos_host, kept_host)]
             last = nxt
             if bar is not None:
                 bar.update(sum(min(len(t), max_new_tokens) for t in result.tokens) - before)
