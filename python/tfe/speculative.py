@@ -414,7 +414,9 @@ class Decoder:
         clock = DraftClock(dev)
         cache = self._cache(B, max(len(p) for p in prompts), max_new_tokens)
         last, pos, valid = self._prefill(prompts, cache, generator, result, clock)
-        pos_host = [len(p) for p in prompts]  # each sequence's next position, as pos holds it on the device
+        # Each sequence's next position, on the host beside pos on the device: requests need it as an int, and
+        # reading it back would wait for the device once a sequence.
+        pos_host = [len(p) for p in prompts]
         result.prefill_seconds = time.perf_counter() - start
 
         bar = None

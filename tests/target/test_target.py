@@ -153,6 +153,8 @@ def test_windows_study_keeps_the_targets_tokens(target, smoke, tmp_path):
         assert log["equals_drafts_off"], name
         assert log["new_tokens"] == 2 * 6 and len(log["asked"]) == 3, name
     assert tfe.HeadFile(tmp_path / "head-w16.tfe").header["window"] == 16
+    with pytest.raises(ValueError, match="not more than the largest window 511"):
+        windows_study(target, smoke[0], [511], "reference", 3, 6, tmp_path, prompts=long)
 
 
 def test_cached_target_is_the_gguf_target(target, tmp_path):
@@ -173,8 +175,8 @@ def test_cached_target_is_the_gguf_target(target, tmp_path):
     with torch.inference_mode():
         x = torch.tensor([ids])
         assert torch.equal(target.model(x).logits, cached.model(x).logits)
+    assert written.model.state_dict().keys() == want.keys()
     assert list(tmp_path.iterdir()) == [entry]  # no temporary left beside it
-    del written
 
 
 def test_static_cache_loop_keeps_the_targets_tokens(target, smoke, chats, monkeypatch):
@@ -191,3 +193,5 @@ def test_static_cache_loop_keeps_the_targets_tokens(target, smoke, chats, monkey
     rows = torch.zeros(1, 9, dtype=torch.long)
     with pytest.raises(ValueError, match="the static cache has 8 columns; this forward needs 9"):
         target.forward(rows, rows, cache, torch.ones(1, 1, 9, 9, dtype=torch.bool))
+    with pytest.raises(ValueError, match="a compiled forward needs a static cache"):
+        target.forward(rows, rows, target.new_cache(), torch.ones(1, 1, 9, 9, dtype=torch.bool), compiled=True)
