@@ -7,24 +7,32 @@
 # The GPU machine has torch and transformers but no gguf package and no network, and one call carries at
 # most 64 MiB, less than the 98 MB GGUF. So the work is split by what travels:
 #
-#   scripts/gpu_target.sh stage      here: .target/gguf.1 and .target/gguf.2 (the GGUF's two halves) and
-#                                    .target/wheels/ (gguf, pure Python); also run scripts/stage_deps.sh
-#   scripts/gpu_target.sh receive    there, carrying .target/gguf.1: keeps the first half in /tmp
+#   scripts/gpu_target.sh stage      here: .target/gguf.1 (the GGUF's first 38 MiB), .target/gguf.2 (the rest)
+#                                    and .target/wheels/ (gguf, pure Python); also run scripts/stage_deps.sh
+#   scripts/gpu_target.sh receive    there, carrying .target/gguf.1 and, where a head was trained before,
+#                                    .target/head: keeps both in /tmp
 #   scripts/gpu_target.sh train      there, the very next call, carrying .target/gguf.2 .target/wheels .deps:
 #                                    joins and checks the GGUF, builds the module, trains (TRAIN_MINUTES,
 #                                    default 4; TRAIN_ARGS: more tfe.train_head flags), converts, compiles;
-#                                    about 6 minutes
-#   scripts/gpu_target.sh exact      there, the next call: greedy exactness (fp32, bf16) and the sampled test
-#   scripts/gpu_target.sh speed      there, the next call: tokens/s against the target alone and the PyTorch
-#                                    port, acceptance by S and prompt class, and the window study;
-#                                    SPEED_SEQUENCES (1,4,16) and SPEED_WINDOWS (128,511) split it over calls;
+#                                    about 6 minutes. $OUT/head/ holds the head's own weights (about 20 MB in
+#                                    shards; the embedding is the target's): copy that folder to .target/head
+#                                    here, so that a later machine needs no training
+#   scripts/gpu_target.sh exact      there: greedy exactness (fp32, bf16) and the sampled test
+#   scripts/gpu_target.sh speed      there: tokens/s against the target alone and the PyTorch port,
+#                                    acceptance by S and prompt class, and the window study;
+#                                    SPEED_SEQUENCES (1,4,16), SPEED_STEPS (1..8) and SPEED_WINDOWS (128,511)
+#                                    split it over calls;
 #                                    SPEED_NEW_TOKENS (128) a sequence
 #   scripts/gpu_target.sh measure    exact, speed, and on a machine with 2 GPUs also tp
-#   scripts/gpu_target.sh tp         there, after train: the loop with the target split over 2 GPUs
+#   scripts/gpu_target.sh tp         there: the loop with the target split over 2 GPUs
 #                                    (tfe.tensor_parallel, docs/distributed.md); skipped, saying so, with
 #                                    fewer than 2 GPUs
 #   scripts/gpu_target.sh all        train + measure in one command (where a command may run ~15 minutes)
 #   Several phases may run in one call, in order: scripts/gpu_target.sh train exact
+#
+# exact, speed, measure and tp run after train on the same machine, or, on a fresh machine, after a receive
+# that carried .target/head, in a call that carries .target/gguf.2 .target/wheels .deps: the head is then
+# restored with the target's embedding, converted and compiled first (about a minute).
 #
 # State between the calls lives in /tmp/tfe-target, which the machine keeps while it stays warm.
 set -uo pipefail
@@ -51,17 +59,23 @@ stage() {
   fi
   echo "$gguf_sha  $src" | sha256sum -c --quiet || die "$src: sha256 differs from $gguf_sha"
   rm -rf .target && mkdir -p .target/wheels
-  split -n 2 -d -a 1 "$src" .target/part || die "split failed"
-  mv .target/part0 .target/gguf.1 && mv .target/part1 .target/gguf.2
+  # 38 MiB first: with a trained head (about 20 MB) beside it, each call stays under the 64 MiB it may carry.
+  { head -c 38M "$src" >.target/gguf.1 && tail -c +$((38 * 1024 * 1024 + 1)) "$src" >.target/gguf.2; } || die "split failed"
   python3 -m pip download -q --no-deps --only-binary=:all: -d .target/wheels gguf==0.19.0 || die "pip download gguf failed"
   du -sh .target/gguf.1 .target/gguf.2 .target/wheels
-  echo "staged: call 1 carries .target/gguf.1 (receive), call 2 carries .target/gguf.2 .target/wheels .deps (train)"
+  echo "staged: call 1 carries .target/gguf.1 (receive; and .target/head once trained), call 2 carries .target/gguf.2 .target/wheels .deps"
 }
 
 receive() {
   [ -f .target/gguf.1 ] || die "no .target/gguf.1: carry it (scripts/gpu_target.sh stage makes it)"
   mkdir -p "$state" && cp .target/gguf.1 "$state/gguf.1"
-  echo "received the first half ($(du -h "$state/gguf.1" | cut -f1)); run 'train' in the next call"
+  echo "received the GGUF's first part ($(du -h "$state/gguf.1" | cut -f1))"
+  if [ -f .target/head/model.safetensors.index.json ]; then
+    rm -rf "$state/head" && cp -r .target/head "$state/head"
+    echo "received a trained head ($(du -sh "$state/head" | cut -f1)); next call: exact or speed"
+  else
+    echo "next call: train"
+  fi
 }
 
 assemble() {
@@ -81,7 +95,7 @@ build_module() {
   # shellcheck source=scripts/build_lib.sh
   . scripts/build_lib.sh
   { configure_build . "$state/build" -DTFE_PYTHON=ON -DTFE_TESTS=OFF && cmake --build "$state/build" -j "$(nproc)" --target _tfe tfe-plan; } \
-    >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; die "the module did not build ($out/build.log)"; }
+    >"$state/build.log" 2>&1 || { cp "$state/build.log" "$out/"; tail -30 "$out/build.log"; die "the module did not build ($out/build.log)"; }
 }
 
 train() {
@@ -92,19 +106,49 @@ train() {
   # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags
   python3 -m tfe.train_head -o "$state/eagle3" --minutes "${TRAIN_MINUTES:-4}" ${TRAIN_ARGS:-} 2>&1 | grep --line-buffered -v "it/s\]" | tee "$out/train.log"
   [ -f "$state/eagle3/model.safetensors" ] || die "training wrote no checkpoint"
-  cp "$state/eagle3/training.png" "$state/eagle3/training.json" "$state/eagle3/config.json" "$out/"
-  python3 - "$state" <<'EOF' 2>&1 | tee "$out/convert.log" || die "convert or compile failed"
+  cp "$state/eagle3/training.png" "$state/eagle3/training.json" "$out/"
+  # $OUT takes at most 8 files of 16 MiB: the head's own weights in 15 MiB shards.
+  python3 -c 'import sys; from tfe.train_head import write_trained_shards as w; print(*w(sys.argv[1], sys.argv[2], 15 << 20))' \
+    "$state/eagle3" "$out/head" | tee -a "$out/train.log" || die "the head's shards were not written"
+  deploy | tee -a "$out/train.log"
+  [ -f "$state/head.tfe" ] || die "convert or compile failed"
+  echo "== trained, converted and compiled in $((SECONDS - t0)) s; copy \$OUT/head to .target/head here; next: exact, speed"
+}
+
+deploy() {  # $state/eagle3 -> $state/head.tfe (converted) and $state/deploy (compiled)
+  rm -rf "$state/head.tfe" "$state/deploy"
+  python3 - "$state" <<'EOF' 2>&1
 import sys, tfe
 state = sys.argv[1]
 head = tfe.convert(f"{state}/eagle3", f"{state}/head.tfe")
 summary = tfe.compile(head, f"{state}/deploy", max_slots=16, max_steps=8)
 print(f"converted {state}/head.tfe ({head.header['draft_vocab']} draft tokens, taps {[t['layer'] for t in head.header['taps']]}); compiled {state}/deploy")
 EOF
-  echo "== trained, converted and compiled in $((SECONDS - t0)) s; next: scripts/gpu_target.sh measure"
+}
+
+restore() {  # a head carried by receive -> $state/eagle3, then deploy
+  local t0=$SECONDS
+  assemble
+  build_module
+  python3 - "$state" <<'EOF' 2>&1 | grep --line-buffered -v "it/s\]" | tee "$out/restore.log"
+import sys
+from tfe.target import load_target
+from tfe.train_head import restore_checkpoint
+state = sys.argv[1]
+restore_checkpoint(f"{state}/head", load_target(), f"{state}/eagle3")
+print(f"restored {state}/eagle3 from the carried head")
+EOF
+  [ "${PIPESTATUS[0]}" -eq 0 ] || die "the carried head did not restore ($out/restore.log)"
+  deploy | tee -a "$out/restore.log"
+  [ -f "$state/head.tfe" ] || die "the restored head did not convert or compile ($out/restore.log)"
+  echo "== head restored, converted and compiled in $((SECONDS - t0)) s"
 }
 
 ready() {
-  [ -f "$state/head.tfe" ] || die "no $state/head.tfe: run 'train' first (in this warm machine)"
+  if [ ! -f "$state/head.tfe" ]; then
+    [ -d "$state/head" ] || die "no head: run 'train' first, or 'receive' carrying .target/head, on this warm machine"
+    restore || exit 1
+  fi
   export TFE_TARGET_GGUF=$state/$gguf_name
 }
 
@@ -118,11 +162,12 @@ exact() {
   return $rc
 }
 
-speed() {  # SPEED_SEQUENCES (default 1,4,16), SPEED_WINDOWS (default 128,511; empty: none), SPEED_NEW_TOKENS (128)
+speed() {  # SPEED_SEQUENCES (1,4,16), SPEED_STEPS (1..8), SPEED_WINDOWS (128,511; empty: none), SPEED_NEW_TOKENS (128)
   ready
   local t0=$SECONDS rc=0 sequences=${SPEED_SEQUENCES-1,4,16}
   python3 -m tfe.speedup --head "$state/head.tfe" --artifact "$state/deploy" --checkpoint "$state/eagle3" \
-    --sequences "$sequences" --windows "${SPEED_WINDOWS-128,511}" --max-new-tokens "${SPEED_NEW_TOKENS:-128}" \
+    --sequences "$sequences" --steps "${SPEED_STEPS:-1,2,3,4,5,6,7,8}" --windows "${SPEED_WINDOWS-128,511}" \
+    --max-new-tokens "${SPEED_NEW_TOKENS:-128}" \
     -o "$out" 2>&1 | grep --line-buffered -v "it/s\]" | tee "$out/speedup-${sequences//,/-}.log" || rc=1
   echo "== speed-up in $((SECONDS - t0)) s"
   return $rc
@@ -139,14 +184,13 @@ measure() {
 gpu_count() { nvidia-smi -L 2>/dev/null | wc -l; }
 
 tensor_parallel() {
-  [ -f "$state/head.tfe" ] || die "no $state/head.tfe: run 'train' first (in this warm machine)"
+  ready
   local gpus rc=0
   gpus=$(gpu_count)
   if [ "$gpus" -lt 2 ]; then
     echo "== tensor parallel: skipped: this machine has $gpus GPU(s), the split target needs 2"
     return 0
   fi
-  export TFE_TARGET_GGUF=$state/$gguf_name
   # fp32: every difference from the split target alone fails; bf16 (the timed run, with the one-GPU loop
   # beside it): differences only where the target's top two logits nearly tie.
   for dtype in float32 bfloat16; do

@@ -165,6 +165,11 @@ class RuntimeDrafter:
     def __init__(self, head, artifact=None, *, max_slots: int = 16, max_steps: int = 8, **options):
         import tfe
 
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "the runtime drafter needs a CUDA GPU, and torch sees none: on a CPU use the reference drafter "
+                "(--drafter reference)"
+            )
         self.rt = tfe.Runtime(
             head,
             artifact,

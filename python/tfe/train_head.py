@@ -17,7 +17,8 @@ The recipe is the published EAGLE-3 one, in the shapes and numerics contract of 
 
 Output: DIR/config.json + DIR/model.safetensors (the layout SGLang, vLLM and the EAGLE repository load; the
 target's embedding is included, so `tfe-plan convert DIR` needs no --target), DIR/training.json (the curve)
-and DIR/training.png.
+and DIR/training.png. `write_trained_shards` keeps the head's own weights alone (about a quarter of the
+file) in shards of a given size, and `restore_checkpoint` makes the whole checkpoint again from them.
 
 Usage: tfe-train-head -o DIR [--smoke] [--minutes M] (see --help).
 """
@@ -156,6 +157,59 @@ def draft_vocabulary(seqs: list[Sequence], vocab: int, size: int) -> torch.Tenso
     return torch.sort(order[:size]).values
 
 
+# ---------------------------------------------------------------------------------------------- files
+
+
+def read_checkpoint(ckpt_dir: str | pathlib.Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors checkpoint: model.safetensors, or the shards of model.safetensors.index.json."""
+    from safetensors.torch import load_file
+
+    root = pathlib.Path(ckpt_dir)
+    index = root / "model.safetensors.index.json"
+    if not index.exists():
+        return load_file(str(root / "model.safetensors"))
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        if "/" in name or name in ("", ".", ".."):
+            raise ValueError(f"{index}: {name!r} is not a file of this directory")
+        tensors.update(load_file(str(root / name)))
+    return tensors
+
+
+def write_trained_shards(ckpt_dir: str | pathlib.Path, out_dir: str | pathlib.Path, max_file_bytes: int) -> list[pathlib.Path]:
+    """The head's own weights, without the target's embedding, as Hugging Face shards of at most
+    max_file_bytes each (model-0000k-of-0000n.safetensors + model.safetensors.index.json) and config.json:
+    what `Eagle3Head.load` restores with the target's embedding. Small enough to move where a whole
+    checkpoint (the embedding is most of it) cannot go. Returns the files written."""
+    from safetensors.torch import save_file
+
+    src, out = pathlib.Path(ckpt_dir), pathlib.Path(out_dir)
+    tensors = {n: t for n, t in read_checkpoint(src).items() if n != "embed_tokens.weight"}
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name in sorted(tensors, key=lambda n: -tensors[n].nbytes):
+        nbytes = tensors[name].nbytes
+        if nbytes + 64 * 1024 > max_file_bytes:  # the header's room
+            raise ValueError(f"{name} alone is {nbytes} bytes, more than max_file_bytes = {max_file_bytes}")
+        if shards[-1] and size + nbytes + 64 * 1024 > max_file_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensors[name]
+        size += nbytes
+    out.mkdir(parents=True, exist_ok=True)
+    written, weight_map = [], {}
+    for k, shard in enumerate(shards, 1):
+        name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / name))
+        weight_map.update({t: name for t in shard})
+        written.append(out / name)
+    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
+    (out / "config.json").write_text((src / "config.json").read_text())
+    return [*written, out / "model.safetensors.index.json", out / "config.json"]
+
+
 # ---------------------------------------------------------------------------------------------- the head
 
 
@@ -288,16 +342,23 @@ class Eagle3Head(nn.Module):
 
     @classmethod
     def load(cls, ckpt_dir: str | pathlib.Path, target: Target) -> "Eagle3Head":
-        """A checkpoint written by `save`, in fp32 on the target's device."""
-        from safetensors.torch import load_file
-
-        t = load_file(str(pathlib.Path(ckpt_dir) / "model.safetensors"))
+        """A checkpoint in the layout `save` writes, in fp32 on the target's device: one model.safetensors or the
+        shards a model.safetensors.index.json names. Without `embed_tokens.weight` the head shares the
+        target's embedding, as EAGLE-3 heads do."""
+        t = read_checkpoint(ckpt_dir)
+        missing = [n for n in ("d2t", *cls._CHECKPOINT_NAMES) if n not in t]
+        if missing:
+            raise ValueError(f"{ckpt_dir}: the checkpoint lacks {', '.join(missing)}")
         d2t = t["d2t"].long()
         head = cls(target, d2t + torch.arange(len(d2t)))
         with torch.no_grad():
             for src, dst in cls._CHECKPOINT_NAMES.items():
+                want = head.get_parameter(dst).shape
+                if t[src].shape != want:
+                    raise ValueError(f"{ckpt_dir}: {src} is {list(t[src].shape)}, this target's head needs {list(want)}")
                 head.get_parameter(dst).copy_(t[src].float())
-            head.embed.copy_(t["embed_tokens.weight"].float())
+            if "embed_tokens.weight" in t:
+                head.embed.copy_(t["embed_tokens.weight"].float())
         return head.to(target.device)
 
     def save(self, out_dir: pathlib.Path, target: Target, window: int) -> None:
@@ -337,6 +398,15 @@ class Eagle3Head(nn.Module):
         out_dir.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(out_dir / "model.safetensors"))
         (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def restore_checkpoint(trained_dir: str | pathlib.Path, target: Target, out_dir: str | pathlib.Path) -> pathlib.Path:
+    """The whole checkpoint (`save`'s layout, the target's embedding included, so `tfe-plan convert` needs no
+    --target) from the shards `write_trained_shards` wrote; the weights come back bit for bit."""
+    src = pathlib.Path(trained_dir)
+    window = json.loads((src / "config.json").read_text())["max_position_embeddings"] - 1
+    Eagle3Head.load(src, target).save(pathlib.Path(out_dir), target, window=window)
+    return pathlib.Path(out_dir)
 
 
 # ---------------------------------------------------------------------------------------------- training

@@ -195,3 +195,35 @@ def test_static_cache_loop_keeps_the_targets_tokens(target, smoke, chats, monkey
         target.forward(rows, rows, cache, torch.ones(1, 1, 9, 9, dtype=torch.bool))
     with pytest.raises(ValueError, match="a compiled forward needs a static cache"):
         target.forward(rows, rows, target.new_cache(), torch.ones(1, 1, 9, 9, dtype=torch.bool), compiled=True)
+
+
+def test_trained_shards_restore_the_checkpoint_bit_for_bit(target, smoke, tmp_path):
+    """write_trained_shards drops the target's embedding and splits the rest under a size limit; the head
+    loads from the shards (taking the target's embedding), and restore_checkpoint writes the original
+    checkpoint's tensors and config again, bit for bit."""
+    from tfe.train_head import read_checkpoint, restore_checkpoint, write_trained_shards
+
+    ckpt = smoke[0]
+    files = write_trained_shards(ckpt, tmp_path / "shards", max_file_bytes=3 << 20)
+    shards = [f for f in files if f.suffix == ".safetensors"]
+    assert len(shards) > 1 and all(f.stat().st_size <= 3 << 20 for f in shards)
+    assert "embed_tokens.weight" not in read_checkpoint(tmp_path / "shards")
+    restore_checkpoint(tmp_path / "shards", target, tmp_path / "whole")
+    want, got = read_checkpoint(ckpt), read_checkpoint(tmp_path / "whole")
+    assert want.keys() == got.keys()
+    assert all(want[k].dtype == got[k].dtype and torch.equal(want[k], got[k]) for k in want)
+    assert (tmp_path / "whole" / "config.json").read_text() == (ckpt / "config.json").read_text()
+    with pytest.raises(ValueError, match="more than max_file_bytes"):
+        write_trained_shards(ckpt, tmp_path / "small", max_file_bytes=2 << 20)
+    (tmp_path / "shards" / "model-00001-of-{:05d}.safetensors".format(len(shards))).unlink()
+    with pytest.raises(FileNotFoundError):
+        Eagle3Head.load(tmp_path / "shards", target)
+
+
+def test_runtime_drafter_without_a_gpu_says_what_to_use(smoke):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the runtime drafter opens")
+    from tfe.speculative import make_drafter
+
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU.*--drafter reference"):
+        make_drafter("runtime", smoke[1], max_slots=4, max_steps=4)
