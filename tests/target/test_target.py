@@ -227,3 +227,48 @@ def test_runtime_drafter_without_a_gpu_says_what_to_use(smoke):
 
     with pytest.raises(RuntimeError, match="needs a CUDA GPU.*--drafter reference"):
         make_drafter("runtime", smoke[1], max_slots=4, max_steps=4)
+
+
+def test_bf16_differences_pass_only_as_near_tie_pairs():
+    """A difference passes in bf16 only where each run's token is among the other's next best, within the
+    tie; in fp32 every difference fails. Rivals follow argmax where logits are equal."""
+    from tfe.speculative import RIVALS, Result, _rivals
+
+    logits = torch.tensor([[5.0, 9.0, 9.0, 7.0, 8.5, 1.0]])
+    ids, gaps = _rivals(logits)
+    assert ids.shape == (1, RIVALS) and int(logits.argmax()) == 1
+    assert ids[0].tolist() == [2, 4, 3] and gaps[0].tolist() == [0.0, 0.5, 2.0]
+
+    def result(tokens, rivals):
+        return Result([tokens], [[r[0][1] for r in rivals]], [rivals], 0)
+
+    same = [(9, 1.0)]
+    reference = [result([1, 2, 3], [same, [(7, 0.25), (8, 0.5)], same])]
+    runs = {
+        "near tie": result([1, 7, 5], [same, [(2, 0.0), (8, 0.25)], same]),
+        "too far": result([1, 8, 5], [same, [(2, 0.75)], same]),
+        "not a rival": result([1, 6, 5], [same, [(2, 0.0)], same]),
+        "one-sided": result([1, 7, 5], [same, [(8, 0.0)], same]),
+    }
+    report = exactness.GreedyReport("bfloat16")
+    for name, run in runs.items():
+        exactness._compare(name, [run], reference, report)
+    assert [(d.run, d.index, d.reference_token, d.run_token) for d in report.differences] == [
+        ("near tie", 1, 2, 7), ("too far", 1, 2, 8), ("not a rival", 1, 2, 6), ("one-sided", 1, 2, 7)
+    ]
+    assert [d.run for d in report.failures(0.6)] == ["too far", "not a rival", "one-sided"]
+    assert [d.run for d in report.failures(1.0)] == ["not a rival", "one-sided"]
+    assert len(report.failures(None)) == 4
+
+
+def test_transformers_generate_runs_past_end_of_text(target):
+    """The exactness checks' transformers run does not stop at end-of-text nor forbid it: this answer ends
+    after a few tokens, and generate goes on exactly as the loop does."""
+    from tfe.speculative import hf_greedy
+
+    prompt = target.encode_chat("What is 2 + 2? Reply with the number only.")
+    loop = Decoder(target).generate([prompt], 16)
+    assert target.tokenizer.eos_token_id in loop.tokens[0][:-1]
+    hf = hf_greedy(target, prompt, 16)
+    assert hf.tokens == loop.tokens
+    assert [[t for t, _ in r] for r in hf.rivals[0]] == [[t for t, _ in r] for r in loop.rivals[0]]
