@@ -106,7 +106,7 @@ train() {
   # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags
   python3 -m tfe.train_head -o "$state/eagle3" --minutes "${TRAIN_MINUTES:-4}" ${TRAIN_ARGS:-} 2>&1 | grep --line-buffered -v "it/s\]" | tee "$out/train.log"
   [ -f "$state/eagle3/model.safetensors" ] || die "training wrote no checkpoint"
-  cp "$state/eagle3/training.png" "$state/eagle3/training.json" "$out/"
+  cp "$state/eagle3/training.png" "$out/"  # training.json goes with the head's shards
   # $OUT takes at most 8 files of 16 MiB: the head's own weights in 15 MiB shards.
   python3 -c 'import sys; from tfe.train_head import write_trained_shards as w; print(*w(sys.argv[1], sys.argv[2], 15 << 20))' \
     "$state/eagle3" "$out/head" | tee -a "$out/train.log" || die "the head's shards were not written"
@@ -135,8 +135,12 @@ import sys
 from tfe.target import load_target
 from tfe.train_head import restore_checkpoint
 state = sys.argv[1]
-restore_checkpoint(f"{state}/head", load_target(), f"{state}/eagle3")
-print(f"restored {state}/eagle3 from the carried head")
+import json, pathlib
+out = restore_checkpoint(f"{state}/head", load_target(), f"{state}/eagle3")
+run = json.loads((out / "training.json").read_text()) if (out / "training.json").exists() else None
+made = (f"{run['updates']} updates on {run['tokens']} tokens, final top-1 agreement by step "
+        + " ".join(f"{a:.2f}" for a in run["final"]["acc"])) if run and run.get("final") else "no training.json"
+print(f"restored {state}/eagle3 from the carried head ({made})")
 EOF
   [ "${PIPESTATUS[0]}" -eq 0 ] || die "the carried head did not restore ($out/restore.log)"
   deploy | tee -a "$out/restore.log"

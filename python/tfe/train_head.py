@@ -179,8 +179,8 @@ def read_checkpoint(ckpt_dir: str | pathlib.Path) -> dict[str, torch.Tensor]:
 
 def write_trained_shards(ckpt_dir: str | pathlib.Path, out_dir: str | pathlib.Path, max_file_bytes: int) -> list[pathlib.Path]:
     """The head's own weights, without the target's embedding, as Hugging Face shards of at most
-    max_file_bytes each (model-0000k-of-0000n.safetensors + model.safetensors.index.json) and config.json:
-    what `Eagle3Head.load` restores with the target's embedding. Small enough to move where a whole
+    max_file_bytes each (model-0000k-of-0000n.safetensors + model.safetensors.index.json), config.json and,
+    where there is one, training.json: what `Eagle3Head.load` restores with the target's embedding. Small enough to move where a whole
     checkpoint (the embedding is most of it) cannot go. Returns the files written."""
     from safetensors.torch import save_file
 
@@ -207,7 +207,10 @@ def write_trained_shards(ckpt_dir: str | pathlib.Path, out_dir: str | pathlib.Pa
     index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
     (out / "config.json").write_text((src / "config.json").read_text())
-    return [*written, out / "model.safetensors.index.json", out / "config.json"]
+    extra = [out / "training.json"] if (src / "training.json").exists() else []  # which run made the head
+    for f in extra:
+        f.write_text((src / f.name).read_text())
+    return [*written, out / "model.safetensors.index.json", out / "config.json", *extra]
 
 
 # ---------------------------------------------------------------------------------------------- the head
@@ -405,8 +408,11 @@ def restore_checkpoint(trained_dir: str | pathlib.Path, target: Target, out_dir:
     --target) from the shards `write_trained_shards` wrote; the weights come back bit for bit."""
     src = pathlib.Path(trained_dir)
     window = json.loads((src / "config.json").read_text())["max_position_embeddings"] - 1
-    Eagle3Head.load(src, target).save(pathlib.Path(out_dir), target, window=window)
-    return pathlib.Path(out_dir)
+    out = pathlib.Path(out_dir)
+    Eagle3Head.load(src, target).save(out, target, window=window)
+    if (src / "training.json").exists():
+        (out / "training.json").write_text((src / "training.json").read_text())
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- training

@@ -212,7 +212,8 @@ def test_trained_shards_restore_the_checkpoint_bit_for_bit(target, smoke, tmp_pa
     want, got = read_checkpoint(ckpt), read_checkpoint(tmp_path / "whole")
     assert want.keys() == got.keys()
     assert all(want[k].dtype == got[k].dtype and torch.equal(want[k], got[k]) for k in want)
-    assert (tmp_path / "whole" / "config.json").read_text() == (ckpt / "config.json").read_text()
+    for name in ("config.json", "training.json"):
+        assert (tmp_path / "whole" / name).read_text() == (ckpt / name).read_text()
     with pytest.raises(ValueError, match="more than max_file_bytes"):
         write_trained_shards(ckpt, tmp_path / "small", max_file_bytes=2 << 20)
     (tmp_path / "shards" / "model-00001-of-{:05d}.safetensors".format(len(shards))).unlink()
