@@ -103,6 +103,7 @@ train() {
   assemble
   build_module
   echo "== module built ($((SECONDS - t0)) s)"
+  rm -rf "$state/eagle3"  # a checkpoint left by an earlier run must not pass for this one's
   # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags
   python3 -m tfe.train_head -o "$state/eagle3" --minutes "${TRAIN_MINUTES:-4}" ${TRAIN_ARGS:-} 2>&1 | grep --line-buffered -v "it/s\]" | tee "$out/train.log"
   [ -f "$state/eagle3/model.safetensors" ] || die "training wrote no checkpoint"

@@ -346,6 +346,12 @@ def _as_rivals(ids: list, gaps: list) -> list[tuple[int, float]]:
     return [(int(t), float(g)) for t, g in zip(ids, gaps)]
 
 
+def _rivals_of_row(flat: list[float], q: int) -> list[list[tuple[int, float]]]:
+    """One sequence's rivals for its q rows from the host copy: q * RIVALS ids, then q * RIVALS gaps."""
+    ids, gaps, R = flat[: q * RIVALS], flat[q * RIVALS :], RIVALS
+    return [_as_rivals(ids[j * R : (j + 1) * R], gaps[j * R : (j + 1) * R]) for j in range(q)]
+
+
 class DraftClock:
     """Time spent in the drafter's calls. On a GPU those calls return before the device has run them (the
     runtime only enqueues), so host time would miss the work: CUDA events on the current stream bracket each
@@ -472,11 +478,7 @@ class Decoder:
             rows = torch.cat([t.double() for t in host], dim=1).tolist()
             kept_host = [int(r[0]) for r in rows]
             emitted_host = [[int(t) for t in r[1 : q + 1]] for r in rows]
-            R = RIVALS
-            rivals_host = [
-                [_as_rivals(r[1 + q + j * R : 1 + q + (j + 1) * R], r[1 + q + (q + j) * R : 1 + q + (q + j + 1) * R]) for j in range(q)]
-                for r in rows
-            ]
+            rivals_host = [_rivals_of_row(r[1 + q :], q) for r in rows]
             if self.accept_log is not None and S:
                 self.accept_log.record(kept_host, S)
             if self.drafter is not None:

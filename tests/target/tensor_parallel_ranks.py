@@ -9,7 +9,8 @@ Loads the split target once and runs tfe.tensor_parallel's checks twice:
               change the logits of accepted rows through the all-reduce).
 Each writes its report (JSON) to --out-dir; the exit status is non-zero where a check failed. (A rank that
 received other drafts than rank 0's makes this fail: the ranks then keep different counts, fall out of step
-and their next collective times out.)
+and their next collective times out.) The process ends through tfe.tensor_parallel.exit_rank, as the
+command does.
 """
 
 import argparse
@@ -79,7 +80,7 @@ def main():
         failed |= tp.run(a, rank, world, dev, target=target, head=oracle)
     finally:
         torch.distributed.destroy_process_group()
-    raise SystemExit(failed)
+    tp.exit_rank(int(failed))
 
 
 if __name__ == "__main__":
