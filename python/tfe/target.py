@@ -235,13 +235,26 @@ def load_target(
     cached = entry is not None and (entry / "config.json").is_file()
     source = {"pretrained_model_name_or_path": entry} if cached else {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name}
     tokenizer = AutoTokenizer.from_pretrained(**source)
+    weights = dict(source)
+    if not cached:
+        weights.update(_dequantized())
     if distributed_config is not None:
-        model = AutoModelForCausalLM.from_pretrained(**source, dtype=dtype, distributed_config=distributed_config)
+        model = AutoModelForCausalLM.from_pretrained(**weights, dtype=dtype, distributed_config=distributed_config)
         return Target(model, tokenizer, tap_layers)
-    model = AutoModelForCausalLM.from_pretrained(**source, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(**weights, dtype=dtype)
     if entry is not None and not cached:
         _save_entry(model, tokenizer, entry)
     return Target(model.to(device), tokenizer, tap_layers)
+
+
+def _dequantized() -> dict:
+    """from_pretrained's option for plain weights from the GGUF. transformers versions with GgufConfig may
+    keep the Q4_1 blocks packed and compute through a downloaded kernel where one is published: another
+    target, numerically and in speed, than the one the head was trained on and the checks compare with."""
+    import transformers
+
+    config = getattr(transformers, "GgufConfig", None)
+    return {"quantization_config": config(dequantize=True)} if config is not None else {}
 
 
 def _save_entry(model, tokenizer, entry: pathlib.Path) -> None:
@@ -259,7 +272,8 @@ def _save_entry(model, tokenizer, entry: pathlib.Path) -> None:
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
     try:
         config = copy.deepcopy(model.config)
-        del config.quantization_config
+        if hasattr(config, "quantization_config"):  # absent where the GGUF was read dequantized
+            del config.quantization_config
         config.save_pretrained(work)
         save_model(model, str(work / "model.safetensors"))
         tokenizer.save_pretrained(work)

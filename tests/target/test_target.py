@@ -157,16 +157,24 @@ def test_windows_study_keeps_the_targets_tokens(target, smoke, tmp_path):
         windows_study(target, smoke[0], [511], "reference", 3, 6, tmp_path, prompts=long)
 
 
-def test_cached_target_is_the_gguf_target(target, tmp_path):
+def test_cached_target_is_the_gguf_target(target, tmp_path, monkeypatch):
     """load_target(cache=DIR) writes an entry from the GGUF, and a later load from that entry gives the same
     weights, bit for bit, the same tokenizer and the same logits."""
+    from transformers import AutoModelForCausalLM
+
     from tfe.target import load_target
 
+    read = []  # where each load read its weights from
+    plain = AutoModelForCausalLM.from_pretrained.__func__
+    monkeypatch.setattr(
+        AutoModelForCausalLM, "from_pretrained",
+        classmethod(lambda cls, *a, **kw: read.append(kw.get("gguf_file", "entry")) or plain(cls, *a, **kw)),
+    )  # fmt: skip
     written = load_target(dtype=torch.float32, cache=tmp_path)
     (entry,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
     assert entry.name.endswith("-float32") and (entry / "model.safetensors").is_file()
     cached = load_target(dtype=torch.float32, cache=tmp_path)
-    assert getattr(cached.model, "hf_quantizer", None) is None  # read from the entry, not the GGUF
+    assert read == ["SmolLM2-135M-Instruct.Q4_1.gguf", "entry"]
     want, got = target.model.state_dict(), cached.model.state_dict()
     assert want.keys() == got.keys()
     assert all(torch.equal(want[k], got[k]) for k in want)
