@@ -41,7 +41,7 @@ class Difference:
     sequence: int
     index: int  # the first new token that differs
     reference_token: int
-    run_token: int  # -1 where the run ended first
+    run_token: int
     margin: float  # the reference's top-1 minus top-2 logit there
     below: float  # how far the run's token lies below the reference's top in the reference's logits (nan: not a rival)
     run_below: float  # how far the reference's token lies below the run's top in the run's logits (nan: not a rival)
@@ -95,12 +95,11 @@ def _compare(name: str, results: list[Result], reference: list[Result], report: 
     report.runs[name] = [token_sha256(tokens) for tokens, _, _ in run]
     for i, ((tokens, _, rivals), ref) in enumerate(zip(run, _sequences(reference))):
         want, want_margins, want_rivals = ref
+        if len(tokens) != len(want):  # every run makes exactly max_new_tokens: a shorter one is a fault
+            raise ValueError(f"{name}: sequence {i} has {len(tokens)} tokens, the reference {len(want)}")
         if tokens == want:
             continue
-        at = next((j for j, (a, b) in enumerate(zip(tokens, want)) if a != b), min(len(tokens), len(want)))
-        if at >= len(want) or at >= len(tokens):  # one is a prefix of the other: not a choice that differs
-            report.differences.append(Difference(name, i, at, -1, -1, float("nan"), float("nan"), float("nan")))
-            continue
+        at = next(j for j, (a, b) in enumerate(zip(tokens, want)) if a != b)
         a, b = want[at], tokens[at]
         report.differences.append(
             Difference(name, i, at, a, b, want_margins[at], _below(want_rivals[at], b), _below(rivals[at], a))

@@ -273,11 +273,10 @@ class TorchDrafter:
 
 @dataclass
 class Result:
-    """One generate call: per sequence its new tokens and, per token, the target's logit margin (top 1 minus
-    top 2) where it was chosen and its rivals there; the accept log; the time spent."""
+    """One generate call: per sequence its new tokens and, per token, the target's rivals where it was chosen;
+    the accept log; the time spent."""
 
     tokens: list[list[int]]
-    margins: list[list[float]]
     # Per token, the target's next RIVALS best tokens there, each as (token, logits below the top one).
     rivals: list[list[list[tuple[int, float]]]]
     steps: int
@@ -288,6 +287,11 @@ class Result:
     seconds: float = 0.0
     draft_seconds: float = 0.0  # in the drafter's calls, prefill extends included (DraftClock)
     prefill_seconds: float = 0.0
+
+    @property
+    def margins(self) -> list[list[float]]:
+        """Per sequence and token, the target's top-1 minus top-2 logit where it was chosen."""
+        return [[r[0][1] for r in seq] for seq in self.rivals]
 
     @property
     def new_tokens(self) -> int:
@@ -431,7 +435,10 @@ class Decoder:
             raise ValueError("generate needs at least one non-empty prompt and max_new_tokens >= 1")
         generator = torch.Generator(device=dev)
         generator.manual_seed(self.sampling.seed)
-        result = Result([[] for _ in prompts], [[] for _ in prompts], [[] for _ in prompts], S, asked=[0] * S, kept=[0] * S)
+        result = Result([[] for _ in prompts], [[] for _ in prompts], S, asked=[0] * S, kept=[0] * S)
+        # Each round's rivals as copied (flat, rows kept), unpacked once the clock has stopped: they serve the
+        # checks, and the timed loop should not pay for their bookkeeping.
+        packed_rivals: list[list[tuple[list[float], int]]] = [[] for _ in prompts]
         self._sync()
         start = time.perf_counter()
         if self.drafter is not None:
@@ -478,7 +485,6 @@ class Decoder:
             rows = torch.cat([t.double() for t in host], dim=1).tolist()
             kept_host = [int(r[0]) for r in rows]
             emitted_host = [[int(t) for t in r[1 : q + 1]] for r in rows]
-            rivals_host = [_rivals_of_row(r[1 + q :], q) for r in rows]
             if self.accept_log is not None and S:
                 self.accept_log.record(kept_host, S)
             if self.drafter is not None:
@@ -489,8 +495,7 @@ class Decoder:
             before = sum(min(len(t), max_new_tokens) for t in result.tokens)
             for b, k in enumerate(kept_host):
                 result.tokens[b] += emitted_host[b][: k + 1]
-                result.rivals[b] += rivals_host[b][: k + 1]
-                result.margins[b] += [r[0][1] for r in rivals_host[b][: k + 1]]
+                packed_rivals[b].append((rows[b][1 + q :], k + 1))
                 result.accepted_per_round.append(k)
                 for j in range(S):
                     result.asked[j] += 1
@@ -507,7 +512,9 @@ class Decoder:
         result.seconds = time.perf_counter() - start
         result.draft_seconds = clock.seconds()
         result.tokens = [t[:max_new_tokens] for t in result.tokens]
-        result.margins = [m[:max_new_tokens] for m in result.margins]
+        for b, rounds in enumerate(packed_rivals):
+            for flat, n in rounds:
+                result.rivals[b] += _rivals_of_row(flat, S + 1)[:n]
         result.rivals = [r[:max_new_tokens] for r in result.rivals]
         return result
 
@@ -554,7 +561,6 @@ class Decoder:
                 result.tokens[b].append(int(tok[0]))
                 ids, gaps = _rivals(out.logits[b, end - a])
                 result.rivals[b].append(_as_rivals(ids.tolist(), gaps.tolist()))
-                result.margins[b].append(float(gaps[0]))
             if self.drafter is not None:
                 # Row p carries the token that follows it: the prompt's next token, or the first new token.
                 following = torch.cat([padded, torch.zeros(B, 1, dtype=torch.long, device=dev)], dim=1)[:, 1:]
@@ -570,31 +576,35 @@ class Decoder:
         return first, lengths.clone(), valid
 
 
-def hf_greedy(target: Target, prompt: Sequence[int], max_new_tokens: int) -> Result:
-    """The target's greedy decoding by transformers' own generate (one sequence, no padding): an independent
-    check of the loop's drafts-off path. Like the loop, end-of-text does not stop it (min_new_tokens would
-    instead forbid end-of-text, and so change the tokens); margins and rivals come from its logits."""
-    ids = torch.tensor([list(prompt)], device=target.device)
+def hf_generate(target: Target, ids: torch.Tensor, attention_mask: torch.Tensor, new: int, **options):
+    """transformers' greedy `generate` for exactly `new` tokens a sequence: like the loop, end-of-text does not
+    stop it (min_new_tokens would instead forbid end-of-text, and so change the tokens) and no logits
+    processor runs. Raises where a version stopped early anyway. `options` go to generate."""
     with torch.inference_mode():
         out = target.model.generate(
             ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
+            attention_mask=attention_mask,
+            max_new_tokens=new,
             do_sample=False,
             eos_token_id=None,
             pad_token_id=target.tokenizer.eos_token_id,
-            output_logits=True,
-            return_dict_in_generate=True,
+            **options,
         )
+    made = (out.sequences if options.get("return_dict_in_generate") else out).shape[1] - ids.shape[1]
+    if made != new:
+        raise RuntimeError(f"transformers' generate made {made} tokens a sequence, not {new}, although eos_token_id=None")
+    return out
+
+
+def hf_greedy(target: Target, prompt: Sequence[int], max_new_tokens: int) -> Result:
+    """The target's greedy decoding by transformers' own generate (one sequence, no padding): an independent
+    check of the loop's drafts-off path, with rivals from its logits."""
+    ids = torch.tensor([list(prompt)], device=target.device)
+    out = hf_generate(target, ids, torch.ones_like(ids), max_new_tokens, output_logits=True, return_dict_in_generate=True)
     tokens = out.sequences[0, len(prompt) :].tolist()
-    if len(tokens) != max_new_tokens:
-        raise RuntimeError(
-            f"transformers' generate made {len(tokens)} tokens, not {max_new_tokens}: this version stops at "
-            "end-of-text although eos_token_id=None was passed"
-        )
     ids, gaps = _rivals(torch.stack(out.logits)[:, 0].float())
     rivals = [_as_rivals(i, g) for i, g in zip(ids.tolist(), gaps.tolist())]
-    return Result([tokens], [gaps[:, 0].tolist()], [rivals], 0)
+    return Result([tokens], [rivals], 0)
 
 
 def make_drafter(

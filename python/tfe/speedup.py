@@ -33,7 +33,7 @@ import warnings
 import torch
 
 from . import prompts as prompt_sets
-from .speculative import Decoder, TorchDrafter, make_drafter
+from .speculative import Decoder, TorchDrafter, hf_generate, make_drafter
 from .target import Target, load_target
 
 
@@ -50,7 +50,8 @@ def _timed(fn):
     return out, time.perf_counter() - t0
 
 
-def hf_generate(target: Target, prompts: list[list[int]], new: int, static: bool) -> None:
+def hf_batch_generate(target: Target, prompts: list[list[int]], new: int, static: bool) -> None:
+    """transformers' generate over the prompts, left-padded; with `static`, a static cache (compiled)."""
     tok = target.tokenizer
     width = max(map(len, prompts))
     ids = torch.full((len(prompts), width), tok.eos_token_id, dtype=torch.long)
@@ -59,27 +60,16 @@ def hf_generate(target: Target, prompts: list[list[int]], new: int, static: bool
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
     extra = {"cache_implementation": "static"} if static else {}
-    with torch.inference_mode():
-        out = target.model.generate(
-            ids.to(target.device),
-            attention_mask=mask.to(target.device),
-            max_new_tokens=new,
-            do_sample=False,
-            eos_token_id=None,  # exactly `new` tokens, as the loop makes, with no logits processor
-            pad_token_id=tok.eos_token_id,
-            **extra,
-        )
-    if out.shape[1] != width + new:  # tokens/s counts `new` a sequence: a shorter run would overstate it
-        raise RuntimeError(f"transformers' generate made {out.shape[1] - width} tokens a sequence, not {new}")
+    hf_generate(target, ids.to(target.device), mask.to(target.device), new, **extra)
 
 
 def plain_baselines(target: Target, prompts: list[list[int]], new: int, compile: bool = True) -> dict[str, dict]:
     runs = {
         "loop, drafts off": lambda: Decoder(target).generate(prompts, new),
-        "generate": lambda: hf_generate(target, prompts, new, static=False),
+        "generate": lambda: hf_batch_generate(target, prompts, new, static=False),
     }
     if compile:
-        runs["generate, static+compile"] = lambda: hf_generate(target, prompts, new, static=True)
+        runs["generate, static+compile"] = lambda: hf_batch_generate(target, prompts, new, static=True)
     out = {}
     for name, fn in runs.items():
         try:

@@ -177,11 +177,15 @@ def read_checkpoint(ckpt_dir: str | pathlib.Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+SHARD_HEADER_BYTES = 64 * 1024  # room kept in each shard for its safetensors header
+
+
 def write_trained_shards(ckpt_dir: str | pathlib.Path, out_dir: str | pathlib.Path, max_file_bytes: int) -> list[pathlib.Path]:
     """The head's own weights, without the target's embedding, as Hugging Face shards of at most
     max_file_bytes each (model-0000k-of-0000n.safetensors + model.safetensors.index.json), config.json and,
-    where there is one, training.json: what `Eagle3Head.load` restores with the target's embedding. Small enough to move where a whole
-    checkpoint (the embedding is most of it) cannot go. Returns the files written."""
+    where there is one, training.json: what `restore_checkpoint` makes whole again with the target's
+    embedding. Small enough to move where a whole checkpoint (the embedding is most of it) cannot go.
+    Returns the files written."""
     from safetensors.torch import save_file
 
     src, out = pathlib.Path(ckpt_dir), pathlib.Path(out_dir)
@@ -190,9 +194,9 @@ def write_trained_shards(ckpt_dir: str | pathlib.Path, out_dir: str | pathlib.Pa
     size = 0
     for name in sorted(tensors, key=lambda n: -tensors[n].nbytes):
         nbytes = tensors[name].nbytes
-        if nbytes + 64 * 1024 > max_file_bytes:  # the header's room
+        if nbytes + SHARD_HEADER_BYTES > max_file_bytes:
             raise ValueError(f"{name} alone is {nbytes} bytes, more than max_file_bytes = {max_file_bytes}")
-        if shards[-1] and size + nbytes + 64 * 1024 > max_file_bytes:
+        if shards[-1] and size + nbytes + SHARD_HEADER_BYTES > max_file_bytes:
             shards.append({})
             size = 0
         shards[-1][name] = tensors[name]
@@ -206,11 +210,16 @@ def write_trained_shards(ckpt_dir: str | pathlib.Path, out_dir: str | pathlib.Pa
         written.append(out / name)
     index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
-    (out / "config.json").write_text((src / "config.json").read_text())
-    extra = [out / "training.json"] if (src / "training.json").exists() else []  # which run made the head
-    for f in extra:
+    # training.json says which run made the head.
+    return [*written, out / "model.safetensors.index.json", *_copy_texts(src, out, ("config.json", "training.json"))]
+
+
+def _copy_texts(src: pathlib.Path, out: pathlib.Path, names) -> list[pathlib.Path]:
+    """The files of `names` that src holds, copied to out. Returns the copies."""
+    copies = [out / n for n in names if (src / n).exists()]
+    for f in copies:
         f.write_text((src / f.name).read_text())
-    return [*written, out / "model.safetensors.index.json", out / "config.json", *extra]
+    return copies
 
 
 # ---------------------------------------------------------------------------------------------- the head
@@ -410,8 +419,7 @@ def restore_checkpoint(trained_dir: str | pathlib.Path, target: Target, out_dir:
     window = json.loads((src / "config.json").read_text())["max_position_embeddings"] - 1
     out = pathlib.Path(out_dir)
     Eagle3Head.load(src, target).save(out, target, window=window)
-    if (src / "training.json").exists():
-        (out / "training.json").write_text((src / "training.json").read_text())
+    _copy_texts(src, out, ("training.json",))
     return out
 
 

@@ -224,6 +224,12 @@ def test_trained_shards_restore_the_checkpoint_bit_for_bit(target, smoke, tmp_pa
         assert (tmp_path / "whole" / name).read_text() == (ckpt / name).read_text()
     with pytest.raises(ValueError, match="more than max_file_bytes"):
         write_trained_shards(ckpt, tmp_path / "small", max_file_bytes=2 << 20)
+    index = tmp_path / "shards" / "model.safetensors.index.json"
+    text = index.read_text()
+    index.write_text(text.replace('"model-00001', '"../model-00001'))
+    with pytest.raises(ValueError, match="is not a file of this directory"):
+        read_checkpoint(tmp_path / "shards")
+    index.write_text(text)
     (tmp_path / "shards" / "model-00001-of-{:05d}.safetensors".format(len(shards))).unlink()
     with pytest.raises(FileNotFoundError):
         Eagle3Head.load(tmp_path / "shards", target)
@@ -249,7 +255,7 @@ def test_bf16_differences_pass_only_as_near_tie_pairs():
     assert ids[0].tolist() == [2, 4, 3] and gaps[0].tolist() == [0.0, 0.5, 2.0]
 
     def result(tokens, rivals):
-        return Result([tokens], [[r[0][1] for r in rivals]], [rivals], 0)
+        return Result([tokens], [rivals], 0)
 
     same = [(9, 1.0)]
     reference = [result([1, 2, 3], [same, [(7, 0.25), (8, 0.5)], same])]
@@ -268,12 +274,15 @@ def test_bf16_differences_pass_only_as_near_tie_pairs():
     assert [d.run for d in report.failures(0.6)] == ["too far", "not a rival", "one-sided"]
     assert [d.run for d in report.failures(1.0)] == ["not a rival", "one-sided"]
     assert len(report.failures(None)) == 4
+    assert reference[0].margins == [[1.0, 0.25, 1.0]]
+    with pytest.raises(ValueError, match="short: sequence 0 has 2 tokens, the reference 3"):
+        exactness._compare("short", [result([1, 2], [same, same])], reference, report)
 
 
-def test_transformers_generate_runs_past_end_of_text(target):
+def test_transformers_generate_runs_past_end_of_text(target, monkeypatch):
     """The exactness checks' transformers run does not stop at end-of-text nor forbid it: this answer ends
     after a few tokens, and generate goes on exactly as the loop does."""
-    from tfe.speculative import hf_greedy
+    from tfe.speculative import hf_generate, hf_greedy
 
     prompt = target.encode_chat("What is 2 + 2? Reply with the number only.")
     loop = Decoder(target).generate([prompt], 16)
@@ -281,3 +290,8 @@ def test_transformers_generate_runs_past_end_of_text(target):
     hf = hf_greedy(target, prompt, 16)
     assert hf.tokens == loop.tokens
     assert [[t for t, _ in r] for r in hf.rivals[0]] == [[t for t, _ in r] for r in loop.rivals[0]]
+    # A version that stops at end-of-text anyway is refused, not compared or timed on fewer tokens.
+    stopping = lambda ids, **kw: torch.cat([ids, torch.tensor([[2]])], dim=1)  # noqa: E731
+    monkeypatch.setattr(target.model, "generate", stopping)
+    with pytest.raises(RuntimeError, match="made 1 tokens a sequence, not 16"):
+        hf_generate(target, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), 16)
