@@ -157,6 +157,10 @@ class ReferenceDrafter:
         tokens, _ = self.ref.draft(list(slots), steps)
         return torch.from_numpy(np.asarray(tokens)).long()
 
+    def extend_batch(self, slots, first, counts, taps, tokens, starts) -> None:
+        """extend_batch's form: one pair of row arrays (any device) for several slots."""
+        self.ref.extend_batch(slots, first, counts, taps.cpu(), tokens.cpu(), starts=starts)
+
 
 class RuntimeDrafter:
     """The GPU runtime (tfe.Runtime) as the drafter, on the current torch stream: taps and tokens stay on the
@@ -195,6 +199,16 @@ class RuntimeDrafter:
     def draft(self, slots, steps: int) -> torch.Tensor:
         tokens, _ = self.rt.draft_async(list(slots), steps)
         return torch.from_dlpack(tokens).long()  # a copy: the runtime's buffer is reused by the next draft
+
+    def draft_into(self, slot_ids: torch.Tensor, steps: int, out: torch.Tensor) -> None:
+        """Drafts for the int32 device slot ids into out (int32 [len(slot_ids), steps], contiguous): a replay
+        of the runtime's graph, nothing copied through the host."""
+        self.rt.draft_async(slot_ids, steps, tokens=out)
+
+    def extend_batch(self, slots, first, counts, taps, tokens, starts) -> None:
+        """extend_batch's form on device rows (no host copy); the rows must stay unchanged until the stream
+        has run the extend, as a round's fixed buffers do."""
+        self.rt.extend_batch(slots, first, counts, taps, tokens, starts=starts)
 
 
 class TorchDrafter:
@@ -287,6 +301,9 @@ class Result:
     seconds: float = 0.0
     draft_seconds: float = 0.0  # in the drafter's calls, prefill extends included (DraftClock)
     prefill_seconds: float = 0.0
+    # Seconds per round on the device by piece (draft, verify, accept, extend), the round's wall time and the
+    # host time the device did not cover (tfe.captured with timing); empty otherwise.
+    split: dict[str, float] = field(default_factory=dict)
 
     @property
     def margins(self) -> list[list[float]]:
