@@ -171,7 +171,7 @@ speed() {  # SPEED_SEQUENCES (1,4,16), SPEED_STEPS (1..8), SPEED_WINDOWS (128,51
   ready
   local t0=$SECONDS rc=0 sequences=${SPEED_SEQUENCES-1,4,16}
   python3 -m tfe.speedup --head "$state/head.tfe" --artifact "$state/deploy" --checkpoint "$state/eagle3" \
-    --sequences "$sequences" --steps "${SPEED_STEPS:-1,2,3,4,5,6,7,8}" --windows "${SPEED_WINDOWS-128,511}" \
+    --sequences "$sequences" --steps "${SPEED_STEPS:-1,2,3,4,5,6,7,8}" --windows "${SPEED_WINDOWS-}" \
     --max-new-tokens "${SPEED_NEW_TOKENS:-128}" \
     -o "$out" 2>&1 | grep --line-buffered -v "it/s\]" | tee "$out/speedup-${sequences//,/-}.log" || rc=1
   echo "== speed-up in $((SECONDS - t0)) s"

@@ -243,6 +243,7 @@ class CapturedDecoder:
             generator = torch.Generator(device=dev)
             generator.manual_seed(self.sampling.seed)
         result = Result([[] for _ in prompts], [[] for _ in prompts], S, asked=[0] * S, kept=[0] * S)
+        result.accepted_by_sequence = [[] for _ in prompts]
         packed_rivals: list[list[tuple[list[float], int]]] = [[] for _ in prompts]
         clock = _RoundClock(self.timing)
         self._sync()
@@ -287,6 +288,7 @@ class CapturedDecoder:
                 result.tokens[b] += [int(t) for t in row[1 : 2 + k]]
                 packed_rivals[b].append((row[1 + q :].tolist(), k + 1))
                 result.accepted_per_round.append(k)
+                result.accepted_by_sequence[b].append(k)
                 for j in range(S):
                     result.asked[j] += 1
                     result.kept[j] += int(j < k)

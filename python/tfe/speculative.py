@@ -298,6 +298,7 @@ class Result:
     asked: list[int] = field(default_factory=list)  # per window position j = 1..S: drafts offered
     kept: list[int] = field(default_factory=list)  # ... and accepted
     accepted_per_round: list[int] = field(default_factory=list)  # k of every sequence and round
+    accepted_by_sequence: list[list[int]] = field(default_factory=list)  # the same, per sequence
     seconds: float = 0.0
     draft_seconds: float = 0.0  # in the drafter's calls, prefill extends included (DraftClock)
     prefill_seconds: float = 0.0

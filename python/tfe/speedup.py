@@ -1,23 +1,30 @@
-"""End-to-end speed of the speculative loop against the target decoding alone, on a GPU.
+"""End-to-end speed of the speculative loop against the target decoding alone, on a GPU: one command, one table.
 
-For each number of sequences (1, 4, 16 by default) it times, greedy, the same prompts and new tokens:
-  plain decoding, each way this stack offers, the fastest kept as the baseline:
-    `loop, drafts off`         this module's loop without a drafter (eager transformers, dynamic cache)
-    `generate`                 transformers' generate, dynamic cache, eager
-    `generate, static+compile` transformers' generate with a static cache, which it compiles (CUDA graphs);
-                               where that fails the reason is recorded and it is left out
-  the loop with the head, at each S given: tokens/s, the accept log, the share of the time spent drafting;
-  the same at its best S with the target's verify forward compiled against a static cache (CUDA graphs),
-    as `generate, static+compile` runs the target alone (not with --no-compile);
-  with --checkpoint, the same loop with the head run by its PyTorch port (tfe.speculative.TorchDrafter).
-Every configuration runs once to warm up (compilation, graph capture, allocator) and is timed on the second
-run. The share spent drafting is the drafter's calls timed by CUDA events (tfe.speculative.DraftClock).
-Writes speedup-<sequences>.json (after every configuration) and .png into --out, and prints a table last.
+For each number of sequences (1, 4, 16 by default), greedy, the same mixed prompts (tfe.prompts' evaluation
+set, which training never sees) and the same number of new tokens:
+
+  alone, the fastest ways this stack offers:
+    (a) `captured, drafts off`     tfe.captured's loop without a drafter: one token a round, the target's
+                                   forward over the static position-indexed cache replayed as a CUDA graph
+                                   (`+ inductor`: the same with the decoder layer compiled inside the graph)
+    (b) `generate, static+compile` transformers' generate with a static cache, which it compiles
+    (c) `prompt lookup`            transformers' prompt-lookup decoding (no draft model; one sequence only)
+  the loop with the head:
+    `tfe`                          tfe.captured with the tfe runtime drafting, at every S given, each round
+                                   split by CUDA events into draft, verify, accept and extend on the device
+                                   and the host time the device did not cover
+    `tfe + inductor`               the same at the best S with the decoder layer compiled
+    (d) `PyTorch port`             the same loop at the best S with the head's PyTorch port drafting
+Every configuration runs once to warm up (capture, compilation) and is timed on the second run; one that
+fails is a row with its error. Each tfe run's tokens are compared with (a): in fp32 they must be equal, in
+bf16 a difference can only come from a near-tie (tfe-check-exact judges those).
+
+Writes into --out: speedup.json (after every configuration), speedup.png (tokens/s against S),
+split.png (the round split as stacked bars), and prints the tables last.
 
 With --windows (e.g. 128,511) it also measures acceptance on prompts longer than the largest window
 (prompts.long_prompts): the head converted at each window and run by tfe, against its PyTorch port at the
-largest window and over the whole context; windows.json. Every run's tokens are compared with the target
-alone (in fp32 a difference fails; in bf16 it may only come from a near-tie, which tfe-check-exact judges).
+largest window and over the whole context; windows.json.
 """
 
 from __future__ import annotations
@@ -33,8 +40,18 @@ import warnings
 import torch
 
 from . import prompts as prompt_sets
-from .speculative import Decoder, TorchDrafter, hf_generate, make_drafter
+from .captured import CapturedDecoder
+from .speculative import TorchDrafter, hf_generate, make_drafter
 from .target import Target, load_target
+
+ALONE = "captured, drafts off"
+ALONE_INDUCTOR = "captured + inductor, drafts off"
+GENERATE = "generate, static+compile"
+LOOKUP = "prompt lookup"
+TFE = "tfe"
+TFE_INDUCTOR = "tfe + inductor"
+PORT = "PyTorch port"
+PIECES = ("draft", "verify", "accept", "extend", "host")
 
 
 def _sync() -> None:
@@ -50,8 +67,9 @@ def _timed(fn):
     return out, time.perf_counter() - t0
 
 
-def hf_batch_generate(target: Target, prompts: list[list[int]], new: int, static: bool) -> None:
-    """transformers' generate over the prompts, left-padded; with `static`, a static cache (compiled)."""
+def hf_batch_generate(target: Target, prompts: list[list[int]], new: int, **options) -> None:
+    """transformers' generate over the prompts, left-padded; options go to generate (a static cache, prompt
+    lookup)."""
     tok = target.tokenizer
     width = max(map(len, prompts))
     ids = torch.full((len(prompts), width), tok.eos_token_id, dtype=torch.long)
@@ -59,78 +77,112 @@ def hf_batch_generate(target: Target, prompts: list[list[int]], new: int, static
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
-    extra = {"cache_implementation": "static"} if static else {}
-    hf_generate(target, ids.to(target.device), mask.to(target.device), new, **extra)
+    hf_generate(target, ids.to(target.device), mask.to(target.device), new, **options)
 
 
-def plain_baselines(target: Target, prompts: list[list[int]], new: int, compile: bool = True) -> dict[str, dict]:
-    runs = {
-        "loop, drafts off": lambda: Decoder(target).generate(prompts, new),
-        "generate": lambda: hf_batch_generate(target, prompts, new, static=False),
-    }
-    if compile:
-        runs["generate, static+compile"] = lambda: hf_batch_generate(target, prompts, new, static=True)
-    out = {}
-    for name, fn in runs.items():
-        try:
-            _, warm = _timed(fn)
-            _, secs = _timed(fn)
-            out[name] = {"seconds": secs, "warmup_seconds": warm, "tokens_per_second": len(prompts) * new / secs}
-        except Exception as e:  # a configuration this torch/transformers cannot run is reported, not fatal
-            out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-    return out
+def _error(e: Exception) -> dict:
+    return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
 
 
-COMPILED = "tfe, compiled target"  # the tfe loop with the target's verify forward compiled
+def _row(result, seconds: float, warmup: float, reference) -> dict:
+    log = result.accept_log()
+    log.update(seconds=seconds, warmup_seconds=warmup, tokens_per_second=result.new_tokens / seconds, split=result.split)
+    if reference is not None:
+        log["differing_sequences"] = sum(a != b for a, b in zip(result.tokens, reference))
+    return log
 
 
-def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int], new: int, compile: bool, report: dict, save) -> None:
-    """For each number of sequences: the plain baselines, then every drafter at every S, then (with
-    `compile`) the tfe loop at its best S with the target's verify forward compiled; `save` after each."""
+def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int], new: int, report: dict, save) -> None:
+    """For each number of sequences: the ways alone, tfe at every S, then tfe + inductor and the PyTorch port
+    at tfe's best S; `save` after each configuration."""
     evaluation = prompt_sets.evaluation_prompts()
     for n in sequences:
         chosen = [evaluation[i % len(evaluation)] for i in range(n)]
         prompts = [target.encode_chat(p.text) for p in chosen]
-        plain = plain_baselines(target, prompts, new, compile=compile)
-        ok = {k: v for k, v in plain.items() if "tokens_per_second" in v}
-        best = max(ok, key=lambda k: ok[k]["tokens_per_second"])
-        entry = {"plain": plain, "baseline": best, **{name: {} for name in drafters}}
-        report["runs"][n] = entry
+        entry: dict = {"prompt_classes": [p.cls for p in chosen], "alone": {}, TFE: {}}
+        report["runs"][str(n)] = entry
+        reference = None
 
-        def timed_loop(name: str, s: int, decoder: Decoder, warmup_tokens: int) -> None:
-            decoder.generate(prompts, warmup_tokens)
-            result = decoder.generate(prompts, new)
-            log = result.accept_log()
-            log["speedup"] = log["tokens_per_second"] / ok[best]["tokens_per_second"]
-            # Like for like: the target alone run the same way (eager, or compiled with a static cache).
-            same = "generate, static+compile" if decoder.compile_target else "loop, drafts off"
-            if same in ok:
-                log["speedup_same_loop"] = log["tokens_per_second"] / ok[same]["tokens_per_second"]
-                log["same_loop"] = same
-            by_class: dict[str, list[int]] = {}
-            for p, accepted in zip(chosen, _per_sequence_accepts(result, n)):
-                by_class.setdefault(p.cls, []).extend(accepted)
-            log["mean_accepted_by_class"] = {c: sum(v) / len(v) for c, v in by_class.items() if v}
-            entry.setdefault(name, {})[s] = log
-            print(
-                f"{name:>10} {n:2d} seq S={s}: {log['tokens_per_second']:8.1f} tok/s, "
-                f"{log['tokens_per_round']:.2f} tok/round, draft share {log['draft_share']:.2f}, "
-                f"x{log['speedup']:.2f} vs {best}",
-                flush=True,
-            )
+        def alone(name: str, fn) -> None:
+            try:
+                _, warm = _timed(fn)
+                _, secs = _timed(fn)
+                entry["alone"][name] = {"seconds": secs, "warmup_seconds": warm, "tokens_per_second": n * new / secs}
+            except Exception as e:  # a configuration this stack cannot run is a row with its error
+                entry["alone"][name] = _error(e)
+            _print_alone(n, name, entry["alone"][name])
+            save()
 
-        for name, d in drafters.items():
-            for s in steps:
-                timed_loop(name, s, Decoder(target, d, steps=s), min(32, new))
+        def loop(decoder: CapturedDecoder):
+            decoder.generate(prompts, new)  # warm-up: capture (and compilation) at this run's shapes
+            return _timed(lambda: decoder.generate(prompts, new))
+
+        try:
+            decoder = CapturedDecoder(target)
+            (result, secs) = loop(decoder)
+            reference = result.tokens
+            entry["alone"][ALONE] = {"seconds": secs, "tokens_per_second": n * new / secs}
+        except Exception as e:
+            entry["alone"][ALONE] = _error(e)
+        _print_alone(n, ALONE, entry["alone"][ALONE])
+        inductor = CapturedDecoder(target, compile_layers=True)
+        alone(ALONE_INDUCTOR, lambda: inductor.generate(prompts, new))
+        alone(GENERATE, lambda: hf_batch_generate(target, prompts, new, cache_implementation="static"))
+        alone(LOOKUP, lambda: hf_batch_generate(target, prompts, new, prompt_lookup_num_tokens=10))
+
+        def tfe_row(name: str, s: int, drafter, **options) -> None:
+            try:
+                result, secs = loop(CapturedDecoder(target, drafter, steps=s, timing=True, **options))
+                row = _row(result, secs, 0.0, reference)
+                by_class: dict[str, list[int]] = {}
+                for p, accepted in zip(chosen, result.accepted_by_sequence):
+                    by_class.setdefault(p.cls, []).extend(accepted)
+                row["tokens_per_round_by_class"] = {c: 1 + sum(v) / len(v) for c, v in by_class.items() if v}
+            except Exception as e:
+                row = _error(e)
+            entry.setdefault(name, {})[str(s)] = row
+            _print_loop(n, name, s, row, entry)
             save()
-        if compile:
-            s = max(entry["tfe"], key=lambda k: entry["tfe"][k]["tokens_per_second"])
-            try:  # the warm-up runs the whole length: the static cache's shape, and so the graphs, depend on it
-                timed_loop(COMPILED, s, Decoder(target, drafters["tfe"], steps=s, compile_target=True), new)
-            except Exception as e:  # reported, like a plain configuration this stack cannot run
-                entry[COMPILED] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                print(f"{COMPILED}: {entry[COMPILED]['error']}", flush=True)
-            save()
+
+        for s in steps:
+            tfe_row(TFE, s, drafters[TFE])
+        ok = {s: r for s, r in entry[TFE].items() if "tokens_per_second" in r}
+        if ok:
+            best = int(max(ok, key=lambda s: ok[s]["tokens_per_second"]))
+            tfe_row(TFE_INDUCTOR, best, drafters[TFE], compile_layers=True)
+            if PORT in drafters:
+                tfe_row(PORT, best, drafters[PORT])
+
+
+def _fastest_alone(entry: dict) -> tuple[str, float]:
+    ok = {k: v["tokens_per_second"] for k, v in entry["alone"].items() if "tokens_per_second" in v}
+    if not ok:
+        return "none", float("nan")
+    name = max(ok, key=ok.get)
+    return name, ok[name]
+
+
+def _rate(entry: dict, name: str) -> float:
+    return entry["alone"].get(name, {}).get("tokens_per_second", float("nan"))
+
+
+def _print_alone(n: int, name: str, row: dict) -> None:
+    what = row["error"] if "error" in row else f"{row['tokens_per_second']:8.1f} tok/s"
+    print(f"{n:2d} seq  alone  {name:<32} {what}", flush=True)
+
+
+def _print_loop(n: int, name: str, s: int, row: dict, entry: dict) -> None:
+    if "error" in row:
+        print(f"{n:2d} seq  {name:<14} S={s}: {row['error']}", flush=True)
+        return
+    split = row.get("split", {})
+    print(
+        f"{n:2d} seq  {name:<14} S={s}: {row['tokens_per_second']:8.1f} tok/s, {row['tokens_per_round']:.2f} tok/round, "
+        f"round {1e3 * split.get('round', float('nan')):.3f} ms, x{row['tokens_per_second'] / _rate(entry, GENERATE):.2f} "
+        f"vs {GENERATE}, x{row['tokens_per_second'] / _rate(entry, ALONE):.2f} vs {ALONE}"
+        + (f"; {row['differing_sequences']} sequence(s) differ from drafts off" if row.get("differing_sequences") else ""),
+        flush=True,
+    )
 
 
 def windows_study(
@@ -148,7 +200,7 @@ def windows_study(
     if min(lengths) <= max(windows):
         raise ValueError(f"the long prompts have {min(lengths)} tokens, not more than the largest window {max(windows)}")
     full = max(lengths) + new + 1
-    alone = Decoder(target).generate(prompts, new).tokens
+    alone = CapturedDecoder(target).generate(prompts, new).tokens
     rows: dict[str, dict] = {}
     runs: list[tuple[str, object]] = []
     for w in windows:
@@ -160,7 +212,7 @@ def windows_study(
     runs.append((f"PyTorch port, window {last}", lambda: TorchDrafter(checkpoint, target, max_slots=len(prompts), max_steps=steps, window=last)))
     runs.append(("PyTorch port, whole context", lambda: TorchDrafter(checkpoint, target, max_slots=len(prompts), max_steps=steps, window=full)))
     for name, make in runs:
-        result = Decoder(target, make(), steps=steps).generate(prompts, new)
+        result = CapturedDecoder(target, make(), steps=steps).generate(prompts, new)
         log = result.accept_log()
         log["equals_drafts_off"] = result.tokens == alone
         rows[name] = log
@@ -178,39 +230,53 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", help="the EAGLE-3 checkpoint: also run the loop with the PyTorch port as drafter")
     ap.add_argument("--sequences", default="1,4,16", help="numbers of sequences to time; empty: no timing")
     ap.add_argument("--steps", default="1,2,3,4,5,6,7,8", help="draft steps S to measure")
-    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--device", default="cuda", help="cpu runs it too (a check of the script, not a measurement)")
-    ap.add_argument("--no-compile", action="store_true", help="leave out the static-cache compiled baseline")
     ap.add_argument("--windows", default="", help="e.g. 128,511: acceptance on long prompts at these windows "
                     "against the PyTorch port over the whole context (needs --checkpoint)")
     ap.add_argument("--window-steps", type=int, default=4, help="draft steps S of the window study")
     ap.add_argument("--gguf")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args(argv)
-    sequences = [int(x) for x in a.sequences.split(",") if x]
-    steps = [int(s) for s in a.steps.split(",")]
-    windows = [int(w) for w in a.windows.split(",") if w]
+    try:
+        sequences = [int(x) for x in a.sequences.split(",") if x]
+        steps = [int(s) for s in a.steps.split(",") if s]
+        windows = [int(w) for w in a.windows.split(",") if w]
+    except ValueError as e:
+        ap.error(f"--sequences, --steps and --windows are comma-separated integers ({e})")
+    if any(not 1 <= n <= 16 for n in sequences):
+        ap.error("--sequences: each 1..16")
+    if any(not 1 <= s <= 8 for s in steps):
+        ap.error("--steps: each 1..8")
     if windows and not a.checkpoint:
         ap.error("--windows compares against the PyTorch port: pass --checkpoint")
+    if not pathlib.Path(a.head).is_file():
+        ap.error(f"--head {a.head}: no such file")
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     target = load_target(a.gguf, device=a.device, dtype=getattr(torch, a.dtype))
-    report = {"head": a.head, "dtype": a.dtype, "max_new_tokens": a.max_new_tokens, "drafter": a.drafter, "runs": {}}
-    # One file per part, so that parts run as separate commands (and a cut run) keep what they measured.
-    name = "speedup-" + "-".join(map(str, sequences)) if sequences else None
+    device = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
+    report = {"head": a.head, "dtype": a.dtype, "device": device, "max_new_tokens": a.max_new_tokens,
+              "drafter": a.drafter, "runs": {}}
 
     def save():
-        (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+        (out / "speedup.json").write_text(json.dumps(report, indent=1) + "\n")
 
     if sequences:
-        drafters = {"tfe": make_drafter(a.drafter, a.head, max_slots=16, max_steps=max(8, *steps), artifact=a.artifact)}
+        max_steps = max(8, *steps)
+        drafters = {TFE: make_drafter(a.drafter, a.head, max_slots=16, max_steps=max_steps, artifact=a.artifact)}
         if a.checkpoint:
-            drafters["torch port"] = make_drafter(
-                "torch", None, max_slots=16, max_steps=max(8, *steps), checkpoint=a.checkpoint, target=target
-            )
-        speed(target, drafters, sequences, steps, a.max_new_tokens, not a.no_compile, report, save)
-        plot(report, out / f"{name}.png")
+            try:
+                drafters[PORT] = make_drafter("torch", None, max_slots=16, max_steps=max_steps, checkpoint=a.checkpoint, target=target)
+            except Exception as e:
+                report["port_error"] = _error(e)["error"]
+        speed(target, drafters, sequences, steps, a.max_new_tokens, report, save)
+        for name, fn in (("speedup.png", plot), ("split.png", plot_split)):
+            try:
+                fn(report, out / name)
+            except Exception as e:  # a plot is not worth the table
+                print(f"{name}: {_error(e)['error']}", file=sys.stderr)
         print_table(report)
     if windows:
         with tempfile.TemporaryDirectory() as work:  # the heads converted at each window
@@ -224,33 +290,41 @@ def main(argv=None) -> int:
     return 0
 
 
-def _per_sequence_accepts(result, n: int) -> list[list[int]]:
-    """accepted_per_round holds, round by round, one k per sequence."""
-    return [result.accepted_per_round[i::n] for i in range(n)]
+def _best(rows: dict) -> tuple[str, dict] | None:
+    ok = {s: r for s, r in rows.items() if "tokens_per_second" in r}
+    return max(ok.items(), key=lambda kv: kv[1]["tokens_per_second"]) if ok else None
 
 
 def print_table(report: dict) -> None:
-    print(f"\nspeed-up, {report['dtype']} target, {report['max_new_tokens']} new tokens per sequence, drafter {report['drafter']}")
-    print("speed-up: against the fastest way alone; vs off: against the target alone run the same way (the loop "
-          "with drafts off; for the compiled target, generate with a static cache, compiled)")
-    print(f"{'seqs':>4}  {'run':<36} {'tok/s':>9} {'best S':>6} {'tok/round':>9} {'drafting':>8} {'speed-up':>8} "
-          f"{'vs off':>7}")
+    print(f"\nspeed-up on {report['device']}, {report['dtype']}, greedy, {report['max_new_tokens']} new tokens a sequence, "
+          f"evaluation prompts; vs (a): against `{ALONE}`, vs (b): against `{GENERATE}`")
+    print(f"{'seqs':>4}  {'run':<34} {'tok/s':>9} {'S':>2} {'tok/round':>9} {'vs (a)':>7} {'vs (b)':>7}  differ")
     for n, e in report["runs"].items():
-        base = e["plain"][e["baseline"]]["tokens_per_second"]
-        print(f"{n:>4}  {'alone: ' + e['baseline']:<36} {base:9.1f}")
-        for name, label in (
-            ("tfe", "the loop, tfe"),
-            (COMPILED, "the loop, tfe, target compiled"),
-            ("torch port", "the loop, PyTorch port"),
-        ):
-            if name in e and "error" in e[name]:
-                print(f"{n:>4}  {label:<36} {e[name]['error'][:80]}")
-            elif name in e and e[name]:
-                s, best = max(e[name].items(), key=lambda kv: kv[1]["tokens_per_second"])
-                print(
-                    f"{n:>4}  {label:<36} {best['tokens_per_second']:9.1f} {s:>6} {best['tokens_per_round']:9.2f} "
-                    f"{best['draft_share']:8.2f} {best['speedup']:8.2f} {best.get('speedup_same_loop', float('nan')):7.2f}"
-                )
+        a, b = _rate(e, ALONE), _rate(e, GENERATE)
+        for name, row in e["alone"].items():
+            what = row["error"][:70] if "error" in row else f"{row['tokens_per_second']:9.1f}"
+            print(f"{n:>4}  {'alone: ' + name:<34} {what}")
+        for name in (TFE, TFE_INDUCTOR, PORT):
+            if name not in e:
+                continue
+            best = _best(e[name])
+            if best is None:
+                err = next(iter(e[name].values()), {}).get("error", "no run")
+                print(f"{n:>4}  {name:<34} {err[:70]}")
+                continue
+            s, r = best
+            print(f"{n:>4}  {name:<34} {r['tokens_per_second']:9.1f} {s:>2} {r['tokens_per_round']:9.2f} "
+                  f"{r['tokens_per_second'] / a:7.2f} {r['tokens_per_second'] / b:7.2f}  {r.get('differing_sequences', '')}")
+    print(f"\nwhere a round goes (tfe, by S; device time per round by CUDA events, host: the rest of the round's wall time), ms")
+    print(f"{'seqs':>4} {'S':>2} {'round':>7} " + " ".join(f"{p:>7}" for p in PIECES) + f" {'outside':>8} {'tok/round':>9}")
+    for n, e in report["runs"].items():
+        for s, r in e.get(TFE, {}).items():
+            sp = r.get("split")
+            if not sp:
+                continue
+            outside = (sp["round"] - sp.get("draft", 0) - sp.get("verify", 0)) / sp["round"]
+            print(f"{n:>4} {s:>2} {1e3 * sp['round']:7.3f} " + " ".join(f"{1e3 * sp.get(p, 0):7.3f}" for p in PIECES)
+                  + f" {100 * outside:7.1f}% {r['tokens_per_round']:9.2f}")
 
 
 def plot(report: dict, path: pathlib.Path) -> None:
@@ -259,22 +333,54 @@ def plot(report: dict, path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
     for n, e in report["runs"].items():
-        xs = sorted(e["tfe"], key=int)
-        line = ax.plot([int(x) for x in xs], [e["tfe"][x]["tokens_per_second"] for x in xs], "o-", label=f"{n} seq, loop with tfe")
-        if e.get("torch port"):
-            xs = sorted(e["torch port"], key=int)
-            ax.plot([int(x) for x in xs], [e["torch port"][x]["tokens_per_second"] for x in xs], "s:",
-                    color=line[0].get_color(), label=f"{n} seq, loop with the PyTorch port")
-        base = e["plain"][e["baseline"]]["tokens_per_second"]
-        ax.axhline(base, color=line[0].get_color(), linestyle="--", label=f"{n} seq, alone: {e['baseline']}")
+        ok = {int(s): r for s, r in e.get(TFE, {}).items() if "tokens_per_second" in r}
+        if not ok:
+            continue
+        xs = sorted(ok)
+        line = ax.plot(xs, [ok[x]["tokens_per_second"] for x in xs], "o-", label=f"{n} seq, tfe")
+        color = line[0].get_color()
+        for name, marker in ((TFE_INDUCTOR, "^"), (PORT, "s")):
+            for s, r in e.get(name, {}).items():
+                if "tokens_per_second" in r:
+                    ax.plot([int(s)], [r["tokens_per_second"]], marker, color=color, label=f"{n} seq, {name}")
+        for name, style in ((ALONE, "--"), (GENERATE, ":"), (LOOKUP, "-.")):
+            rate = _rate(e, name)
+            if rate == rate:
+                ax.axhline(rate, color=color, linestyle=style, linewidth=1, label=f"{n} seq, {name}")
     ax.set_xlabel("draft steps S")
-    ax.set_ylabel("tokens/s")
+    ax.set_ylabel("tokens/s (all sequences)")
     ax.set_yscale("log")
+    ax.set_title(f"{report['device']}, {report['dtype']}")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_split(report: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = [(f"{n}/S{s}", r["split"]) for n, e in report["runs"].items() for s, r in e.get(TFE, {}).items() if r.get("split")]
+    if not bars:
+        return
+    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(bars)), 4))
+    bottom = [0.0] * len(bars)
+    for piece in PIECES:
+        heights = [1e3 * sp.get(piece, 0.0) for _, sp in bars]
+        ax.bar(range(len(bars)), heights, bottom=bottom, label=piece)
+        bottom = [a + h for a, h in zip(bottom, heights)]
+    ax.set_xticks(range(len(bars)), [label for label, _ in bars], rotation=90, fontsize=7)
+    ax.set_ylabel("ms per round")
+    ax.set_xlabel("sequences / draft steps")
+    ax.set_title(f"where a round goes, {report['device']}, {report['dtype']}")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
