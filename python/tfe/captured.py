@@ -101,7 +101,8 @@ class CapturedDecoder:
 
     `compile_layers`: the target's decoder layer through torch.compile (inductor's fused kernels) inside the
     captured graphs; compiled once per shape, the first round of a shape pays for it. `timing`: CUDA events
-    around every piece of every round, for Result.split (costs a few microseconds of host time a round)."""
+    around every piece of every round, for Result.split (costs a few microseconds of host time a round).
+    `prefill_chunk`: the prompts go through the target and into the head in pieces of this many columns."""
 
     def __init__(
         self,
@@ -115,8 +116,10 @@ class CapturedDecoder:
         progress: bool = False,
         accept_log: Any = None,
         timing: bool = False,
+        prefill_chunk: int | None = None,
     ):
         self.target = target
+        self.prefill_chunk = prefill_chunk
         self.drafter = drafter
         self.steps = steps if drafter is not None else 0
         self.sampling = sampling or Sampling()
@@ -320,18 +323,30 @@ class CapturedDecoder:
             torch.cuda.synchronize(self.target.device)
 
     def _prefill(self, sh: _Shape, prompts, generator, result: Result) -> None:
-        """The prompts through the target (eagerly: their shapes vary), every prompt row into the head, and
-        each sequence's first new token; sets the device state the first round starts from."""
+        """The prompts through the target (eagerly: their shapes vary; in chunks of prefill_chunk columns),
+        every prompt row into the head, and each sequence's first new token; sets the device state the first
+        round starts from."""
         dev, B = self.target.device, len(prompts)
         lengths = torch.tensor([len(p) for p in prompts], device=dev)
         width = int(max(len(p) for p in prompts))
         padded = torch.zeros(B, width, dtype=torch.long, device=dev)
         for b, p in enumerate(prompts):
             padded[b, : len(p)] = torch.tensor(list(p), dtype=torch.long)
-        # Padding rows write columns past their sequence's end, which its first round writes again.
-        positions = torch.arange(width, device=dev).expand(B, -1)
         rows = torch.arange(B, device=dev)
-        end_logits, taps = sh.static.forward(padded, positions, compiled=False, logit_rows=lengths - 1)
+        ends = lengths - 1
+        end_logits = None
+        # Row p carries the token that follows it: the prompt's next token, or (set below) the first new token.
+        following = torch.cat([padded[:, 1:], torch.zeros(B, 1, dtype=torch.long, device=dev)], dim=1)
+        chunk = self.prefill_chunk or width
+        pieces = []
+        for a in range(0, width, chunk):
+            e = min(a + chunk, width)
+            # Padding rows write columns past their sequence's end, which its first round writes again.
+            positions = torch.arange(a, e, device=dev).expand(B, -1)
+            logits, taps = sh.static.forward(padded[:, a:e], positions, compiled=False, logit_rows=(ends - a).clamp(0, e - a - 1))
+            here = ((ends >= a) & (ends < e))[:, None]
+            end_logits = logits if end_logits is None else torch.where(here, logits, end_logits)
+            pieces.append((a, e, taps))
         if self.sampling.greedy:
             first = end_logits.argmax(-1)
         else:
@@ -342,10 +357,11 @@ class CapturedDecoder:
             result.tokens[b].append(int(tok))
             result.rivals[b].append(_as_rivals(i, g))
         if self.drafter is not None:
-            # Row p carries the token that follows it: the prompt's next token, or the first new token.
-            following = torch.cat([padded[:, 1:], torch.zeros(B, 1, dtype=torch.long, device=dev)], dim=1)
-            following[rows, lengths - 1] = first
-            self.drafter.extend([(b, 0, taps[b, : len(p)], following[b, : len(p)]) for b, p in enumerate(prompts)])
+            following[rows, ends] = first
+            for a, e, taps in pieces:
+                self.drafter.extend(
+                    [(b, a, taps[b, : min(e, len(p)) - a], following[b, a : min(e, len(p))]) for b, p in enumerate(prompts) if len(p) > a]
+                )
         sh.last.copy_(first)
         sh.pos.copy_(lengths)
         sh.produced.fill_(1)

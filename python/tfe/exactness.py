@@ -31,7 +31,18 @@ from dataclasses import dataclass, field
 import torch
 
 from . import prompts as prompt_sets
-from .speculative import Decoder, Drafter, Result, Sampling, hf_greedy, make_drafter, target_probs, token_sha256
+from .speculative import (
+    LOOPS,
+    Drafter,
+    Result,
+    Sampling,
+    check_common_arguments,
+    hf_greedy,
+    make_decoder,
+    make_drafter,
+    target_probs,
+    token_sha256,
+)
 from .target import Target, load_target
 
 
@@ -114,10 +125,12 @@ def greedy_checks(
     max_new_tokens: int,
     steps: int,
     with_hf: bool = True,
+    loop: str = "captured",
     log=lambda message: None,
 ) -> GreedyReport:
-    """The greedy runs above, each compared with the drafts-off loop one sequence at a time; `log` gets a line
-    with each run's time."""
+    """The greedy runs above with `loop` (tfe.speculative.make_decoder), each compared with that loop's
+    drafts-off run one sequence at a time; with the captured loop also the eager loop's drafts-off run of all
+    prompts together (the two loops agree). `log` gets a line with each run's time."""
     report = GreedyReport(str(target.dtype).replace("torch.", ""))
     clock = time.perf_counter()
 
@@ -127,18 +140,25 @@ def greedy_checks(
         log(f"   {name}: {now - clock:.1f} s")
         clock = now
 
-    alone = [Decoder(target).generate([p], max_new_tokens) for p in prompts]
+    def decoder(drafter=None, **options):
+        return make_decoder(loop, target, drafter, **options)
+
+    alone = [decoder().generate([p], max_new_tokens) for p in prompts]
     report.runs["drafts off, 1 sequence"] = [r.sha256(0) for r in alone]
     report.speed["drafts off, 1 sequence"] = run_speed(alone)
     done("drafts off, 1 sequence")
     if with_hf:
         _compare("transformers generate", [hf_greedy(target, p, max_new_tokens) for p in prompts], alone, report)
         done("transformers generate")
-    off = Decoder(target).generate(prompts, max_new_tokens)
+    off = decoder().generate(prompts, max_new_tokens)
     _compare("drafts off, 4 sequences", [off], alone, report)
     report.speed["drafts off, 4 sequences"] = run_speed([off])
     done("drafts off, 4 sequences")
-    spec = Decoder(target, drafter, steps=steps)
+    if loop != "eager":
+        eager = make_decoder("eager", target).generate(prompts, max_new_tokens)
+        _compare("eager loop, drafts off, 4 sequences", [eager], alone, report)
+        done("eager loop, drafts off, 4 sequences")
+    spec = decoder(drafter, steps=steps)
     ones = [spec.generate([p], max_new_tokens) for p in prompts]
     _compare("drafts on, 1 sequence", ones, alone, report)
     report.speed["drafts on, 1 sequence"] = run_speed(ones)
@@ -149,7 +169,7 @@ def greedy_checks(
     report.accept["drafts on, 4 sequences"] = four.accept_log()
     done("drafts on, 4 sequences")
     pieces = [
-        Decoder(target, drafter, steps=steps, prefill_chunk=(len(p) + 1) // 2).generate([p], max_new_tokens)
+        decoder(drafter, steps=steps, prefill_chunk=(len(p) + 1) // 2).generate([p], max_new_tokens)
         for p in prompts
     ]
     _compare("drafts on, prompt in two pieces", pieces, alone, report)
@@ -198,19 +218,35 @@ def sampled_check(
     steps: int,
     sampling: Sampling,
     batch: int = 16,
+    loop: str = "captured",
+    progress: bool = False,
 ) -> dict:
-    """Draws `samples` two-token continuations with drafts on and tests them against the exact distribution."""
+    """Draws `samples` two-token continuations with drafts on and tests them against the exact distribution.
+    `progress`: a bar on stderr, and the expected duration once the first batch is timed."""
     expected = exact_two_token_distribution(target, prompt, sampling)
     counts: dict[tuple[int, int], int] = {}
     drawn = 0
     seed = sampling.seed
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=samples, unit="draw", desc="sampled", file=sys.stderr)
+    start = time.perf_counter()
     while drawn < samples:
         n = min(batch, samples - drawn)
-        run = Decoder(target, drafter, steps=steps, sampling=Sampling(sampling.temperature, sampling.top_p, seed))
+        run = make_decoder(loop, target, drafter, steps=steps, sampling=Sampling(sampling.temperature, sampling.top_p, seed))
         for toks in run.generate([prompt] * n, 2).tokens:
             counts[tuple(toks)] = counts.get(tuple(toks), 0) + 1
+        if bar is not None:
+            if drawn == 0:
+                each = (time.perf_counter() - start) / n
+                bar.write(f"sampled: {samples} draws, about {each * samples / 60:.1f} min at this pace")
+            bar.update(n)
         drawn += n
         seed += 1
+    if bar is not None:
+        bar.close()
     stat, dof, p = chi_square(counts, expected, samples)
     outside = sum(c for k, c in counts.items() if k not in expected)
     return {"samples": samples, "cells": len(expected), "chi2": stat, "dof": dof, "p_value": p, "outside_support": outside}
@@ -230,18 +266,28 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--bf16-tie", type=float, default=1.0,
                     help="bf16: a difference must start where each token lies at most this below the other (logits)")
-    ap.add_argument("--samples", type=int, default=2000, help="draws for the sampled test (0: skip it)")
+    ap.add_argument("--samples", type=int, default=None,
+                    help="draws for the sampled test (0: skip it; default 2000 on a GPU, 300 on a CPU: a CPU draws about "
+                    "2-4 a second with 16 a batch)")
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--device", default=None)
     ap.add_argument("--gguf")
+    ap.add_argument("--loop", choices=LOOPS, default="captured", help="the loop checked (default captured)")
     ap.add_argument("-o", "--out", help="write the report here (JSON)")
     a = ap.parse_args(argv)
+    check_common_arguments(ap, a)  # before the target loads
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if a.samples is None:
+        a.samples = 2000 if device.startswith("cuda") else 300
+    if a.samples < 0:
+        ap.error(f"--samples {a.samples}: must be >= 0")
+    if a.drafter == "runtime" and not device.startswith("cuda"):
+        ap.error("--drafter runtime needs a CUDA GPU; on a CPU use --drafter reference")
     dtypes = a.dtype or (["float32", "bfloat16"] if device.startswith("cuda") else ["float32"])
     kind = a.drafter or ("runtime" if device.startswith("cuda") else "reference")
     texts = [p.text for p in prompt_sets.evaluation_prompts()[:4]]  # prose, code, tool call, chat
-    report: dict = {"head": a.head, "drafter": kind, "steps": a.steps, "max_new_tokens": a.max_new_tokens, "greedy": {}}
+    report: dict = {"head": a.head, "drafter": kind, "loop": a.loop, "steps": a.steps, "max_new_tokens": a.max_new_tokens, "greedy": {}}
     ok = True
     for name in dtypes:
         t0 = time.perf_counter()
@@ -250,7 +296,7 @@ def main(argv=None) -> int:
         prompts = [target.encode_chat(t) for t in texts]
         print(f"== greedy, {name}: target loaded in {time.perf_counter() - t0:.1f} s", flush=True)
         g = greedy_checks(
-            target, drafter, prompts=prompts, max_new_tokens=a.max_new_tokens, steps=a.steps,
+            target, drafter, prompts=prompts, max_new_tokens=a.max_new_tokens, steps=a.steps, loop=a.loop,
             log=lambda m: print(m, flush=True),
         )
         tie = None if name == "float32" else a.bf16_tie
@@ -276,6 +322,8 @@ def main(argv=None) -> int:
                 samples=a.samples,
                 steps=a.steps,
                 sampling=Sampling(a.temperature, a.top_p, 1),
+                loop=a.loop,
+                progress=True,
             )
             report["sampled"] = s
             ok &= s["p_value"] > 1e-3 and s["outside_support"] == 0

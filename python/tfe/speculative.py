@@ -420,15 +420,8 @@ class Decoder:
         prefill_chunk: int | None = None,
         progress: bool = False,
         accept_log: Any = None,
-        compile_target: bool = False,
     ):
         self.target = target
-        # The target's verify forward through torch.compile (CUDA graphs on a GPU) against a static cache,
-        # kept from call to call so that a graph recorded once is replayed (Target.forward). The prefill
-        # stays eager: its shape changes with the prompts.
-        self.compile_target = compile_target
-        self._static = None
-        self._static_shape: tuple[int, int] | None = None
         self.accept_log = accept_log  # a tfe.AcceptLog: each round's kept drafts, by window position
         self.drafter = drafter
         self.steps = steps if drafter is not None else 0
@@ -464,7 +457,7 @@ class Decoder:
                 self.drafter.reset(slot)
 
         clock = DraftClock(dev)
-        cache = self._cache(B, max(len(p) for p in prompts), max_new_tokens)
+        cache = self.target.new_cache()
         last, pos, valid = self._prefill(prompts, cache, generator, result, clock)
         # Each sequence's next position, on the host beside pos on the device: requests need it as an int, and
         # reading it back would wait for the device once a sequence.
@@ -489,7 +482,7 @@ class Decoder:
             positions = pos[:, None] + torch.arange(q, device=dev)
             causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril()
             mask = torch.cat([valid[:, None, :].expand(B, q, -1), causal.expand(B, q, q)], dim=-1)[:, None]
-            out = self.target.forward(tokens, positions, cache, mask, compiled=self.compile_target)
+            out = self.target.forward(tokens, positions, cache, mask)
             kept, nxt = self._choose(drafts, out.logits, generator)
             rival_ids, rival_gaps = _rivals(out.logits)
 
@@ -535,19 +528,6 @@ class Decoder:
                 result.rivals[b] += _rivals_of_row(flat, S + 1)[:n]
         result.rivals = [r[:max_new_tokens] for r in result.rivals]
         return result
-
-    def _cache(self, batch: int, width: int, max_new_tokens: int):
-        """A fresh dynamic cache; compiled, the static one for this shape, emptied. Every round appends S + 1
-        columns and emits at least one token, so the prompt's width plus max_new_tokens * (S + 1) suffice."""
-        if not self.compile_target:
-            return self.target.new_cache()
-        shape = (batch, width + max_new_tokens * (self.steps + 1))
-        if self._static_shape != shape:
-            self._static, self._static_shape = self.target.new_cache(shape[1]), shape
-        else:
-            with torch.inference_mode():  # its tensors were made by the target's forward, in inference mode
-                self._static.reset()
-        return self._static
 
     def _prefill(self, prompts, cache, generator, result, clock: DraftClock):
         """Runs the prompts through the target (in chunks of prefill_chunk columns), extends the head with
@@ -625,6 +605,21 @@ def hf_greedy(target: Target, prompt: Sequence[int], max_new_tokens: int) -> Res
     return Result([tokens], [rivals], 0)
 
 
+LOOPS = ("captured", "eager")
+
+
+def make_decoder(loop: str, target: Target, drafter: Drafter | None = None, **options):
+    """'captured' (tfe.captured.CapturedDecoder: fixed shapes, CUDA graphs on a GPU; the default of every
+    command) or 'eager' (Decoder: transformers' own cache and forward, one call at a time)."""
+    if loop == "captured":
+        from .captured import CapturedDecoder
+
+        return CapturedDecoder(target, drafter, **options)
+    if loop == "eager":
+        return Decoder(target, drafter, **options)
+    raise ValueError(f"unknown loop {loop!r} ({', '.join(LOOPS)})")
+
+
 def make_drafter(
     kind: str, head, *, max_slots: int, max_steps: int, artifact=None, checkpoint=None, target: Target | None = None
 ) -> Drafter | None:
@@ -641,6 +636,34 @@ def make_drafter(
     if kind == "runtime":
         return RuntimeDrafter(head, artifact, max_slots=max_slots, max_steps=max_steps)
     raise ValueError(f"unknown drafter {kind!r} (reference, runtime, torch, none)")
+
+
+def check_common_arguments(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """The checks every real-target command makes of its shared arguments before it loads the target: one
+    line naming the argument and its limit (parser.error), not a traceback a minute later."""
+    import os
+
+    if getattr(a, "head", None) and not os.path.isfile(a.head):
+        parser.error(f"--head {a.head}: no such file (a .tfe head: tfe-plan convert CHECKPOINT -o HEAD.tfe)")
+    for name in ("checkpoint", "artifact"):
+        value = getattr(a, name, None)
+        if value and not os.path.isdir(value):
+            parser.error(f"--{name} {value}: no such directory")
+    if getattr(a, "gguf", None) and not os.path.exists(a.gguf):
+        parser.error(f"--gguf {a.gguf}: no such file or directory")
+    steps = getattr(a, "steps", None)
+    if isinstance(steps, int) and not 1 <= steps <= MAX_STEPS:
+        parser.error(f"--steps {steps}: must be 1..{MAX_STEPS} (draft steps a round)")
+    if getattr(a, "max_new_tokens", 1) < 1:
+        parser.error(f"--max-new-tokens {a.max_new_tokens}: must be at least 1")
+    if getattr(a, "temperature", 0.0) < 0:
+        parser.error(f"--temperature {a.temperature}: must be >= 0 (0: greedy)")
+    top_p = getattr(a, "top_p", 1.0)
+    if not 0.0 < top_p <= 1.0:
+        parser.error(f"--top-p {top_p}: must be in (0, 1]")
+
+
+MAX_STEPS = 16  # the largest max_steps a plan takes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -674,15 +697,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--accept-lines", help="append the accept log's JSON lines here (tfe-accept-table tabulates them)"
     )
     p.add_argument("--accept-every", type=int, default=16, help="rounds per JSON line of --accept-lines (default 16)")
+    p.add_argument("--loop", choices=LOOPS, default="captured",
+                   help="captured (default): fixed shapes, CUDA graphs on a GPU (tfe.captured); eager: transformers' "
+                   "own cache, one call at a time")
     p.add_argument("--quiet", action="store_true", help="no text, only the summary")
     a = p.parse_args(argv)
+    # Everything that can be checked is checked before the target loads (which takes up to a minute).
+    check_common_arguments(p, a)
     if not 1 <= a.sequences <= 16:
-        p.error("--sequences must be 1..16")
+        p.error(f"--sequences {a.sequences}: must be 1..16")
+    if a.accept_every < 1:
+        p.error(f"--accept-every {a.accept_every}: must be at least 1")
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, a.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
     drafter_kind = a.drafter or ("none" if not a.head else "runtime" if device.startswith("cuda") else "reference")
     if drafter_kind in ("reference", "runtime") and not a.head:
-        p.error("--head is needed for this drafter")
+        p.error(f"--head is needed for the {drafter_kind} drafter")
+    if drafter_kind == "torch" and not a.checkpoint:
+        p.error("--drafter torch runs the EAGLE-3 checkpoint: pass --checkpoint DIR")
+    if drafter_kind == "runtime" and not device.startswith("cuda"):
+        p.error("--drafter runtime needs a CUDA GPU; on a CPU use --drafter reference")
 
     target = load_target(a.gguf, device=device, dtype=dtype)
     texts = a.prompt or [q.text for q in prompt_sets.evaluation_prompts(a.prompt_class)]
@@ -698,12 +732,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         target=target,
     )
     lines = None
-    if a.accept_every < 1:
-        p.error("--accept-every must be at least 1")
     if a.accept_lines:
         label = a.prompt_class or ("custom" if a.prompt else "all")
         lines = _tfe.AcceptLog(every=a.accept_every, path=a.accept_lines, label=label)
-    decoder = Decoder(
+    decoder = make_decoder(
+        a.loop,
         target,
         drafter,
         steps=a.steps,

@@ -113,15 +113,6 @@ class Target:
         params = inspect.signature(type(model.model).forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._float_mask = model.config._attn_implementation not in ("sdpa", "flash_attention_2", "flex_attention")
-        self._compiled = None
-
-    def _compiled_model(self):
-        """The model through torch.compile, made once: CUDA graphs on a GPU ("reduce-overhead"), as
-        transformers compiles its own static-cache decoding. The taps' hooks are traced with it."""
-        if self._compiled is None:
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self._compiled = torch.compile(self.model, mode=mode, dynamic=False)
-        return self._compiled
 
     def _capture(self, layer: int):
         def hook(_module, args, kwargs):
@@ -141,43 +132,22 @@ class Target:
     def eos_token_id(self) -> int | None:
         return self.tokenizer.eos_token_id
 
-    def new_cache(self, max_len: int | None = None):
-        """A cache that grows with each forward; with `max_len`, a static one of that many columns, which a
-        compiled forward needs (its shapes must not change from call to call)."""
-        from transformers import DynamicCache, StaticCache
+    def new_cache(self):
+        """A cache that grows with each forward (tfe.static_target has the fixed-shape one)."""
+        from transformers import DynamicCache
 
-        if max_len is None:
-            return DynamicCache(config=self.model.config)
-        return StaticCache(config=self.model.config, max_cache_len=max_len)
+        return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor, *, compiled: bool = False) -> Batch:
-        """tokens, positions int64 [B, q]; mask bool [B, 1, q, cached + q]. Appends q columns to `cache`.
-
-        With a static cache the mask is padded to the cache's columns (the unused ones masked), and
-        `compiled` runs the model through torch.compile: on a GPU, one CUDA graph a shape."""
-        q, used = tokens.shape[1], mask.shape[-1]
-        extra = {}
-        columns = _static_columns(cache)
-        if columns is not None:
-            if used > columns:
-                raise ValueError(f"the static cache has {columns} columns; this forward needs {used}")
-            extra["cache_position"] = torch.arange(used - q, used, device=tokens.device)
-            mask = torch.nn.functional.pad(mask, (0, columns - used), value=False)
-        elif compiled:
-            raise ValueError("a compiled forward needs a static cache (new_cache(max_len))")
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor) -> Batch:
+        """tokens, positions int64 [B, q]; mask bool [B, 1, q, cached + q]. Appends q columns to `cache`."""
         if self._float_mask:  # eager attention adds the mask to the scores
             mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(
                 ~mask, torch.finfo(self.dtype).min
             )
         self._captured.clear()
-        out = (self._compiled_model() if compiled else self.model)(
-            input_ids=tokens,
-            position_ids=positions,
-            attention_mask=mask,
-            use_cache=True,
-            **{self._cache_kw: cache},
-            **extra,
+        out = self.model(
+            input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=True, **{self._cache_kw: cache}
         )
         taps = torch.cat([self._captured[layer] for layer in self.tap_layers], dim=-1)
         self._captured.clear()
@@ -190,14 +160,6 @@ class Target:
         if hasattr(ids, "keys"):  # some versions return a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
-
-
-def _static_columns(cache) -> int | None:
-    """The columns of a static cache; None for one that grows (transformers answers -1 or None there, through
-    get_max_length, or get_max_cache_shape in other versions)."""
-    get = getattr(cache, "get_max_length", None) or cache.get_max_cache_shape
-    n = get()
-    return n if n is not None and n > 0 else None
 
 
 def load_target(

@@ -21,7 +21,9 @@ import torch
 
 import tfe
 from tfe import exactness
+from tfe.captured import CapturedDecoder, accept_sampled_fixed
 from tfe.speculative import Decoder, ReferenceDrafter, Sampling, accept_sampled, target_probs
+from tfe.static_target import StaticTarget, _supported
 from tfe.target import eagle3_tap_layers
 from tfe.train_head import Eagle3Head
 
@@ -54,7 +56,7 @@ def test_greedy_is_exact_with_the_reference_drafter(target, smoke, chats):
     drafter = ReferenceDrafter(smoke[1], max_slots=16, max_steps=8)
     report = exactness.greedy_checks(target, drafter, prompts=chats, max_new_tokens=NEW, steps=4)
     assert not report.failures(None), "\n".join(map(str, report.differences))
-    assert len(report.runs) == 6 and all(len(v) == 4 for v in report.runs.values())
+    assert len(report.runs) == 7 and all(len(v) == 4 for v in report.runs.values())
     log = report.accept["drafts on, 4 sequences"]
     assert log["rounds"] > 0 and len(log["asked"]) == 4 and log["new_tokens"] == 4 * NEW
 
@@ -89,9 +91,18 @@ def test_trainer_head_drafts_what_the_reference_drafts(target, smoke, chats):
     assert compared >= 3
 
 
-def test_sampling_rule_keeps_the_target_distribution():
-    """The speculative-sampling rule on a small Markov target (5 tokens, temperature and top-p applied) and a
-    deterministic drafter that is right about half the time: 3-token continuations match the exact law."""
+def _fixed_rule(drafts, probs, generator):
+    """accept_sampled_fixed with its uniforms drawn here, as the captured loop draws them on the device."""
+    B, S = drafts.shape
+    u_accept = torch.rand(B, S, generator=generator)
+    return accept_sampled_fixed(drafts, probs, u_accept, 1.0 - torch.rand(B, generator=generator))
+
+
+@pytest.mark.parametrize("rule", [accept_sampled, _fixed_rule], ids=["eager", "fixed-shape"])
+def test_sampling_rule_keeps_the_target_distribution(rule):
+    """The speculative-sampling rule (the eager loop's, and the captured loop's without a host branch) on a
+    small Markov target (5 tokens, temperature and top-p applied) and a deterministic drafter that is right
+    about half the time: 3-token continuations match the exact law."""
     V, S, N, L = 5, 3, 40000, 3
     g = torch.Generator().manual_seed(7)
     logits = torch.randn(V, V, generator=g) * 1.5  # row: previous token
@@ -106,7 +117,7 @@ def test_sampling_rule_keeps_the_target_distribution():
         for _ in range(S - 1):
             drafts = torch.cat([drafts, guess[drafts[:, -1]][:, None]], 1)
         ctx = torch.cat([last[:, None], drafts], 1)  # the token before each verified position
-        kept, nxt = accept_sampled(drafts, P[ctx], g)
+        kept, nxt = rule(drafts, P[ctx], g)
         for i in range(N):
             k = int(kept[i])
             out[i] += drafts[i, :k].tolist() + [int(nxt[i])]
@@ -187,22 +198,44 @@ def test_cached_target_is_the_gguf_target(target, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == [entry]  # no temporary left beside it
 
 
-def test_static_cache_loop_keeps_the_targets_tokens(target, smoke, chats, monkeypatch):
-    """The compiled loop's cache and masks (one static cache, emptied between calls, the mask padded to its
-    columns), run eagerly here: drafts on, 4 sequences, two calls on one Decoder, the target's own tokens."""
-    monkeypatch.setattr(target, "_compiled_model", lambda: target.model)  # compiling takes minutes on a CPU
-    drafter = ReferenceDrafter(smoke[1], max_slots=16, max_steps=8)
+def test_static_target_is_the_transformers_forward(target, chats):
+    """The fixed-shape forward (each row's K/V at its own position) gives transformers' logits and taps, whole
+    and one token at a time after a prefix (fp32, up to the order of sums)."""
+    prompt = chats[1]
+    n = len(prompt)
+    with torch.inference_mode():
+        want = target.model(torch.tensor([prompt]), output_hidden_states=True)
+    static = StaticTarget(target, 2, 256)
+    logits, taps = static.forward(torch.tensor([prompt]), torch.arange(n)[None])
+    assert torch.allclose(logits, want.logits.float(), atol=2e-4, rtol=0)
+    assert torch.allclose(taps, torch.cat([want.hidden_states[i] for i in target.tap_layers], -1), atol=2e-4, rtol=0)
+    # The second cache row, filled in two pieces and then token by token at its own positions.
+    static.forward(torch.tensor([prompt[:5]] * 2), torch.arange(5).expand(2, -1))
+    for i in range(5, n):
+        step, _ = static.forward(torch.tensor([[prompt[i]]] * 2), torch.tensor([[i]] * 2))
+        assert torch.allclose(step[1, 0], want.logits[0, i].float(), atol=2e-4, rtol=0), i
+    with pytest.raises(ValueError, match="rope_scaling type 'yarn'"):
+        _supported(type("Config", (), {"model_type": "llama", "rope_scaling": {"rope_type": "yarn"}})())
+
+
+def test_captured_loop_keeps_the_targets_tokens(target, smoke, chats):
+    """The captured loop (run eagerly on the CPU: the very pieces a GPU replays) equals the eager loop with
+    drafts off, and keeps those tokens with drafts on: 4 sequences of different lengths that finish at
+    different rounds, two calls on one decoder, the prompt prefilled in two pieces."""
     alone = Decoder(target).generate(chats, NEW).tokens
-    decoder = Decoder(target, drafter, steps=3, compile_target=True)
+    assert CapturedDecoder(target).generate(chats, NEW).tokens == alone
+    drafter = ReferenceDrafter(smoke[1], max_slots=16, max_steps=8)
+    decoder = CapturedDecoder(target, drafter, steps=3)
     for _ in range(2):
-        assert decoder.generate(chats, NEW).tokens == alone
-    assert decoder._static_shape == (4, max(map(len, chats)) + NEW * 4)
-    cache = target.new_cache(8)
-    rows = torch.zeros(1, 9, dtype=torch.long)
-    with pytest.raises(ValueError, match="the static cache has 8 columns; this forward needs 9"):
-        target.forward(rows, rows, cache, torch.ones(1, 1, 9, 9, dtype=torch.bool))
-    with pytest.raises(ValueError, match="a compiled forward needs a static cache"):
-        target.forward(rows, rows, target.new_cache(), torch.ones(1, 1, 9, 9, dtype=torch.bool), compiled=True)
+        result = decoder.generate(chats, NEW)
+        assert result.tokens == alone
+    # A sequence takes part in rounds until it has its tokens (the prefill gave the first), then stops.
+    for rounds in result.accepted_by_sequence:
+        made = [1 + sum(k + 1 for k in rounds[:i]) for i in range(len(rounds) + 1)]
+        assert made[-2] < NEW <= made[-1], rounds
+    assert sorted(sum(result.accepted_by_sequence, [])) == sorted(result.accepted_per_round)
+    pieces = CapturedDecoder(target, drafter, steps=3, prefill_chunk=(len(chats[0]) + 1) // 2)
+    assert pieces.generate([chats[0]], NEW).tokens == alone[:1]
 
 
 def test_trained_shards_restore_the_checkpoint_bit_for_bit(target, smoke, tmp_path):
