@@ -8,10 +8,12 @@ import xml.etree.ElementTree as ET
 
 
 def skip_reason(case):
-    # pytest's JUnit file carries the reason as the message of <skipped>.
+    # pytest's JUnit file carries the reason as the message of <skipped>; ctest's carries only the rule
+    # that matched ("SKIP_RETURN_CODE=77"), and the test's own reason is in its output.
     skipped = case.find("skipped")
-    if skipped is not None and skipped.get("message"):
-        return skipped.get("message").removeprefix("Skipped: ")
+    message = skipped.get("message", "") if skipped is not None else ""
+    if message and not message.startswith(("SKIP_RETURN_CODE=", "SKIP_REGULAR_EXPRESSION_MATCHED")):
+        return message.removeprefix("Skipped: ")
     out = case.find("system-out")
     text = (out.text or "") if out is not None else ""
     lines = [l.strip() for l in text.splitlines() if l.strip()]
@@ -19,7 +21,7 @@ def skip_reason(case):
     # their reason last.
     reasons = [l for l in lines if l.startswith("skipped")]
     if not reasons:
-        return lines[-1] if lines else "no reason printed"
+        return lines[-1] if lines else f"no reason printed; {message or 'skipped'}"
     reason = reasons[-1].removeprefix("skipped").lstrip(": ")
     return reason.removeprefix(case.get("name", "") + ": ")
 
