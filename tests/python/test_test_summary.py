@@ -34,7 +34,7 @@ skipped: no CUDA device (cudaGetDeviceCount: no CUDA-capable device is detected)
   <testcase name="head: reads" classname="head: reads" time="0.1" status="run">
     <system-out></system-out>
   </testcase>
-  <testcase name="plan: refuses" classname="plan: refuses" time="0.1" status="fail">
+  <testcase name="plan: refuses (*)" classname="plan: refuses (*)" time="0.1" status="fail">
     <failure message=""/>
     <system-out>CHECK failed</system-out>
   </testcase>
@@ -52,9 +52,20 @@ PYTEST_XML = """<?xml version="1.0" encoding="utf-8"?>
 """
 
 
+NEXT = [
+    "  one stage again   scripts/test.sh STAGE  (build format package sanitize fuzz target)",
+    "  the GPU suite     scripts/gpu_test.sh  (on a GPU machine)",
+    "  the main job      scripts/run.sh",
+]
+
+
 def summary(out):
+    """(exit status, the lines before "next:", the lines of what to run next, the count line)"""
     run = subprocess.run([sys.executable, str(SUMMARY), str(out)], capture_output=True, text=True)
-    return run.returncode, run.stdout.splitlines()
+    lines = run.stdout.splitlines()
+    assert "next:" in lines, run.stdout + run.stderr
+    at = lines.index("next:")
+    return run.returncode, lines[:at], lines[at + 1 : -1], lines[-1]
 
 
 def test_skips_carry_the_tests_own_reason(tmp_path):
@@ -62,7 +73,7 @@ def test_skips_carry_the_tests_own_reason(tmp_path):
     (tmp_path / "target.xml").write_text(PYTEST_XML)
     (tmp_path / "stage_passes.txt").write_text("format\npackage\n")
     (tmp_path / "stage_skips.txt").write_text("fuzz\tclang is not installed\n")
-    rc, lines = summary(tmp_path)
+    rc, lines, nexts, count = summary(tmp_path)
     assert lines == [
         "skipped: build: tfe_gpu_tests (no CUDA device (cudaGetDeviceCount: no CUDA-capable device is detected))",
         "skipped: build: broadcast: 2 ranks, direct (2 ranks need 2 GPUs, 0 found)",
@@ -70,20 +81,21 @@ def test_skips_carry_the_tests_own_reason(tmp_path):
         "skipped: build: silent (no reason printed; SKIP_RETURN_CODE=77)",
         "skipped: target: test_greedy_exact (torch is not importable)",
         "skipped: fuzz (clang is not installed)",
-        "FAILED: build: plan: refuses",
-        "4 passed, 1 failed, 6 skipped",
+        "FAILED: build: plan: refuses (*)",
     ]
+    assert count == "4 passed, 1 failed, 6 skipped"
+    assert nexts == ["  the first failure ctest --test-dir build -R '^plan: refuses \\(\\*\\)$' --output-on-failure"] + NEXT
     assert rc == 1
-    assert not any("SKIP_RETURN_CODE" in l for l in lines if "silent" not in l)
 
 
 def test_exit_status(tmp_path):
     (tmp_path / "target.xml").write_text(PYTEST_XML)
-    assert summary(tmp_path) == (0, ["skipped: target: test_greedy_exact (torch is not importable)",
-                                     "1 passed, 0 failed, 1 skipped"])
+    assert summary(tmp_path) == (0, ["skipped: target: test_greedy_exact (torch is not importable)"], NEXT,
+                                 "1 passed, 0 failed, 1 skipped")
     (tmp_path / "stage_failures.txt").write_text("sanitize\tthe sanitizer build failed\n")
-    rc, lines = summary(tmp_path)
-    assert rc == 1 and "FAILED: sanitize: the sanitizer build failed" in lines
+    rc, lines, nexts, count = summary(tmp_path)
+    assert rc == 1 and lines[-1] == "FAILED: sanitize: the sanitizer build failed"
+    assert nexts[0] == "  the first failure scripts/test.sh sanitize"
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert summary(empty) == (1, ["0 passed, 0 failed, 0 skipped"])  # nothing ran is a failure
+    assert summary(empty) == (1, [], NEXT, "0 passed, 0 failed, 0 skipped")  # nothing ran is a failure
