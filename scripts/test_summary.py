@@ -1,7 +1,7 @@
 """Adds up scripts/test.sh's stages: ctest's JUnit files and the stages that are one check each.
 
-Prints each failed case, each skipped case with the reason its output gave, what to run next, and last
-one line "N passed, N failed, N skipped". Exits 1 when anything failed or nothing ran."""
+Prints each failed case, each skipped case with the reason its output gave, each stage's time, what to run
+next, and last one line "N passed, N failed, N skipped". Exits 1 when anything failed or nothing ran."""
 import pathlib
 import re
 import shlex
@@ -80,6 +80,11 @@ def main(out_dir):
         print(f"skipped: {s}")
     for f in failures:
         print(f"FAILED: {f}")
+    times = out / "stage_times.txt"
+    if times.exists():
+        spent = [(name, int(sec)) for name, sec in (l.split("\t") for l in times.read_text().splitlines())]
+        total = sum(sec for _, sec in spent)
+        print("time: " + ", ".join(f"{name} {sec / 60:.1f}" for name, sec in spent) + f"; total {total / 60:.1f} min")
     print("next:")
     nexts = []
     if reruns:

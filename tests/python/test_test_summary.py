@@ -73,6 +73,7 @@ def test_skips_carry_the_tests_own_reason(tmp_path):
     (tmp_path / "target.xml").write_text(PYTEST_XML)
     (tmp_path / "stage_passes.txt").write_text("format\npackage\n")
     (tmp_path / "stage_skips.txt").write_text("fuzz\tclang is not installed\n")
+    (tmp_path / "stage_times.txt").write_text("setup\t6\nbuild\t660\nformat\t3\n")
     rc, lines, nexts, count = summary(tmp_path)
     assert lines == [
         "skipped: build: tfe_gpu_tests (no CUDA device (cudaGetDeviceCount: no CUDA-capable device is detected))",
@@ -82,6 +83,7 @@ def test_skips_carry_the_tests_own_reason(tmp_path):
         "skipped: target: test_greedy_exact (torch is not importable)",
         "skipped: fuzz (clang is not installed)",
         "FAILED: build: plan: refuses (*)",
+        "time: setup 0.1, build 11.0, format 0.1; total 11.2 min",
     ]
     assert count == "4 passed, 1 failed, 6 skipped"
     assert nexts == ["  the first failure ctest --test-dir build -R '^plan: refuses \\(\\*\\)$' --output-on-failure"] + NEXT
