@@ -34,12 +34,12 @@ run_ctest() {  # BUILD_DIR NAME [ctest args]
   # dots to the longest (over 300 characters); the dots are cut so that a line fits 140 where it can.
   ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900 --output-junit "$PWD/$out/$name.xml" "$@" |
     awk -v width=140 '{
-      if (length($0) > width && match($0, / \.\.\.+ /)) {
-        keep = RLENGTH - 2 - (length($0) - width)
+      if (length($0) > width && match($0, / \.\.\.+/)) {
+        keep = RLENGTH - 1 - (length($0) - width)
         if (keep < 3) keep = 3
         dots = ""
         while (length(dots) < keep) dots = dots "."
-        $0 = substr($0, 1, RSTART) dots substr($0, RSTART + RLENGTH - 1)
+        $0 = substr($0, 1, RSTART) dots substr($0, RSTART + RLENGTH)
       }
       print
       fflush()
