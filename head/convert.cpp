@@ -514,6 +514,19 @@ std::vector<std::string> eagle3_warnings(const ConvertOptions& opt) {
   return out;
 }
 
+std::string eagle3_taps_source(const ConvertOptions& opt) {
+  const fs::path dir(opt.eagle_dir);
+  const Config head{dir / "config.json", read_json(dir / "config.json")};
+  // read_taps's order: the top-level key wins (and must agree with eagle_config's).
+  if (head.has("eagle_aux_hidden_state_layer_ids"))
+    return "config.json's eagle_aux_hidden_state_layer_ids, which names them so (vLLM's convention)";
+  if (head.j.contains("eagle_config") && head.j["eagle_config"].is_object() &&
+      head.j["eagle_config"].contains("eagle_aux_hidden_state_layer_ids"))
+    return "config.json's eagle_config.eagle_aux_hidden_state_layer_ids + 1: that field names the layer whose "
+           "output is tapped, the one before (SGLang's convention)";
+  return "EAGLE-3's default 2, L/2, L-3 for the target's num_hidden_layers L";
+}
+
 HeadWriter convert_eagle3(const ConvertOptions& opt) {
   HeadHeader h = eagle3_header(opt);
   const Checkpoint ck = Checkpoint::open(opt.eagle_dir);

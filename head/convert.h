@@ -60,6 +60,11 @@ HeadHeader eagle3_header(const ConvertOptions& opt);
 // a head whose config.json says it was made for positions past the window it is given.
 std::vector<std::string> eagle3_warnings(const ConvertOptions& opt);
 
+// Where the header's taps come from, for a reader comparing them with config.json: SGLang's
+// `eagle_config.eagle_aux_hidden_state_layer_ids` names the layer whose output is tapped, one below the
+// layer whose input the .tfe tap names.
+std::string eagle3_taps_source(const ConvertOptions& opt);
+
 // The whole conversion: header, every tensor checked by name, dtype and shape, FP8 forms on request.
 HeadWriter convert_eagle3(const ConvertOptions& opt);
 

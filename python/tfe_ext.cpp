@@ -1230,7 +1230,12 @@ NB_MODULE(_tfe, m) {
             r.ref->extend(requests);
           },
           "requests"_a.none(), "first_pos"_a.none() = nb::none(), "taps"_a.none() = nb::none(),
-          "tokens"_a.none() = nb::none())
+          "tokens"_a.none() = nb::none(),
+          nb::sig("def extend(self, requests: int | Sequence[tuple[int, int, object, object]], first_pos: int | None "
+                  "= None, taps: object = None, tokens: object = None) -> None"),
+          "Absorbs real rows: extend(slot, first_pos, taps, tokens), or extend([(slot, first_pos, taps, tokens),\n"
+          "...]) for several slots. taps [rows, taps * target_hidden] bfloat16 (numpy: uint16 bits), tokens [rows]\n"
+          "int32. first_pos: the slot's next position (an empty slot starts anywhere). Drafted rows are not kept.")
       .def(
           "extend_batch",
           [](PyReference& r, nb::handle slots, nb::handle first_pos, nb::handle counts, nb::handle taps,
@@ -1244,6 +1249,9 @@ NB_MODULE(_tfe, m) {
           },
           "slots"_a.none(), "first_pos"_a.none(), "counts"_a.none(), "taps"_a.none(), "tokens"_a.none(), nb::kw_only(),
           "starts"_a.none() = nb::none(),
+          nb::sig("def extend_batch(self, slots: Sequence[int] | object, first_pos: Sequence[int] | object, "
+                  "counts: Sequence[int] | object, taps: object, tokens: object, *, "
+                  "starts: Sequence[int] | None = None) -> None"),
           "extend for several slots from one pair of host arrays: request i is slots[i] at first_pos[i], taking\n"
           "counts[i] rows from row starts[i] (default: right after the previous request's rows).")
       .def(
@@ -1259,7 +1267,10 @@ NB_MODULE(_tfe, m) {
             }
             return draft_result(std::move(d));
           },
-          "slots"_a.none(), "steps"_a.none())
+          "slots"_a.none(), "steps"_a.none(),
+          nb::sig("def draft(self, slots: Sequence[int] | object, steps: int) -> DraftResult"),
+          "Drafts `steps` tokens (1..max_steps) after each slot's last row: (tokens, confidences), numpy\n"
+          "[slots, steps] int32 and float32. The slots keep their rows: the next extend continues them.")
       .def(
           "reset",
           [](PyReference& r, nb::handle slot) {
@@ -1267,7 +1278,8 @@ NB_MODULE(_tfe, m) {
             const std::lock_guard lock(r.mu);
             r.ref->reset(s);
           },
-          "slot"_a.none())
+          "slot"_a.none(), nb::sig("def reset(self, slot: int) -> None"),
+          "Empties the slot: its next extend starts a new sequence.")
       .def_prop_ro("header", [](const PyReference& r) { return header_dict(r.ref->header()); })
       .def_prop_ro("ring_rows", [](const PyReference& r) { return r.ref->ring_rows(); })
       .def_prop_ro("max_slots", [](const PyReference& r) { return r.ref->options().max_slots; })
@@ -1297,7 +1309,8 @@ NB_MODULE(_tfe, m) {
             const std::vector<int> k = accepted_arg(kept);
             l.get().record(k, as_int32(steps, "steps"));
           },
-          "kept"_a.none(), "steps"_a.none())
+          "kept"_a.none(), "steps"_a.none(),
+          nb::sig("def record(self, kept: Sequence[int] | object, steps: int) -> None"))
       .def("flush", [](PyAcceptLog& l) { l.get().flush(); })
       .def("totals", [](PyAcceptLog& l) { return accept_counts_dict(l.get().totals()); })
       .def(
@@ -1372,7 +1385,9 @@ NB_MODULE(_tfe, m) {
                   "l2_resident_weight_bytes: int = 0, accept_log_every: int = 0, "
                   "accept_log_path: str | os.PathLike[str] = '', accept_log_label: str = '', "
                   "tap_dump: str | os.PathLike[str] = '', tap_dump_max_rows: int = 65536, self_check: bool = False, "
-                  "**options: object) -> None"))
+                  "max_slots: int = ..., max_steps: int = ..., **options: object) -> None"),
+          "Opens the head on a GPU. max_slots, max_steps and the other plan options (tfe.plan_option_names())\n"
+          "not given come from the artifact, else the defaults (PlanOptions).")
       .def(
           "extend",
           [](PyRuntime& r, nb::handle a, nb::handle first_pos, nb::handle taps, nb::handle tokens, nb::handle stream) {
@@ -1385,6 +1400,8 @@ NB_MODULE(_tfe, m) {
           },
           "requests"_a.none(), "first_pos"_a.none() = nb::none(), "taps"_a.none() = nb::none(),
           "tokens"_a.none() = nb::none(), nb::kw_only(), "stream"_a.none() = nb::none(),
+          nb::sig("def extend(self, requests: int | Sequence[tuple[int, int, object, object]], first_pos: int | None "
+                  "= None, taps: object = None, tokens: object = None, *, stream: object = None) -> None"),
           "Absorbs real rows: taps [rows, taps * target_hidden] bfloat16 and tokens [rows] int32, both on the host\n"
           "or both on the runtime's device (no copy to the host; rows of device taps may be any stride apart).\n"
           "Enqueued on `stream` (None: the runtime's stream); device tensors must be ready in that stream's order.")
@@ -1401,6 +1418,9 @@ NB_MODULE(_tfe, m) {
           },
           "slots"_a.none(), "first_pos"_a.none(), "counts"_a.none(), "taps"_a.none(), "tokens"_a.none(), nb::kw_only(),
           "starts"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
+          nb::sig("def extend_batch(self, slots: Sequence[int] | object, first_pos: Sequence[int] | object, "
+                  "counts: Sequence[int] | object, taps: object, tokens: object, *, "
+                  "starts: Sequence[int] | None = None, stream: object = None) -> None"),
           "extend for several slots from one pair of arrays (host or device), as an engine holds the rows after\n"
           "verification: request i is slots[i] at first_pos[i], taking counts[i] rows from row starts[i] (default:\n"
           "right after the previous request's rows). slots, first_pos, counts and starts are host ints. Two array\n"
@@ -1412,7 +1432,9 @@ NB_MODULE(_tfe, m) {
             const int n = as_int32(steps, "steps");
             return draft_result(r.run([&](tfe::Runtime& rt) { return rt.draft(s, n); }));
           },
-          "slots"_a.none(), "steps"_a.none())
+          "slots"_a.none(), "steps"_a.none(),
+          nb::sig("def draft(self, slots: Sequence[int] | object, steps: int) -> DraftResult"),
+          "One graph replay: `steps` tokens after each slot's last row, (tokens, confidences) numpy [slots, steps].")
       .def(
           "reset",
           [](PyRuntime& r, nb::handle slot, nb::handle stream) {
@@ -1421,7 +1443,9 @@ NB_MODULE(_tfe, m) {
                 call_stream(stream, r.read([](tfe::Runtime& rt) { return rt.device(); }));
             r.run([&](tfe::Runtime& rt) { rt.reset(s, st); });
           },
-          "slot"_a.none(), nb::kw_only(), "stream"_a.none() = nb::none())
+          "slot"_a.none(), nb::kw_only(), "stream"_a.none() = nb::none(),
+          nb::sig("def reset(self, slot: int, *, stream: object = None) -> None"),
+          "Empties the slot: its next extend starts a new sequence.")
       .def(
           "draft_async",
           [](PyRuntime& r, nb::handle slots, nb::handle steps, nb::handle tokens, nb::handle confidences,
@@ -1463,6 +1487,8 @@ NB_MODULE(_tfe, m) {
           },
           "slots"_a.none(), "steps"_a.none(), nb::kw_only(), "tokens"_a.none() = nb::none(),
           "confidences"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
+          nb::sig("def draft_async(self, slots: Sequence[int] | object, steps: int, *, tokens: object = None, "
+                  "confidences: object = None, stream: object = None) -> DraftResult"),
           "Enqueues a draft and returns at once: (tokens, confidences) as device arrays [slots, steps] (DLPack,\n"
           "torch.from_dlpack takes them), valid until the next draft. `slots`: a list of ints, or an int32 CUDA\n"
           "tensor whose ids are read on the device (the form a torch.cuda.graph capture can record; the ids may\n"
@@ -1503,6 +1529,7 @@ NB_MODULE(_tfe, m) {
             r.read([&](tfe::Runtime& rt) { rt.record_accepted(k, n); });
           },
           "kept"_a.none(), "steps"_a.none(),
+          nb::sig("def record_accepted(self, kept: Sequence[int] | object, steps: int) -> None"),
           "After the target verified a round: kept[i] of the `steps` tokens drafted for the i-th slot of that\n"
           "round's draft were accepted. Counted in accept_totals() and written to the accept log.")
       .def(

@@ -9,9 +9,11 @@ seconds=${1:-30}
 build="build-fuzz"
 
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (scripts/setup.sh --test installs it)" >&2; exit 1; }
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 if [ ! -f "$build/build.ninja" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DTFE_FUZZ=ON \
-    >/dev/null
+    "${launcher[@]}" >/dev/null
 fi
 cmake --build "$build" --target fuzz_all
 

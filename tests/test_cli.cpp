@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 
@@ -109,4 +110,37 @@ TEST_CASE("tfe-plan dump, compile: an --arch below sm_90 or malformed is refused
   CAPTURE(text);
   CHECK(rc == 0);
   CHECK(has(text, "arch: sm_100"));
+}
+
+TEST_CASE("tfe-plan: an unknown subcommand is named, with the subcommands there are") {
+  const auto [rc, out] = run_command(fmt::format("{} inpsect head.tfe", TFE_PLAN_EXE));
+  CAPTURE(out);
+  CHECK(rc == 2);
+  CHECK(has(out,
+            "tfe-plan: unknown subcommand `inpsect` (subcommands: random, convert, inspect, reference, dump, "
+            "compile; tfe-plan --help)"));
+  CHECK(!has(out, "A subcommand is required"));
+}
+
+TEST_CASE("tfe-plan random says the size it writes before it writes, and dump -o says what it wrote") {
+  TempDir tmp;
+  const std::string head = (tmp.path / "tiny.tfe").string();
+  const auto [rc, out] = run_command(fmt::format("{} random --preset tiny --seed 1 -o {}", TFE_PLAN_EXE, head));
+  CAPTURE(out);
+  REQUIRE(rc == 0);
+  const size_t writing = out.find(fmt::format("writing {}: ", head));
+  REQUIRE(writing != std::string::npos);
+  CHECK(writing < out.find("wrote "));
+  CHECK(has(out, " MB of random weights\n"));
+  // The size it announces is the file's, to the 0.1 MB it is rounded to (the header adds a few kB).
+  const size_t mb = out.find(" tensors, ", writing) + std::string(" tensors, ").size();
+  CHECK(std::abs(std::stod(out.substr(mb)) * 1e6 - static_cast<double>(fs::file_size(head))) < 1e5);
+
+  const std::string plan = (tmp.path / "plan.yaml").string();
+  const auto [rc2, out2] =
+      run_command(fmt::format("{} dump {} --buckets 1,4 --max-steps 3 -o {}", TFE_PLAN_EXE, head, plan));
+  CAPTURE(out2);
+  CHECK(rc2 == 0);
+  CHECK(out2 == fmt::format("wrote {}: the plan of tiny (buckets 1,4, max_steps 3, max_slots 64)\n", plan));
+  CHECK(fs::file_size(plan) > 0);
 }

@@ -20,6 +20,7 @@
 #include <tfe/head_file.h>
 #include "core/numeric.h"
 #include "eagle3_checkpoint.h"
+#include "test_util.h"
 
 using namespace tfe;
 namespace fs = std::filesystem;
@@ -552,9 +553,14 @@ TEST_CASE("tfe-plan convert writes a head that opens and verifies, and a bad che
   write_ckpt(s.dir / "head", random_ckpt(DType::BF16, false), 2);
   write_target(s.dir / "target", DType::BF16);
   const auto out = s.dir / "head.tfe";
-  REQUIRE(std::system(fmt::format("{} convert {} --target {} --window 64 --fp8 -o {} >/dev/null", TFE_PLAN_EXE,
-                                  (s.dir / "head").string(), (s.dir / "target").string(), out.string())
-                          .c_str()) == 0);
+  const auto [rc, text] =
+      test::run_command(fmt::format("{} convert {} --target {} --window 64 --fp8 -o {}", TFE_PLAN_EXE,
+                                    (s.dir / "head").string(), (s.dir / "target").string(), out.string()));
+  CAPTURE(text);
+  REQUIRE(rc == 0);
+  // The taps as the .tfe names them, beside where they came from: config.json lists 1, 3, 5.
+  CHECK(text.find("taps 2, 4, final: the residual stream entering those target layers, from config.json's "
+                  "eagle_config.eagle_aux_hidden_state_layer_ids + 1") != std::string::npos);
   const auto f = HeadFile::open(out.string(), {.verify_sha256 = true});
   CHECK(f.header().window == 64);
   CHECK(f.header().fp8.size() == 9);
@@ -579,6 +585,10 @@ TEST_CASE("convert: vLLM's top-level tap key is read as is, and disagreeing or o
   c.config["eagle_aux_hidden_state_layer_ids"] = {1, 3};
   write_ckpt(s.dir / "vllm", c);
   CHECK(eagle3_header(options(s.dir / "vllm")).taps == std::vector<Tap>{{1, false}, {3, false}});
+  CHECK(eagle3_taps_source(options(s.dir / "vllm")).find("eagle_aux_hidden_state_layer_ids, which names them so") !=
+        std::string::npos);
+  CHECK(eagle3_taps_source(options(s.dir / "both")).find("eagle_aux_hidden_state_layer_ids, which names them so") !=
+        std::string::npos);
   // Two taps: fc must then be [H, 2 * Ht]; this checkpoint's fc is for three.
   CHECK(
       error_of(options(s.dir / "vllm")).find("tensor `fc.weight` has shape [64, 192]; config.json implies [64, 128]") !=

@@ -1,7 +1,10 @@
 // tfe-plan convert: an EAGLE-3 head checkpoint (Hugging Face directory, safetensors) to a .tfe head.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "tools/commands.h"
 #include "head/convert.h"
@@ -40,6 +43,10 @@ void add_convert(CLI::App& app) {
     const auto& h = writer.header();
     fmt::print("wrote {}: {} (hidden {}, {} heads / {} kv, ffn {}, vocab {} / draft {}, window {}), {} FP8 forms\n",
                args->out, h.name, h.hidden, h.heads, h.kv_heads, h.ffn, h.vocab, h.draft_vocab, h.window, h.fp8.size());
+    std::vector<std::string> taps;
+    for (const Tap& t : h.taps) taps.push_back(t.layer < 0 ? std::string("final") : std::to_string(t.layer));
+    fmt::print("taps {}: the residual stream entering those target layers, from {}\n", fmt::join(taps, ", "),
+               eagle3_taps_source(args->opt));
   });
 }
 

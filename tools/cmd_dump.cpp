@@ -3,6 +3,9 @@
 #include <cstdio>
 #include <memory>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "tools/commands.h"
 #include "tools/plan_options.h"
 #include "core/error.h"
@@ -18,11 +21,14 @@ void add_dump(CLI::App& app) {
   add_plan_options(cmd, args);
   cmd->add_option("-o,--output", *out, "write the plan here (default: stdout)");
   cmd->callback([args, out] {
-    const std::string text = dump_plan_yaml(plan_from_args(*args));
+    const Plan plan = plan_from_args(*args);
+    const std::string text = dump_plan_yaml(plan);
     if (out->empty() || *out == "-") {
       std::fwrite(text.data(), 1, text.size(), stdout);
     } else {
       files::write_atomic(*out, text, "plan");
+      fmt::print("wrote {}: the plan of {} (buckets {}, max_steps {}, max_slots {})\n", *out, plan.header.name,
+                 fmt::join(plan.options.buckets, ","), plan.options.max_steps, plan.options.max_slots);
     }
   });
 }

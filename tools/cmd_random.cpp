@@ -1,12 +1,14 @@
 // tfe-plan random: a head of random weights for a preset or a YAML header, for tests and benchmarks.
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <sstream>
 
 #include "tools/commands.h"
 #include "core/error.h"
+#include "head/fp8.h"
 #include "head/header_yaml.h"
 #include "head/presets.h"
 #include "head/random_head.h"
@@ -37,6 +39,20 @@ HeadHeader read_config(const std::string& path) {
 
 void run(const RandomArgs& a) {
   const HeadHeader h = a.config.empty() ? preset_header(a.preset) : read_config(a.config);
+  // Said before the work: an 8B-shaped head is about 2 GB, drawn and written in seconds to minutes.
+  HeadHeader with_forms = h;
+  if (a.fp8) mark_fp8_forms(with_forms);
+  const std::vector<TensorSpec> specs = expected_tensors(with_forms);
+  int64_t bytes = 0;
+  for (const TensorSpec& t : specs) {
+    int64_t n = dtype_size(t.dtype);
+    for (int64_t d : t.shape) n *= d;
+    bytes += n;
+  }
+  const double b = static_cast<double>(bytes);
+  fmt::print("writing {}: {} tensors, {} of random weights\n", a.out, specs.size(),
+             b < 1e9 ? fmt::format("{:.1f} MB", b / 1e6) : fmt::format("{:.2f} GB", b / 1e9));
+  std::fflush(stdout);
   const auto writer = random_head(h, a.seed, a.fp8);
   writer.write(a.out);
   const auto& w = writer.header();

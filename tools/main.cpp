@@ -1,8 +1,12 @@
 // tfe-plan: head files, plans and compiled artifacts, all without a GPU.
+#include <algorithm>
 #include <cstdio>
 #include <new>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "compiler/nvrtc.h"
 #include "core/error.h"
@@ -23,6 +27,17 @@ int main(int argc, char** argv) {
   tfe::cli::add_reference(app);
   tfe::cli::add_dump(app);
   tfe::cli::add_compile(app);
+  // CLI11 answers a first word that names no subcommand with "A subcommand is required"; the word is named
+  // here instead, with the subcommands there are.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      std::fprintf(stderr, "tfe-plan: unknown subcommand `%s` (subcommands: %s; tfe-plan --help)\n", argv[1],
+                   fmt::format("{}", fmt::join(names, ", ")).c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

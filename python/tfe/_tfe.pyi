@@ -127,9 +127,12 @@ class Reference:
         cand_k: int = 0,
     ) -> None: ...
     @overload
-    def extend(self, slot: int, first_pos: int, taps: _ArrayLike, tokens: _ArrayLike) -> None: ...
+    def extend(self, slot: int, first_pos: int, taps: _ArrayLike, tokens: _ArrayLike) -> None:
+        """Absorbs real rows: taps [rows, taps * target_hidden] bfloat16 (numpy: uint16 bits), tokens [rows]
+        int32. first_pos: the slot's next position (an empty slot starts anywhere). Drafted rows are not kept."""
     @overload
-    def extend(self, requests: Sequence[_ExtendTuple]) -> None: ...
+    def extend(self, requests: Sequence[_ExtendTuple]) -> None:
+        """Several slots at once: a (slot, first_pos, taps, tokens) tuple each."""
     def extend_batch(
         self,
         slots: Sequence[int] | _ArrayLike,
@@ -142,8 +145,11 @@ class Reference:
     ) -> None:
         """Request i: slots[i] at first_pos[i], counts[i] rows of taps/tokens from row starts[i] (default: right
         after the previous request's rows)."""
-    def draft(self, slots: Sequence[int] | _ArrayLike, steps: int) -> DraftResult: ...
-    def reset(self, slot: int) -> None: ...
+    def draft(self, slots: Sequence[int] | _ArrayLike, steps: int) -> DraftResult:
+        """`steps` tokens (1..max_steps) after each slot's last row: (tokens, confidences), numpy [slots, steps]
+        int32 and float32. The slots keep their rows: the next extend continues them."""
+    def reset(self, slot: int) -> None:
+        """Empties the slot: its next extend starts a new sequence."""
     @property
     def header(self) -> dict[str, Any]: ...
     @property
@@ -194,8 +200,12 @@ class Runtime:
         tap_dump: _PathLike = "",
         tap_dump_max_rows: int = 65536,
         self_check: bool = False,
+        max_slots: int = ...,
+        max_steps: int = ...,
         **options: object,
-    ) -> None: ...
+    ) -> None:
+        """max_slots, max_steps and the other plan options (plan_option_names()) not given come from the
+        artifact, else the defaults (PlanOptions)."""
     @overload
     def extend(
         self, slot: int, first_pos: int, taps: _ArrayLike, tokens: _ArrayLike, *, stream: _StreamLike = None
@@ -218,7 +228,8 @@ class Runtime:
         """Several slots from one pair of arrays (host, or the runtime's device; device taps' rows may be any
         stride apart): request i is slots[i] at first_pos[i], counts[i] rows from row starts[i] (default: right
         after the previous request's rows). Two array imports a call, not two a slot."""
-    def draft(self, slots: Sequence[int] | _ArrayLike, steps: int) -> DraftResult: ...
+    def draft(self, slots: Sequence[int] | _ArrayLike, steps: int) -> DraftResult:
+        """One graph replay: `steps` tokens after each slot's last row, (tokens, confidences) numpy [slots, steps]."""
     def draft_async(
         self,
         slots: Sequence[int] | _ArrayLike,
@@ -234,7 +245,8 @@ class Runtime:
     @property
     def draft_slots(self) -> _ArrayLike:
         """The runtime's own device slot-id buffer [largest bucket] int32."""
-    def reset(self, slot: int, *, stream: _StreamLike = None) -> None: ...
+    def reset(self, slot: int, *, stream: _StreamLike = None) -> None:
+        """Empties the slot: its next extend starts a new sequence."""
     def device_outputs(self) -> DraftResult:
         """The last draft's outputs on the device as DLPack arrays (not numpy), valid until the next draft."""
     def synchronize(self) -> None: ...

@@ -112,6 +112,20 @@ def test_stub_lists_exactly_the_module():
     assert declared == public
 
 
+def test_the_calls_of_a_slot_are_typed_and_documented():
+    """help() on the extend / draft / reset calls shows typed arguments (not nanobind's `object | None` for
+    an untyped handle) and what the call does; Runtime shows max_slots and max_steps by name."""
+    for cls in (tfe.Reference, tfe.Runtime):
+        for name in ("extend", "extend_batch", "draft", "reset"):
+            doc = getattr(cls, name).__doc__
+            signature, _, text = doc.partition("\n")
+            assert "object | None" not in signature, (cls, name, signature)
+            assert text.strip(), (cls, name, "no docstring")
+        assert "steps: int" in cls.draft.__doc__ and "slot: int" in cls.reset.__doc__
+    init = tfe.Runtime.__init__.__doc__
+    assert "max_slots: int" in init and "max_steps: int" in init
+
+
 def test_tfe_plan_entry_point():
     assert "random" in tfe_plan("--help")
 

@@ -17,7 +17,7 @@ def target():
 
 @pytest.fixture(scope="session")
 def smoke(target, tmp_path_factory):
-    """(checkpoint dir, .tfe head) from a smoke training run (about a minute on a CPU)."""
+    """(checkpoint dir, .tfe head) from a smoke training run (a few minutes on a CPU)."""
     import tfe
     from tfe.train_head import Settings, train
 

