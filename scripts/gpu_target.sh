@@ -161,7 +161,7 @@ exact() {
   ready
   local t0=$SECONDS rc=0
   python3 -m tfe.exactness --head "$state/head.tfe" --artifact "$state/deploy" --drafter runtime \
-    --dtype float32 --dtype bfloat16 --max-new-tokens 128 --samples 4000 -o "$out/exactness.json" 2>&1 |
+    --dtype float32 --dtype bfloat16 --max-new-tokens 128 --samples 2000 -o "$out/exactness.json" 2>&1 |
     grep --line-buffered -v "it/s\]" | tee "$out/exactness.log" || rc=1
   echo "== exactness in $((SECONDS - t0)) s: $(tail -1 "$out/exactness.log")"
   return $rc

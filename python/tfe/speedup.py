@@ -45,11 +45,11 @@ from .speculative import TorchDrafter, hf_generate, make_drafter
 from .target import Target, load_target
 
 ALONE = "captured, drafts off"
-ALONE_INDUCTOR = "captured + inductor, drafts off"
+ALONE_EAGER = "captured, eager layers, drafts off"
 GENERATE = "generate, static+compile"
 LOOKUP = "prompt lookup"
 TFE = "tfe"
-TFE_INDUCTOR = "tfe + inductor"
+TFE_EAGER = "tfe, eager layers"
 PORT = "PyTorch port"
 PIECES = ("draft", "verify", "accept", "extend", "host")
 
@@ -125,8 +125,8 @@ def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int]
         except Exception as e:
             entry["alone"][ALONE] = _error(e)
         _print_alone(n, ALONE, entry["alone"][ALONE])
-        inductor = CapturedDecoder(target, compile_layers=True)
-        alone(ALONE_INDUCTOR, lambda: inductor.generate(prompts, new))
+        eager_layers = CapturedDecoder(target, compile_layers=False)
+        alone(ALONE_EAGER, lambda: eager_layers.generate(prompts, new))
         alone(GENERATE, lambda: hf_batch_generate(target, prompts, new, cache_implementation="static"))
         alone(LOOKUP, lambda: hf_batch_generate(target, prompts, new, prompt_lookup_num_tokens=10))
 
@@ -149,7 +149,7 @@ def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int]
         ok = {s: r for s, r in entry[TFE].items() if "tokens_per_second" in r}
         if ok:
             best = int(max(ok, key=lambda s: ok[s]["tokens_per_second"]))
-            tfe_row(TFE_INDUCTOR, best, drafters[TFE], compile_layers=True)
+            tfe_row(TFE_EAGER, best, drafters[TFE], compile_layers=False)
             if PORT in drafters:
                 tfe_row(PORT, best, drafters[PORT])
 
@@ -304,7 +304,7 @@ def print_table(report: dict) -> None:
         for name, row in e["alone"].items():
             what = row["error"][:70] if "error" in row else f"{row['tokens_per_second']:9.1f}"
             print(f"{n:>4}  {'alone: ' + name:<34} {what}")
-        for name in (TFE, TFE_INDUCTOR, PORT):
+        for name in (TFE, TFE_EAGER, PORT):
             if name not in e:
                 continue
             best = _best(e[name])
@@ -341,7 +341,7 @@ def plot(report: dict, path: pathlib.Path) -> None:
         xs = sorted(ok)
         line = ax.plot(xs, [ok[x]["tokens_per_second"] for x in xs], "o-", label=f"{n} seq, tfe")
         color = line[0].get_color()
-        for name, marker in ((TFE_INDUCTOR, "^"), (PORT, "s")):
+        for name, marker in ((TFE_EAGER, "^"), (PORT, "s")):
             for s, r in e.get(name, {}).items():
                 if "tokens_per_second" in r:
                     ax.plot([int(s)], [r["tokens_per_second"]], marker, color=color, label=f"{n} seq, {name}")
