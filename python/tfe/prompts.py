@@ -19,6 +19,7 @@ generators' evaluation halves. docs/target.md ("Training data") lists the same.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import json
@@ -380,15 +381,20 @@ def self_instruct_requests(count: int, seed: int = 0) -> list[Prompt]:
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _chitchat(module) -> dict:
+    return module.Dataset()  # 40 MB of JSON: read once for both splits
+
+
 def chitchat_prompts(count: int, seed: int = 0, split: str = "train") -> tuple[list[Prompt], str | None]:
     """Human open-domain conversations (the package chitchat-dataset): per conversation of the split, its first
-    1 to 3 turns, the last one the user's. Returns (prompts, None), or ([], why) where the package is missing."""
+    1, 3 or 5 turns, the last one the user's and more than a greeting. Returns (prompts, None), or ([], why) where the package is missing."""
     _check(None, split)
     try:
         import chitchat_dataset
     except ImportError:
         return [], "chitchat-dataset is not installed (pip install chitchat-dataset)"
-    data = chitchat_dataset.Dataset()
+    data = _chitchat(chitchat_dataset)
     rng = random.Random(f"chitchat:{split}:{seed}")
     keys = sorted(k for k in data if held_out(k) == (split == "eval"))
     rng.shuffle(keys)
@@ -398,9 +404,11 @@ def chitchat_prompts(count: int, seed: int = 0, split: str = "train") -> tuple[l
         turns = [t for t in turns if t]
         if not turns:
             continue
-        n = min(len(turns), rng.choice((1, 1, 2, 3)))
+        n = min(len(turns), rng.choice((1, 3, 3, 5)))
         if n % 2 == 0:  # the last turn is the user's
             n -= 1
+        if len(turns[n - 1]) < 12:  # "hi": a greeting says little about a conversation
+            continue
         history = tuple(("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(turns[: n - 1]))
         out.append(Prompt("chat", turns[n - 1], history))
         if len(out) == count:
@@ -422,7 +430,7 @@ _DOCSTRINGS: dict[str, list[str]] = {}
 _MODULE_DOCSTRING = re.compile(r'(?:[ \t]*(?:#[^\n]*)?\n)*[ \t]*[rRuU]?("""|\'\'\')(.*?)\1', re.DOTALL)
 
 
-def stdlib_docstrings(split: str, chars: int = 1500) -> list[str]:
+def stdlib_docstrings(split: str, chars: int = 1200) -> list[str]:
     """Module docstrings of at least 300 characters from the split's standard-library files, cut to `chars`
     at a paragraph or line break."""
     if split not in _DOCSTRINGS:

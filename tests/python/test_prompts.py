@@ -42,3 +42,15 @@ def test_unknown_class_or_split_is_refused():
         prompts.evaluation_prompts("poetry")
     with pytest.raises(ValueError, match="split 'test'"):
         prompts.generate("code", 3, 0, split="test")
+
+
+def test_conversations_split_by_conversation():
+    train, why = prompts.chitchat_prompts(300, split="train")
+    if why:
+        pytest.skip(why)
+    held, _ = prompts.chitchat_prompts(300, split="eval")
+    assert len(train) == 300 and len(held) == 300
+    assert all(p.cls == "chat" and len(p.history) % 2 == 0 and len(p.text) >= 12 for p in train + held)
+    # Conversations, not just turns, are apart: no held-out turn appears in a training prompt.
+    seen = {p.text for p in train} | {t for p in train for _, t in p.history}
+    assert not {p.text for p in held if len(p.text) > 40} & seen
