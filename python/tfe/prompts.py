@@ -371,13 +371,15 @@ def self_instruct_requests(count: int, seed: int = 0) -> list[Prompt]:
     """Instructions that make the target write a user's request itself (self-instruct): a task type and a
     training subject each. The class is the kind of request asked for; the target's answer becomes a prompt."""
     rng = random.Random(f"self-instruct:{seed}")
-    kinds = list(TASK_TYPES)
     subjects = _TOPICS.train + _CONCEPTS.train + [t for t, _ in _TASKS.train]
+    pairs = [(cls, subject) for cls in TASK_TYPES for subject in subjects]
+    rng.shuffle(pairs)
+    # Past every pair once, pairs come again: the target's sampled requests still differ.
     out = []
     for i in range(count):
-        cls = kinds[i % len(kinds)]
+        cls, subject = pairs[i % len(pairs)]
         out.append(Prompt(cls, f"Write {TASK_TYPES[cls]}, that a user might send to an AI assistant, about "
-                               f"{rng.choice(subjects)}. Write only the user's message, not the answer."))
+                               f"{subject}. Write only the user's message, not the answer."))
     return out
 
 
