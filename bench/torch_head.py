@@ -26,6 +26,10 @@ applied (x @ q.to(bf16).T * scale). torch._scaled_mm needs both operands in FP8,
 bf16 activations.
 
 Every part fails on its own: its error is printed and recorded in the JSON, and the rest still runs.
+
+It imports nothing of tfe, unlike the loop's and the trainer's head (tfe.torch_head): it runs the .tfe
+layout, two-stage vocabulary heads and FP8 linears included, which an EAGLE-3 checkpoint has no form for,
+with the spec's bf16 roundings, and it must run where only torch is installed.
 """
 import argparse
 import json

