@@ -104,7 +104,14 @@ class StaticTarget:
         self._columns = torch.arange(columns, device=dev)
         # Inductor fuses each layer's element-wise work (norms, RoPE, the SiLU gate) into a few kernels; one
         # compiled function serves all layers, whose shapes are equal.
-        self._layer = torch.compile(self._layer_eager, dynamic=False) if compile_layers else self._layer_eager
+        self._layer = self._layer_eager
+        if compile_layers:
+            # Dynamo keeps one compiled layer per (batch, rows, columns); past its recompile limit (8) it would
+            # fall back to the eager ops without a word, and a process that runs every bucket and S needs more.
+            config = torch._dynamo.config
+            name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+            setattr(config, name, max(getattr(config, name), 256))
+            self._layer = torch.compile(self._layer_eager, dynamic=False)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
