@@ -71,7 +71,7 @@ def accept_sampled_fixed(
 class _Shape:
     """What one (B, S, columns) needs: the static target, fixed buffers, and the graphs of its round."""
 
-    def __init__(self, target: Target, B: int, S: int, columns: int, compile_layers: bool):
+    def __init__(self, target: Target, B: int, S: int, columns: int, compile_layers: bool, rivals: bool):
         dev = target.device
         self.B, self.S, self.q = B, S, S + 1
         self.static = StaticTarget(target, B, columns, compile_layers=compile_layers)
@@ -87,7 +87,8 @@ class _Shape:
         self.taps = torch.zeros(B, self.q, width, dtype=torch.bfloat16, device=dev)  # the head's dtype
         self.emitted = torch.zeros(B, self.q, dtype=torch.int32, device=dev)
         # kept, then emitted (q), then rivals' ids and gaps (q * RIVALS each); float64 holds each exactly.
-        self.report_width = 1 + self.q + 2 * self.q * RIVALS
+        self.rivals = rivals
+        self.report_width = 1 + self.q + (2 * self.q * RIVALS if rivals else 0)
         self.report = torch.zeros(B, self.report_width, dtype=torch.float64, device=dev)
         pin = dev.type == "cuda"
         self.report_host = torch.zeros(B, self.report_width, dtype=torch.float64, pin_memory=pin)
@@ -102,7 +103,9 @@ class CapturedDecoder:
     `compile_layers`: the target's decoder layer through torch.compile (inductor's fused kernels) inside the
     captured graphs; compiled once per shape, the first round of a shape pays for it. `timing`: CUDA events
     around every piece of every round, for Result.split (costs a few microseconds of host time a round).
-    `prefill_chunk`: the prompts go through the target and into the head in pieces of this many columns."""
+    `prefill_chunk`: the prompts go through the target and into the head in pieces of this many columns.
+    `rivals`: keep the target's next best tokens beside each emitted one (Result.rivals, which the exactness
+    checks read); a timed run leaves them out, as an engine would."""
 
     def __init__(
         self,
@@ -117,9 +120,11 @@ class CapturedDecoder:
         accept_log: Any = None,
         timing: bool = False,
         prefill_chunk: int | None = None,
+        rivals: bool = True,
     ):
         self.target = target
         self.prefill_chunk = prefill_chunk
+        self.rivals = rivals
         self.drafter = drafter
         self.steps = steps if drafter is not None else 0
         self.sampling = sampling or Sampling()
@@ -160,8 +165,11 @@ class CapturedDecoder:
         emitted = torch.cat([drafts, torch.zeros(sh.B, 1, dtype=drafts.dtype, device=drafts.device)], dim=1)
         emitted.scatter_(1, kept[:, None], nxt[:, None])
         sh.emitted.copy_(emitted)
-        ids, gaps = _rivals(sh.logits)
-        torch.cat([t.double() for t in (kept[:, None], emitted, ids.flatten(1), gaps.flatten(1))], dim=1, out=sh.report)
+        parts = [kept[:, None], emitted]
+        if sh.rivals:
+            ids, gaps = _rivals(sh.logits)
+            parts += [ids.flatten(1), gaps.flatten(1)]
+        torch.cat([t.double() for t in parts], dim=1, out=sh.report)
         step = (kept + 1) * active
         sh.pos.add_(step)
         sh.produced.add_(step)
@@ -225,7 +233,7 @@ class CapturedDecoder:
         sh = self._shape
         if sh is None or (sh.B, sh.S) != (B, self.steps) or sh.columns < columns:
             self._shape = None  # the old cache and graphs go first: they may be large
-            sh = self._shape = _Shape(self.target, B, self.steps, columns, self.compile_layers)
+            sh = self._shape = _Shape(self.target, B, self.steps, columns, self.compile_layers, self.rivals)
         return sh
 
     @torch.inference_mode()
@@ -291,7 +299,8 @@ class CapturedDecoder:
                 counts.append(k + 1)
                 pos_host[b] += k + 1
                 result.tokens[b] += [int(t) for t in row[1 : 2 + k]]
-                packed_rivals[b].append((row[1 + q :].tolist(), k + 1))
+                if sh.rivals:
+                    packed_rivals[b].append((row[1 + q :].tolist(), k + 1))
                 result.accepted_per_round.append(k)
                 result.accepted_by_sequence[b].append(k)
                 for j in range(S):
@@ -317,7 +326,7 @@ class CapturedDecoder:
         for b, rounds in enumerate(packed_rivals):
             for flat, n in rounds:
                 result.rivals[b] += _rivals_of_row(flat, q)[:n]
-        result.rivals = [r[:max_new_tokens] for r in result.rivals]
+        result.rivals = [r[:max_new_tokens] for r in result.rivals] if self.rivals else [[] for _ in prompts]
         return result
 
     def _sync(self) -> None:

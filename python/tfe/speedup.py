@@ -118,21 +118,21 @@ def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int]
             return _timed(lambda: decoder.generate(prompts, new))
 
         try:
-            decoder = CapturedDecoder(target)
+            decoder = CapturedDecoder(target, rivals=False)
             (result, secs) = loop(decoder)
             reference = result.tokens
             entry["alone"][ALONE] = {"seconds": secs, "tokens_per_second": n * new / secs}
         except Exception as e:
             entry["alone"][ALONE] = _error(e)
         _print_alone(n, ALONE, entry["alone"][ALONE])
-        eager_layers = CapturedDecoder(target, compile_layers=False)
+        eager_layers = CapturedDecoder(target, compile_layers=False, rivals=False)
         alone(ALONE_EAGER, lambda: eager_layers.generate(prompts, new))
         alone(GENERATE, lambda: hf_batch_generate(target, prompts, new, cache_implementation="static"))
         alone(LOOKUP, lambda: hf_batch_generate(target, prompts, new, prompt_lookup_num_tokens=10))
 
         def tfe_row(name: str, s: int, drafter, **options) -> None:
             try:
-                result, secs = loop(CapturedDecoder(target, drafter, steps=s, timing=True, **options))
+                result, secs = loop(CapturedDecoder(target, drafter, steps=s, timing=True, rivals=False, **options))
                 row = _row(result, secs, 0.0, reference)
                 by_class: dict[str, list[int]] = {}
                 for p, accepted in zip(chosen, result.accepted_by_sequence):

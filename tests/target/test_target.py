@@ -236,6 +236,8 @@ def test_captured_loop_keeps_the_targets_tokens(target, smoke, chats):
     assert sorted(sum(result.accepted_by_sequence, [])) == sorted(result.accepted_per_round)
     pieces = CapturedDecoder(target, drafter, steps=3, prefill_chunk=(len(chats[0]) + 1) // 2)
     assert pieces.generate([chats[0]], NEW).tokens == alone[:1]
+    lean = CapturedDecoder(target, drafter, steps=2, rivals=False).generate(chats[2:], NEW)
+    assert lean.tokens == alone[2:] and lean.rivals == [[], []]
 
 
 def test_trained_shards_restore_the_checkpoint_bit_for_bit(target, smoke, tmp_path):
