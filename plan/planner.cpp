@@ -258,7 +258,7 @@ class Planner {
     return m;
   }
 
-  // Whether matrix m is stored tiled (plan/weight_layout.h): where every node that reads it is a GEMV, each
+  // Whether matrix m is stored tiled (kernels/weight_layout.h): where every node that reads it is a GEMV, each
   // reading whole 16-row tiles, and its shape has whole tiles and K steps. The readers are known by name:
   // in bf16 the extend's fc and K/V GEMMs are cuBLASLt's (row-major): fc is read there alone, and a tiled
   // bf16 wqkv gets wkv, a row-major copy of its wk|wv rows, for the extend. target_head's rows are read one

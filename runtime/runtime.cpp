@@ -121,7 +121,7 @@ void Runtime::Impl::upload_weights(const HeadFile& file) {
   }
 }
 
-// A tiled matrix (plan/weight_layout.h) is reordered on the host, its parts (the file tensors concatenated
+// A tiled matrix (kernels/weight_layout.h) is reordered on the host, its parts (the file tensors concatenated
 // along rows) read in place, and uploaded in one copy.
 void Runtime::Impl::upload_tiled(const Buffer& b, const std::vector<const TensorView*>& parts, std::byte* dst) {
   const int64_t rows = b.shape[0], row_bytes = b.bytes / rows;
