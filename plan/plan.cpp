@@ -581,8 +581,11 @@ void validate(const Plan& p) {
           "plan: spec {}: HEAD_DIM = {} is not a multiple of 16, which gemv_rope_kv's tiles of rotate-half pairs "
           "need",
           s.uri(), s.constant("HEAD_DIM"));
-    if (s.kernel == "topk" && s.constant("CAND_K") > s.constant("VOCAB"))
-      fail("plan: spec {}: CAND_K = {} is above VOCAB = {}", s.uri(), s.constant("CAND_K"), s.constant("VOCAB"));
+    if (s.kernel == "topk") {
+      const auto topk = kernel_desc::TopkConstants::of(s);
+      if (topk.CAND_K > topk.VOCAB)
+        fail("plan: spec {}: CAND_K = {} is above VOCAB = {}", s.uri(), int64_t{topk.CAND_K}, int64_t{topk.VOCAB});
+    }
     const std::string uri = s.uri();
     if (i > 0 && !(p.specs[i - 1].uri() < uri))
       fail("plan: specs must be sorted by uri and unique; `{}` follows `{}`", uri, p.specs[i - 1].uri());
