@@ -327,3 +327,35 @@ TEST_CASE(
       },
       "bucket 16 node s2.store_outputs: store_outputs does not end step 2");
 }
+
+TEST_CASE("validate: the buffers the runtime reads and writes itself are refused by name when not as it uses them") {
+  const Plan good = make_plan(preset_header("tiny"), golden_options());
+  const auto buffer = [](Arena& a, std::string_view name) -> Buffer& {
+    const auto b = std::find_if(a.buffers.begin(), a.buffers.end(), [&](const Buffer& x) { return x.name == name; });
+    REQUIRE(b != a.buffers.end());
+    return *b;
+  };
+  // One more element of a host buffer: still what every kernel reaches, but not what the host reads.
+  const auto widen = [&](Plan& p, std::string_view name) {
+    Buffer& b = buffer(p.host, name);
+    b.shape = {2};
+    b.bytes = 2 * dtype_size(b.dtype);
+    p.host.bytes = std::max(p.host.bytes, b.offset + b.bytes);
+  };
+  check_refused(
+      good, "host_done of two words", [&](Plan& p) { widen(p, "host_done"); },
+      "plan: host buffer `host_done` holds 8 bytes; the pass's completion word is one int32");
+  check_refused(
+      good, "host_error of two records", [&](Plan& p) { widen(p, "host_error"); },
+      "plan: host buffer `host_error` holds 16 bytes; the error record is one int64");
+  // An extend chunk's tables upload as one copy from row_slot to taps.
+  check_refused(
+      good, "row_pos before row_slot",
+      [&](Plan& p) {
+        Buffer& slot = buffer(p.arena, "row_slot");
+        Buffer& pos = buffer(p.arena, "row_pos");
+        REQUIRE(slot.bytes == pos.bytes);
+        std::swap(slot.offset, pos.offset);
+      },
+      "plan: table `row_pos` is not between row_slot and taps");
+}
