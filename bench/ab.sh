@@ -17,7 +17,7 @@
 #   setting's call as a line over steps, its fixed term a call and its slope a step (a per-call change
 #   shows in the first, a per-step one in the second); AB_DRAFTS (default `equal`): `report` lists the
 #   settings whose drafts differ without failing the run, for settings that change the drafts on purpose
-#   (scripts/knockout.sh); a failed or missing run still fails it.
+#   (`--knock-out`); a failed or missing run still fails it.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 # shellcheck source=scripts/build_lib.sh

@@ -19,7 +19,7 @@
 // against the CTAs resident at once); --dependent launches every GEMV with programmatic dependent launch,
 // as the runtime launches a pass's nodes, so that a launch's ring prologue overlaps its predecessor's tail.
 //
-// --layout rows times the weights row-major instead of tiled (plan/weight_layout.h), as a plan with
+// --layout rows times the weights row-major instead of tiled (kernels/weight_layout.h), as a plan with
 // tuning tiled_weights = false stores them.
 //
 // --source NAME=FILE replaces an embedded kernel source (e.g. gemv.cuh) with a file's text, so that a
@@ -156,7 +156,7 @@ struct Bench {
   KernelCache cache;
   uint64_t seed = 1;
   bool dependent = false;  // programmatic dependent launch between consecutive GEMVs
-  bool tiled = true;       // weights in the tiled layout (plan/weight_layout.h), as the planner stores them
+  bool tiled = true;       // weights in the tiled layout (kernels/weight_layout.h), as the planner stores them
 
   // Fresh random weights of one (shape, kind), shared by its ROWS values. splitmix64 rather than a normal
   // distribution: the largest head's weights are 262 MB, and the check needs values, not a distribution.

@@ -20,14 +20,14 @@
 //                   the synchronize that makes it complete.
 //   drafts          (--drafts-out) for slots 0..B-1 after the prefix, max_steps steps: tfe's draft tokens and
 //                   confidences with the exact inputs (taps, tokens, positions), in the layout of
-//                   `tfe-plan reference` vectors, so that examples/torch_head.py replays them.
+//                   `tfe-plan reference` vectors, so that bench/torch_head.py replays them.
 //
 // Each part fails on its own: its error is printed and recorded in the JSON, and the parts that do not
 // depend on it still run. Exit status 1 when any part failed.
 //
 // --profile (for `ncu --profile-from-start off`): after the prefix, one warm draft step per --streams value
 // between cudaProfilerStart and cudaProfilerStop, and nothing else is timed: the profiler sees exactly the
-// kernels of one graph replay of (streams, 1 step). scripts/profile.sh drives it.
+// kernels of one graph replay of (streams, 1 step). bench/profile.sh drives it.
 //
 // --reference (no GPU): only the drafts file, from the same prefix through the CPU reference, to check a
 // port (torch_head.py) on a machine without a device.
@@ -370,7 +370,7 @@ std::span<const std::byte> bytes_of(const std::vector<T>& v) {
 }
 
 // The prefix inputs and the drafts of slots 0..B-1, in the layout of `tfe-plan reference` vectors (taps,
-// tokens, positions, slots, draft_tokens, confidences), which examples/torch_head.py replays.
+// tokens, positions, slots, draft_tokens, confidences), which bench/torch_head.py replays.
 void write_drafts(const std::string& path, const Prefix& prefix, const tfe::DraftResult& d,
                   std::map<std::string, std::string> metadata) {
   const int64_t B = prefix.slots, N = prefix.rows, S = d.steps;

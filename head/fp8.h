@@ -26,7 +26,7 @@ struct Fp8Linear {
   std::vector<float> scale;
 };
 
-// float_to_fp8_e4m3 (plan/numeric.h) computed on the fp32 bits: the same byte for every input (the tests
+// float_to_fp8_e4m3 (core/numeric.h) computed on the fp32 bits: the same byte for every input (the tests
 // sweep every rounding case of every binade), several times faster. quantize_fp8 runs it per weight.
 uint8_t float_to_fp8_e4m3_fast(float f);
 

@@ -1,6 +1,6 @@
 // The fields of a head header in their written order, walked once for every form that reads or writes
-// them: the JSON of a .tfe file (plan/header_json.cpp) and the YAML of a plan or a `random --config`
-// (plan/header_yaml.cpp). Each form supplies a visitor with one method per kind of field; a writer takes
+// them: the JSON of a .tfe file (head/header_json.cpp) and the YAML of a plan or a `random --config`
+// (head/header_yaml.cpp). Each form supplies a visitor with one method per kind of field; a writer takes
 // `const HeadHeader&` and values, a reader `HeadHeader&` and references. format_version is not walked:
 // the JSON form keeps it in its own metadata key and the YAML form reads it first.
 //

@@ -35,7 +35,7 @@ double readable(std::string_view field, float f) {
   return std::stod(fmt::format("{}", f));
 }
 
-// Writes the fields (plan/header_fields.h) into a JSON object, floats in their shortest form.
+// Writes the fields (head/header_fields.h) into a JSON object, floats in their shortest form.
 struct JsonWriter {
   ordered_json& j;
   std::string where;  // "" or "rope", for messages
@@ -159,7 +159,7 @@ constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
-// Reads the fields (plan/header_fields.h) from a JSON object through a FieldReader.
+// Reads the fields (head/header_fields.h) from a JSON object through a FieldReader.
 struct JsonReader {
   FieldReader& f;
 

@@ -18,7 +18,7 @@ YAML::Node flow_map() {
   return n;
 }
 
-// Writes the fields (plan/header_fields.h) into a YAML map, floats in their shortest form.
+// Writes the fields (head/header_fields.h) into a YAML map, floats in their shortest form.
 struct YamlWriter {
   YAML::Node& n;
 
@@ -56,7 +56,7 @@ struct YamlWriter {
   }
 };
 
-// Reads the fields (plan/header_fields.h) from a YAML map; every key required, none unknown.
+// Reads the fields (head/header_fields.h) from a YAML map; every key required, none unknown.
 struct YamlReader {
   yaml::Map& m;
 

@@ -4,6 +4,9 @@
 
 namespace tfe::kernel_desc {
 
+// copy_rows's specialization constants, in its config's order.
+TFE_KERNEL_CONSTANTS(CopyRowsConstants, "copy_rows", WIDTH, THREADS);
+
 // dst[dst_index ? dst_index[r] : r] = src[src_index ? src_index[r] : r], WIDTH bf16 per row. One CTA of
 // THREADS per row.
 inline KernelDef copy_rows() {
@@ -21,7 +24,7 @@ inline KernelDef copy_rows() {
       .name = "copy_rows",
       .source = "copy_rows.cuh",
       .function = "tfe::kernels::copy_rows",
-      .constants = {"WIDTH", "THREADS"},
+      .constants = CopyRowsConstants::names(),
       .params = {in("src", DType::BF16, rows("src_index")), in("src_index", DType::I32, index("src_index")),
                  out("dst", DType::BF16, rows("dst_index")), in("dst_index", DType::I32, index("dst_index")),
                  i64("rows")},

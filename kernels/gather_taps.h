@@ -4,6 +4,9 @@
 
 namespace tfe::kernel_desc {
 
+// gather_taps's specialization constants, in its config's order.
+TFE_KERNEL_CONSTANTS(GatherTapsConstants, "gather_taps", WIDTH, THREADS);
+
 // An extend chunk of device rows: taps[r] = WIDTH bf16 at address row_taps_src[r], row_tok[r] = the int32
 // at row_tok_src[r] (a token outside 0..vocab-1 becomes 0 and is recorded in `error`). One CTA of THREADS
 // per row. The source addresses are the caller's device memory, checked by the runtime, not the plan.
@@ -14,7 +17,7 @@ inline KernelDef gather_taps() {
       .name = "gather_taps",
       .source = "gather_taps.cuh",
       .function = "tfe::kernels::gather_taps",
-      .constants = {"WIDTH", "THREADS"},
+      .constants = GatherTapsConstants::names(),
       .params = {in("row_taps_src", DType::I64, addresses), in("row_tok_src", DType::I64, addresses),
                  out("taps", DType::BF16,
                      [](const KernelSpec& s, const Reach& r) {

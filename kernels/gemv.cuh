@@ -132,7 +132,7 @@ __device__ __forceinline__ uint4 load_chunk(const unsigned char* row, long long 
 }
 
 // Where the 16 bytes at byte `at` of weight row r lie, as a row part plus an `at` part (the planner's
-// weight layouts, plan/weight_layout.h, which tiles the matrices at upload). Row-major: r * ROW_BYTES + at.
+// weight layouts, kernels/weight_layout.h, which tiles the matrices at upload). Row-major: r * ROW_BYTES + at.
 // Tiled (TILED = 1): each 16-row tile holds its rows interleaved one 64-byte K step at a time, so that a
 // warp's 16-byte chunks of one step (lane g * 4 + t: row g or g + 8, bytes 16 t of the step) are 512
 // consecutive bytes and a tile's steps follow one another: a step is a 1 KB block, rows r % 16 < 8 in its
@@ -615,7 +615,7 @@ __device__ __forceinline__ void gemv_run(const void* w_ptr, const float* scale, 
       // which it has read), and rank 0's writer adds ranks 1.. in order. Every thread of the cluster
       // reaches both barriers; the second keeps each CTA's shared memory until rank 0 has read it. (The
       // store loop repeats the warp join's: one helper lambda for both changed nvcc's code for every gemv
-      // shape, ring loops too, in scripts/sass_diff.sh.)
+      // shape, ring loops too.)
       float* mine = part[0];
       if (writer)
 #pragma unroll

@@ -109,27 +109,44 @@ TFE_HOST_DEVICE constexpr long long gemv_rope_kv_columns(long long HEADS, long l
 
 namespace tfe {
 
+namespace kernel_desc {
+
+// The specialization constants of gemv, gemv_cluster and gemv_rope_kv, in their configs' order.
+TFE_KERNEL_CONSTANTS(GemvConstants, "gemv", ROWS, K, N, WEIGHT, EPILOGUE, COLS, TILED);
+TFE_KERNEL_CONSTANTS(GemvClusterConstants, "gemv_cluster", ROWS, K, N, WEIGHT, EPILOGUE, COLS, TILED, CSPLIT);
+TFE_KERNEL_CONSTANTS(GemvRopeKvConstants, "gemv_rope_kv", ROWS, K, WEIGHT, COLS, HEADS, KV_HEADS, HEAD_DIM, RING,
+                     TILED);
+
+}  // namespace kernel_desc
+
 // A gemv, gemv_cluster or gemv_rope_kv spec as the gemv spec of its GEMV (gemv_cluster: without CSPLIT;
 // gemv_rope_kv: N = (HEADS + 2 KV_HEADS) x HEAD_DIM, EPILOGUE bf16): its block, tiles and columns are that
 // spec's (gemv_cluster's grid.x is CSPLIT times its).
 inline KernelSpec gemv_equivalent(const KernelSpec& spec) {
+  using namespace kernel_desc;
   if (spec.kernel == "gemv") return spec;
   if (spec.kernel == "gemv_cluster") {
-    auto constants = spec.constants;
-    constants.pop_back();  // CSPLIT, the last
-    return make_spec("gemv", std::move(constants));
+    const auto c = GemvClusterConstants::of(spec);
+    return GemvConstants{.ROWS = c.ROWS,
+                         .K = c.K,
+                         .N = c.N,
+                         .WEIGHT = c.WEIGHT,
+                         .EPILOGUE = c.EPILOGUE,
+                         .COLS = c.COLS,
+                         .TILED = c.TILED}
+        .spec();
   }
   if (spec.kernel != "gemv_rope_kv") fail("gemv_equivalent: {} is not a gemv", spec.uri());
+  const auto c = GemvRopeKvConstants::of(spec);
   // Constants are at most 2^24 (validate), so N stays exact.
-  const int64_t n =
-      kernels::gemv_rope_kv_columns(spec.constant("HEADS"), spec.constant("KV_HEADS"), spec.constant("HEAD_DIM"));
-  return make_spec("gemv", {{"ROWS", spec.constant("ROWS")},
-                            {"K", spec.constant("K")},
-                            {"N", n},
-                            {"WEIGHT", spec.constant("WEIGHT")},
-                            {"EPILOGUE", kc::kEpilogueBF16},
-                            {"COLS", spec.constant("COLS")},
-                            {"TILED", spec.constant("TILED")}});
+  return GemvConstants{.ROWS = c.ROWS,
+                       .K = c.K,
+                       .N = kernels::gemv_rope_kv_columns(c.HEADS, c.KV_HEADS, c.HEAD_DIM),
+                       .WEIGHT = c.WEIGHT,
+                       .EPILOGUE = kc::kEpilogueBF16,
+                       .COLS = c.COLS,
+                       .TILED = c.TILED}
+      .spec();
 }
 
 // The split of a gemv spec (of another gemv kernel: of its gemv_equivalent).
@@ -191,7 +208,7 @@ inline KernelDef gemv() {
       .name = "gemv",
       .source = "gemv.cuh",
       .function = "tfe::kernels::gemv",
-      .constants = {"ROWS", "K", "N", "WEIGHT", "EPILOGUE", "COLS", "TILED"},
+      .constants = GemvConstants::names(),
       .params = {weights(in(
                      "w", [=](const KernelSpec& s) { return fp8(s) ? DType::F8_E4M3 : DType::BF16; },
                      [=](const KernelSpec& s, const Reach&) {
@@ -239,7 +256,7 @@ inline KernelDef gemv_cluster() {
   KernelDef d = gemv();
   d.name = "gemv_cluster";
   d.function = "tfe::kernels::gemv_cluster";
-  d.constants.push_back("CSPLIT");  // last: gemv_equivalent drops it
+  d.constants = GemvClusterConstants::names();
   for (auto& p : d.params) p = as_gemv_param(p);
   return d;
 }
@@ -266,7 +283,7 @@ inline KernelDef gemv_rope_kv() {
       .name = "gemv_rope_kv",
       .source = "gemv.cuh",
       .function = "tfe::kernels::gemv_rope_kv",
-      .constants = {"ROWS", "K", "WEIGHT", "COLS", "HEADS", "KV_HEADS", "HEAD_DIM", "RING", "TILED"},
+      .constants = GemvRopeKvConstants::names(),
       .params = {gemv_param("w"), gemv_param("scale"), gemv_param("x"), weights(in("inv_freq", DType::F32, inv_freq)),
                  in("slot", DType::I32, rows_i32), in("pos", DType::I32, rows_i32), i64("pos_offset"),
                  out("q_out", DType::BF16,

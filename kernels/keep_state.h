@@ -4,6 +4,9 @@
 
 namespace tfe::kernel_desc {
 
+// keep_state's specialization constants, in its config's order.
+TFE_KERNEL_CONSTANTS(KeepStateConstants, "keep_state");
+
 // slot_state[last_slot[i]] = {row_pos[r], last_first[i], row_tok[r], 1} with r = last_row[i], for each slot
 // an extend chunk touched. A thread a slot, in CTAs of kKeepStateThreads.
 inline KernelDef keep_state() {
@@ -13,7 +16,7 @@ inline KernelDef keep_state() {
       .name = "keep_state",
       .source = "keep_state.cuh",
       .function = "tfe::kernels::keep_state",
-      .constants = {},
+      .constants = KeepStateConstants::names(),
       .params = {in("last_row", DType::I32, table), in("last_slot", DType::I32, table),
                  in("last_first", DType::I32, table), in("row_pos", DType::I32, by_row),
                  in("row_tok", DType::I32, by_row),

@@ -8,11 +8,13 @@
 // Every kernel takes one parameter: a struct of 8-byte slots in the order listed (pointers, int64, or an
 // f32 in the low half of its slot). The planner binds each slot by name; the runtime packs them.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -186,6 +188,52 @@ inline KernelParam state(KernelParam p) { return bound_to(BufferRole::state, std
 inline KernelParam output(KernelParam p) { return bound_to(BufferRole::output, std::move(p)); }
 inline KernelParam host(KernelParam p) { return bound_to(BufferRole::host, std::move(p)); }
 
+// One specialization constant of a kernel's constants struct (TFE_KERNEL_CONSTANTS): unset until given.
+class Constant {
+ public:
+  Constant() = default;
+  Constant(int64_t v) : value_(v), set_(true) {}  // NOLINT(google-explicit-constructor): set by designation
+  operator int64_t() const { return value_; }     // NOLINT(google-explicit-constructor)
+  bool set() const { return set_; }
+
+ private:
+  int64_t value_ = 0;
+  bool set_ = false;
+};
+
+// The names of a constants struct's members, from their declaration's text ("VOCAB, CAND_K, SPLIT").
+std::vector<std::string> constant_names(std::string_view declared);
+// The spec of `kernel` with the constants `declared` names, in order; throws naming a constant left unset.
+KernelSpec constants_spec(std::string_view kernel, std::string_view declared, std::initializer_list<Constant> values);
+// The values of `spec`'s constants, which must be those `declared` names, in order.
+std::vector<int64_t> constants_of(const KernelSpec& spec, std::string_view kernel, std::string_view declared);
+
 }  // namespace kernel_desc
 
 }  // namespace tfe
+
+// Declares NAME, a kernel's specialization constants as a struct, beside its description in
+// kernels/<kernel>.h: each constant is written once, as a member, in the order of the kernel's config.
+// The description lists them (`NAME::names()`), the planner and the tests set them by name and read them
+// back typed:
+//   TFE_KERNEL_CONSTANTS(TopkConstants, "topk", VOCAB, CAND_K, SPLIT);
+//   KernelSpec s = TopkConstants{.VOCAB = 32000, .CAND_K = 64, .SPLIT = 8}.spec();
+//   int64_t k = TopkConstants::of(s).CAND_K;
+// A constant left out of a designation is a compile error (-Wmissing-field-initializers), and one never
+// set is refused by spec(), by name.
+#define TFE_KERNEL_CONSTANTS(NAME, KERNEL, ...)                                                                    \
+  struct NAME {                                                                                                    \
+    static constexpr std::string_view kernel = KERNEL;                                                             \
+    static constexpr std::string_view declared = #__VA_ARGS__;                                                     \
+    __VA_OPT__(::tfe::kernel_desc::Constant __VA_ARGS__;)                                                          \
+    static std::vector<std::string> names() { return ::tfe::kernel_desc::constant_names(declared); }               \
+    ::tfe::KernelSpec spec() const { return ::tfe::kernel_desc::constants_spec(kernel, declared, {__VA_ARGS__}); } \
+    auto members() { return std::tie(__VA_ARGS__); }                                                               \
+    static NAME of(const ::tfe::KernelSpec& s) {                                                                   \
+      NAME c;                                                                                                      \
+      [[maybe_unused]] const auto values = ::tfe::kernel_desc::constants_of(s, kernel, declared);                  \
+      [[maybe_unused]] size_t i = 0;                                                                               \
+      std::apply([&](auto&... member) { ((member = values[i++]), ...); }, c.members());                            \
+      return c;                                                                                                    \
+    }                                                                                                              \
+  }

@@ -17,6 +17,9 @@ constexpr int kLoadTablesThreads = 128;  // a row a thread: the most rows a laun
 
 namespace tfe::kernel_desc {
 
+// load_tables's specialization constants, in its config's order.
+TFE_KERNEL_CONSTANTS(LoadTablesConstants, "load_tables");
+
 // The draft pass's first node: each row's slot id (host_tables in host memory, or draft_slots in the
 // arena), then that slot's state (slot_state), into the four arena tables. One CTA.
 inline KernelDef load_tables() {
@@ -25,7 +28,7 @@ inline KernelDef load_tables() {
       .name = "load_tables",
       .source = "load_tables.cuh",
       .function = "tfe::kernels::load_tables",
-      .constants = {},
+      .constants = LoadTablesConstants::names(),
       .params = {bound_to_any(role_bit(BufferRole::host) | role_bit(BufferRole::input), in("ids", DType::I32, table)),
                  state(in(
                      "slot_state", DType::I32,

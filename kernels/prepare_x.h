@@ -4,6 +4,9 @@
 
 namespace tfe::kernel_desc {
 
+// prepare_x's specialization constants, in its config's order.
+TFE_KERNEL_CONSTANTS(PrepareXConstants, "prepare_x", HIDDEN, THREADS);
+
 // x[r] = concat(rms_in(embed[tokens[r]]), rms_hidden(g[r])): the layer input of width 2H. Two CTAs of
 // THREADS per row: the embedding's norm and the hidden row's norm.
 inline KernelDef prepare_x() {
@@ -12,7 +15,7 @@ inline KernelDef prepare_x() {
       .name = "prepare_x",
       .source = "prepare_x.cuh",
       .function = "tfe::kernels::prepare_x",
-      .constants = {"HIDDEN", "THREADS"},
+      .constants = PrepareXConstants::names(),
       .params = {weights(in("embed", DType::BF16,
                             [](const KernelSpec& s, const Reach& r) {
                               return product({r.vocab, s.constant("HIDDEN"), kBf16});

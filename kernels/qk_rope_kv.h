@@ -16,6 +16,9 @@ constexpr int kQkRopeKvWarps = 4;  // heads a CTA, a warp each
 
 namespace tfe::kernel_desc {
 
+// qk_rope_kv's specialization constants, in its config's order.
+TFE_KERNEL_CONSTANTS(QkRopeKvConstants, "qk_rope_kv", HEADS, KV_HEADS, HEAD_DIM, QK_NORM, RING, WRITE_Q);
+
 // qk_norm (if QK_NORM), RoPE at pos[r] + pos_offset, K/V written to the slot's ring row (pos mod RING); q
 // written to q_out when WRITE_Q. Input rows: [q | k | v] if WRITE_Q else [k | v]. Grid (ceil(in_heads /
 // kQkRopeKvWarps), rows): a warp per head (q, then k, then v).
@@ -35,7 +38,7 @@ inline KernelDef qk_rope_kv() {
       .name = "qk_rope_kv",
       .source = "qk_rope_kv.cuh",
       .function = "tfe::kernels::qk_rope_kv",
-      .constants = {"HEADS", "KV_HEADS", "HEAD_DIM", "QK_NORM", "RING", "WRITE_Q"},
+      .constants = QkRopeKvConstants::names(),
       .params = {in("qkv", DType::BF16,
                     [=](const KernelSpec& s, const Reach& r) {
                       const int64_t heads = (write_q(s) ? s.constant("HEADS") : 0) + 2 * s.constant("KV_HEADS");

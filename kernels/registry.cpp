@@ -65,6 +65,38 @@ int64_t saturating_add(int64_t a, int64_t b) {
   return __builtin_add_overflow(a, b, &s) ? std::numeric_limits<int64_t>::max() : s;
 }
 
+std::vector<std::string> constant_names(std::string_view declared) {
+  std::vector<std::string> names;
+  while (!declared.empty()) {
+    const size_t comma = declared.find(',');
+    std::string_view name = declared.substr(0, comma);
+    while (!name.empty() && name.front() == ' ') name.remove_prefix(1);
+    while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
+    names.emplace_back(name);
+    declared = comma == std::string_view::npos ? std::string_view() : declared.substr(comma + 1);
+  }
+  return names;
+}
+
+KernelSpec constants_spec(std::string_view kernel, std::string_view declared, std::initializer_list<Constant> values) {
+  const auto names = constant_names(declared);
+  std::vector<std::pair<std::string, int64_t>> constants;
+  for (const Constant& v : values) {
+    const std::string& name = names.at(constants.size());
+    if (!v.set()) fail("kernel spec {}: constant {} is not set", kernel, name);
+    constants.emplace_back(name, v);
+  }
+  return make_spec(kernel, std::move(constants));
+}
+
+std::vector<int64_t> constants_of(const KernelSpec& spec, std::string_view kernel, std::string_view declared) {
+  if (spec.kernel != kernel) fail("kernel spec {}: read as a spec of {}", spec.uri(), kernel);
+  const auto names = constant_names(declared);
+  std::vector<int64_t> values;
+  for (const auto& name : names) values.push_back(spec.constant(name));
+  return values;
+}
+
 }  // namespace kernel_desc
 
 namespace {

@@ -16,6 +16,9 @@ constexpr int kRescoreWarps = 4;  // candidates a CTA, a warp each
 
 namespace tfe::kernel_desc {
 
+// rescore's specialization constants, in its config's order.
+TFE_KERNEL_CONSTANTS(RescoreConstants, "rescore", HIDDEN, CAND_K, WEIGHT, MAX_STEPS);
+
 // two_stage: exact fp32 logits target_head[d2t(c)] . n of the candidates into exact, in candidate order;
 // the last CTA of a row to arrive (a ticket in `arrivals`) takes their argmax (ties: lower target id) and
 // softmax confidence, and writes like top1. Grid (ceil(CAND_K / kRescoreWarps), rows).
@@ -33,7 +36,7 @@ inline KernelDef rescore() {
       .name = "rescore",
       .source = "rescore.cuh",
       .function = "tfe::kernels::rescore",
-      .constants = {"HIDDEN", "CAND_K", "WEIGHT", "MAX_STEPS"},
+      .constants = RescoreConstants::names(),
       .params = {weights(in("target_head", weight_dtype,
                             [=](const KernelSpec& s, const Reach& r) {
                               return product({r.vocab, s.constant("HIDDEN"), fp8(s) ? 1 : kBf16});

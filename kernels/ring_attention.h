@@ -68,6 +68,9 @@ TFE_HOST_DEVICE constexpr AttnGeometry attn_geometry(long long HEADS, long long 
 
 namespace tfe::kernel_desc {
 
+// ring_attention's specialization constants, in its config's order.
+TFE_KERNEL_CONSTANTS(RingAttentionConstants, "ring_attention", HEADS, KV_HEADS, HEAD_DIM, WINDOW, RING, SPLIT);
+
 // One query row per slot against keys max(first_pos, p - WINDOW) .. p of the slot's ring; GQA.
 // first_pos[r] is the slot's first real position: a slot attached mid-sequence has no keys before it.
 // The window is cut into SPLIT <= 8 key chunks, a CTA each, one cluster per (kv head, row) that joins
@@ -85,7 +88,7 @@ inline KernelDef ring_attention() {
       .name = "ring_attention",
       .source = "ring_attention.cuh",
       .function = "tfe::kernels::ring_attention",
-      .constants = {"HEADS", "KV_HEADS", "HEAD_DIM", "WINDOW", "RING", "SPLIT"},
+      .constants = RingAttentionConstants::names(),
       .params = {in("q", DType::BF16, heads), state(in("ring_k", DType::BF16, ring)),
                  state(in("ring_v", DType::BF16, ring)), in("slot", DType::I32, rows_i32),
                  in("pos", DType::I32, rows_i32), in("first_pos", DType::I32, rows_i32), i64("pos_offset"),

@@ -4,6 +4,9 @@
 
 namespace tfe::kernel_desc {
 
+// rmsnorm's specialization constants, in its config's order.
+TFE_KERNEL_CONSTANTS(RmsnormConstants, "rmsnorm", WIDTH, THREADS);
+
 // y[r] = rms(x[r]) with weights w; y may alias x. One CTA of THREADS per row.
 inline KernelDef rmsnorm() {
   // rows rows of WIDTH bf16, `stride` elements apart: up to the end of the last.
@@ -18,7 +21,7 @@ inline KernelDef rmsnorm() {
       .name = "rmsnorm",
       .source = "rmsnorm.cuh",
       .function = "tfe::kernels::rmsnorm",
-      .constants = {"WIDTH", "THREADS"},
+      .constants = RmsnormConstants::names(),
       .params = {in("x", DType::BF16, strided_rows("x_stride")), i64("x_stride"),
                  weights(in("w", DType::BF16,
                             [](const KernelSpec& s, const Reach&) {

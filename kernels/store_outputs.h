@@ -16,6 +16,9 @@ constexpr int kStoreOutputsThreads = 128;
 
 namespace tfe::kernel_desc {
 
+// store_outputs's specialization constants, in its config's order.
+TFE_KERNEL_CONSTANTS(StoreOutputsConstants, "store_outputs", MAX_STEPS);
+
 // The draft pass's last node: out_token / out_conf [rows, MAX_STEPS] copied into host memory (host_token /
 // host_conf), where the host reads them once host_done, set last, is 1. One CTA, striding over the entries.
 inline KernelDef store_outputs() {
@@ -26,7 +29,7 @@ inline KernelDef store_outputs() {
       .name = "store_outputs",
       .source = "store_outputs.cuh",
       .function = "tfe::kernels::store_outputs",
-      .constants = {"MAX_STEPS"},
+      .constants = StoreOutputsConstants::names(),
       .params = {output(in("out_token", DType::I32, table)), output(in("out_conf", DType::F32, table)),
                  host(out("host_token", DType::I32, table)), host(out("host_conf", DType::F32, table)),
                  host(out("host_done", DType::I32, [](const KernelSpec&, const Reach&) { return kI32; })),  // one word

@@ -16,6 +16,9 @@ constexpr int kTop1Threads = 256;
 
 namespace tfe::kernel_desc {
 
+// top1's specialization constants, in its config's order.
+TFE_KERNEL_CONSTANTS(Top1Constants, "top1", VOCAB, COLS, MAX_STEPS);
+
 // Vocabulary top-1 and its softmax confidence: one CTA per row joins the row's PARTS = ceil(VOCAB / COLS)
 // Top1Part records in `part`, which the lm_head gemv (EPILOGUE kc::kEpilogueTop1, the same COLS) left, one
 // per CTA and row; writes the target id (d2t) and confidence of `step` into out_token/out_conf [rows,
@@ -28,7 +31,7 @@ inline KernelDef top1() {
       .name = "top1",
       .source = "top1.cuh",
       .function = "tfe::kernels::top1",
-      .constants = {"VOCAB", "COLS", "MAX_STEPS"},
+      .constants = Top1Constants::names(),
       .params = {in("part", DType::F32,
                     [](const KernelSpec& s, const Reach& r) {  // the lm_head gemv's records
                       const int64_t parts = kernels::ceil_div(s.constant("VOCAB"), s.constant("COLS"));

@@ -16,6 +16,9 @@ constexpr int kTopkThreads = 512;
 
 namespace tfe::kernel_desc {
 
+// topk's specialization constants, in its config's order.
+TFE_KERNEL_CONSTANTS(TopkConstants, "topk", VOCAB, CAND_K, SPLIT);
+
 // two_stage candidates: the CAND_K highest scores of a row (ties: lower id) as draft ids ascending, into
 // cand. One cluster of SPLIT <= 8 CTAs per row splits the row's scores; the CTAs agree on the selection
 // through distributed shared memory.
@@ -24,7 +27,7 @@ inline KernelDef topk() {
       .name = "topk",
       .source = "topk.cuh",
       .function = "tfe::kernels::topk",
-      .constants = {"VOCAB", "CAND_K", "SPLIT"},
+      .constants = TopkConstants::names(),
       .params = {in("scores", DType::F32,
                     [](const KernelSpec& s, const Reach& r) {
                       return product({r.rows, s.constant("VOCAB"), kF32});

@@ -495,6 +495,53 @@ void check_extend_pass(const std::vector<Node>& nodes, const std::map<std::strin
            kernel(nodes[i]) == "gather_taps" ? "begin" : "end");
 }
 
+// The buffers the runtime reads and writes itself, outside any kernel: each where and of the role it
+// expects, and of the size it reads or writes (an artifact's plan is checked here before it is opened).
+const Buffer& runtime_buffer(const Plan& p, std::string_view name, BufferRole role) {
+  const bool in_host = role == BufferRole::host;
+  const Buffer* b = in_host ? p.host.find(name) : p.arena.find(name);
+  if (!b)
+    fail("plan: the {} has no buffer `{}`; the runtime needs it as a {} buffer", in_host ? "host arena" : "arena", name,
+         buffer_role_name(role));
+  if (b->role != role)
+    fail("plan: buffer `{}` has role {}, the runtime expects {}", name, buffer_role_name(b->role),
+         buffer_role_name(role));
+  return *b;
+}
+
+void check_runtime_buffers(const Plan& p) {
+  const auto table = [&](std::string_view name) -> const Buffer& { return runtime_buffer(p, name, BufferRole::table); };
+  // An extend chunk uploads [row_slot .. taps] in one copy.
+  const Buffer& row_slot = table("row_slot");
+  const Buffer& taps = table("taps");
+  for (const char* name : {"row_pos", "row_tok", "row_taps_src", "row_tok_src", "last_row", "last_slot", "last_first"})
+    if (const Buffer& t = table(name); !(row_slot.offset <= t.offset && t.offset < taps.offset))
+      fail("plan: table `{}` is not between row_slot and taps; an extend chunk uploads [row_slot .. taps] in one copy",
+           t.name);
+  const int64_t largest = p.options.buckets.back();
+  const Buffer& slot_state = runtime_buffer(p, "slot_state", BufferRole::state);
+  if (slot_state.bytes != int64_t{p.options.max_slots + 1} * kc::kSlotStateColumns * 4)
+    fail("plan: `slot_state` holds {} bytes; the slots' state is {} x {} int32", slot_state.bytes,
+         p.options.max_slots + 1, kc::kSlotStateColumns);
+  const Buffer& draft_slots = runtime_buffer(p, "draft_slots", BufferRole::input);
+  if (draft_slots.bytes < largest * 4)
+    fail("plan: `draft_slots` holds {} bytes; an enqueued draft takes {} slot ids", draft_slots.bytes, largest);
+  for (const char* name : {"out_token", "out_conf"}) (void)runtime_buffer(p, name, BufferRole::output);
+  for (const char* name : {"ring_k", "ring_v"}) (void)runtime_buffer(p, name, BufferRole::state);
+  // The host reads a draft's outputs as [streams, max_steps] of the largest bucket.
+  const int64_t out_entries = largest * p.options.max_steps;
+  for (const char* name : {"host_token", "host_conf"})
+    if (const Buffer& b = runtime_buffer(p, name, BufferRole::host); b.bytes != out_entries * 4)
+      fail("plan: host buffer `{}` holds {} bytes; the draft's outputs are {} x {} 4-byte values", b.name, b.bytes,
+           largest, p.options.max_steps);
+  if (const Buffer& done = runtime_buffer(p, "host_done", BufferRole::host); done.bytes != 4)
+    fail("plan: host buffer `host_done` holds {} bytes; the pass's completion word is one int32", done.bytes);
+  if (const Buffer& tables = runtime_buffer(p, "host_tables", BufferRole::host); tables.bytes < largest * 4)
+    fail("plan: host buffer `host_tables` holds {} bytes; a draft takes {} slot ids", tables.bytes, largest);
+  if (const Buffer& error = runtime_buffer(p, "host_error", BufferRole::host); error.bytes != 8)
+    fail("plan: host buffer `host_error` holds {} bytes; the error record is one int64", error.bytes);
+}
+
 }  // namespace
 
 void validate(const Plan& p) {
@@ -581,8 +628,11 @@ void validate(const Plan& p) {
           "plan: spec {}: HEAD_DIM = {} is not a multiple of 16, which gemv_rope_kv's tiles of rotate-half pairs "
           "need",
           s.uri(), s.constant("HEAD_DIM"));
-    if (s.kernel == "topk" && s.constant("CAND_K") > s.constant("VOCAB"))
-      fail("plan: spec {}: CAND_K = {} is above VOCAB = {}", s.uri(), s.constant("CAND_K"), s.constant("VOCAB"));
+    if (s.kernel == "topk") {
+      const auto topk = kernel_desc::TopkConstants::of(s);
+      if (topk.CAND_K > topk.VOCAB)
+        fail("plan: spec {}: CAND_K = {} is above VOCAB = {}", s.uri(), int64_t{topk.CAND_K}, int64_t{topk.VOCAB});
+    }
     const std::string uri = s.uri();
     if (i > 0 && !(p.specs[i - 1].uri() < uri))
       fail("plan: specs must be sorted by uri and unique; `{}` follows `{}`", uri, p.specs[i - 1].uri());
@@ -630,6 +680,7 @@ void validate(const Plan& p) {
   if (p.device_bytes != p.weights.bytes + p.arena.bytes + p.cublaslt_workspace)
     fail("plan: device_bytes = {}, but weights + arena + cuBLASLt workspace = {}", p.device_bytes,
          p.weights.bytes + p.arena.bytes + p.cublaslt_workspace);
+  check_runtime_buffers(p);
 }
 
 }  // namespace tfe

@@ -25,7 +25,7 @@ constexpr bool plan_dtype(DType t) { return head_dtype(t) || t == DType::I64; }
 // The order of a weight matrix's bytes in the weights arena.
 enum class Layout : uint8_t {
   rows,   // row-major, as in the head file
-  tiled,  // whole 16-row tiles, their rows interleaved one 64-byte K step at a time (plan/weight_layout.h)
+  tiled,  // whole 16-row tiles, their rows interleaved one 64-byte K step at a time (kernels/weight_layout.h)
 };
 std::string_view layout_name(Layout l);
 

@@ -1,4 +1,4 @@
-// Runtime::Impl: the state behind a tfe::Runtime, shared by runtime.cpp and the testing hooks
+// Runtime::Impl: the state behind a tfe::Runtime, shared by open.cpp, runtime.cpp and the testing hooks
 // (runtime/testing.h). Not installed.
 #pragma once
 #include <atomic>

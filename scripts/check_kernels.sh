@@ -18,9 +18,16 @@ nvcc=${NVCC:-$cuda/bin/nvcc}
 
 # Configs: kernel -> list of (source, constants). One line per specialization: "kernel source K=V ...".
 python3 - "$work/configs.txt" <<'EOF'
-import sys
+import glob, re, sys
 lines = []
+# Each kernel's constants in order, as its description declares them (TFE_KERNEL_CONSTANTS, kernels/*.h).
+declared = {}
+for path in glob.glob("kernels/*.h"):
+    for m in re.finditer(r'TFE_KERNEL_CONSTANTS\(\s*\w+,\s*"(\w+)"([^)]*)\)', open(path).read()):
+        declared[m.group(1)] = [c.strip() for c in m.group(2).split(",") if c.strip()]
 def add(kernel, source, **c):
+    if list(c) != declared.get(kernel):
+        sys.exit(f"check_kernels.sh: {kernel} given {list(c)}; kernels/ declares {declared.get(kernel)}")
     lines.append(" ".join([kernel, source] + [f"{k}={v}" for k, v in c.items()]))
 
 # llama3-8b-eagle3: H 4096, taps 3 x 4096, ffn 14336, 32/8 heads of 128, vocab 128256, draft 32000,

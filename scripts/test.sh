@@ -3,7 +3,8 @@
 # machine, each a stage of its own:
 #   build     the tree with warnings as errors (and the Python module), every CPU test under ctest, the
 #             Python suite (pytest), and the GPU tests where a GPU is
-#   format    clang-format over every C++, CUDA and header file (.clang-format)
+#   format    clang-format over every C++, CUDA and header file (.clang-format), and every repository path
+#             cited in the tree exists (scripts/check_paths.py)
 #   package   `cmake --install` into a prefix, and tests/consumer built against it with find_package(tfe)
 #   sanitize  the CPU tests again in a build with AddressSanitizer and UBSan
 #   fuzz      the libFuzzer targets, 30 s each (scripts/fuzz.sh)
@@ -92,6 +93,12 @@ for stage in "${stages[@]}"; do
       else
         head -40 "$out/format.txt" >&2
         fail_stage format "clang-format: files differ from .clang-format (run: clang-format -i \$(git ls-files '*.h' '*.cpp' '*.cuh'))"
+      fi
+      if python3 scripts/check_paths.py >"$out/paths.txt"; then
+        printf '%s\n' "paths" >>"$out/stage_passes.txt"
+      else
+        head -40 "$out/paths.txt" >&2
+        fail_stage paths "cited paths that do not exist ($out/paths.txt)"
       fi ;;
     package)
       prefix=$PWD/build/install

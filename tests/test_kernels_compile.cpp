@@ -210,10 +210,29 @@ TEST_CASE("kernels: every description has a launch, a reach for each pointer and
   }
   CHECK_FALSE(param_writes("rmsnorm", "no_such_param"));
   CHECK_THROWS_AS(param_writes("no_such_kernel", "x"), Error);
-  const KernelSpec topk = make_spec("topk", {{"VOCAB", 300}, {"CAND_K", 16}, {"SPLIT", 1}});
+  const KernelSpec topk = kernel_desc::TopkConstants{.VOCAB = 300, .CAND_K = 16, .SPLIT = 1}.spec();
   CHECK_THROWS_WITH_AS(param_reach(topk, "rows", Reach{}), doctest::Contains("topk has no pointer parameter `rows`"),
                        Error);
-  CHECK(param_alignment(make_spec("load_tables", {}), "slot_state") == kc::kSlotStateColumns * 4);
+  CHECK(param_alignment(kernel_desc::LoadTablesConstants{}.spec(), "slot_state") == kc::kSlotStateColumns * 4);
+}
+
+TEST_CASE("kernels: a constants struct sets its kernel's constants by name, refuses one left unset, reads back") {
+  using kernel_desc::TopkConstants;
+  CHECK(TopkConstants::names() == kernel_def("topk").constants);
+  CHECK(kernel_desc::LoadTablesConstants::names().empty());
+  const KernelSpec topk = TopkConstants{.VOCAB = 32000, .CAND_K = 64, .SPLIT = 8}.spec();
+  CHECK(topk == make_spec("topk", {{"VOCAB", 32000}, {"CAND_K", 64}, {"SPLIT", 8}}));
+  const auto back = TopkConstants::of(topk);
+  CHECK(back.VOCAB == 32000);
+  CHECK(back.CAND_K == 64);
+  CHECK(back.SPLIT == 8);
+  // A designation that leaves one out is a compile error (-Wmissing-field-initializers); one assigned by
+  // member may still miss one.
+  TopkConstants partial;
+  partial.VOCAB = 32000;
+  partial.SPLIT = 8;
+  CHECK_THROWS_WITH_AS(partial.spec(), doctest::Contains("kernel spec topk: constant CAND_K is not set"), Error);
+  CHECK_THROWS_WITH_AS(kernel_desc::RescoreConstants::of(topk), doctest::Contains("read as a spec of rescore"), Error);
 }
 
 // The launch shapes (kernels/<kernel>.h) read the same shape functions and constants as the kernels do
@@ -285,28 +304,26 @@ struct Heads {
   int64_t heads, kv_heads, head_dim;
 };
 KernelSpec attention_spec(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t window, int64_t split) {
-  return make_spec("ring_attention", {{"HEADS", heads},
-                                      {"KV_HEADS", kv_heads},
-                                      {"HEAD_DIM", head_dim},
-                                      {"WINDOW", window},
-                                      {"RING", window + 9},
-                                      {"SPLIT", split}});
+  return kernel_desc::RingAttentionConstants{
+      .HEADS = heads, .KV_HEADS = kv_heads, .HEAD_DIM = head_dim, .WINDOW = window, .RING = window + 9, .SPLIT = split}
+      .spec();
 }
 KernelSpec rope_gemv_spec(const Heads& h, int64_t k, int64_t weight, int64_t rows, int64_t cols) {
-  return make_spec("gemv_rope_kv", {{"ROWS", rows},
-                                    {"K", k},
-                                    {"WEIGHT", weight},
-                                    {"COLS", cols},
-                                    {"HEADS", h.heads},
-                                    {"KV_HEADS", h.kv_heads},
-                                    {"HEAD_DIM", h.head_dim},
-                                    {"RING", 520},
-                                    {"TILED", 0}});
+  return kernel_desc::GemvRopeKvConstants{.ROWS = rows,
+                                          .K = k,
+                                          .WEIGHT = weight,
+                                          .COLS = cols,
+                                          .HEADS = h.heads,
+                                          .KV_HEADS = h.kv_heads,
+                                          .HEAD_DIM = h.head_dim,
+                                          .RING = 520,
+                                          .TILED = 0}
+      .spec();
 }
 KernelSpec gemv_spec(int64_t k, int64_t n, int64_t weight, int64_t epilogue, int64_t rows, int64_t cols) {
-  return make_spec(
-      "gemv",
-      {{"ROWS", rows}, {"K", k}, {"N", n}, {"WEIGHT", weight}, {"EPILOGUE", epilogue}, {"COLS", cols}, {"TILED", 0}});
+  return kernel_desc::GemvConstants{
+      .ROWS = rows, .K = k, .N = n, .WEIGHT = weight, .EPILOGUE = epilogue, .COLS = cols, .TILED = 0}
+      .spec();
 }
 
 }  // namespace
@@ -349,13 +366,19 @@ TEST_CASE(
     for (int64_t weight : {kc::kWeightBF16, kc::kWeightFP8})
       for (int64_t rows : {1, 9, 16})
         for (int64_t split : {2, 4}) {
-          auto constants = gemv_spec(m.k, m.n, weight, kc::kEpilogueBF16, rows, 16).constants;
-          constants.emplace_back("CSPLIT", split);
-          const KernelSpec spec = make_spec("gemv_cluster", std::move(constants));
+          const KernelSpec spec = kernel_desc::GemvClusterConstants{.ROWS = rows,
+                                                                    .K = m.k,
+                                                                    .N = m.n,
+                                                                    .WEIGHT = weight,
+                                                                    .EPILOGUE = kc::kEpilogueBF16,
+                                                                    .COLS = 16,
+                                                                    .TILED = 0,
+                                                                    .CSPLIT = split}
+                                      .spec();
           if (split <= gemv_cluster_split_limit(spec)) probe.gemv(spec);
         }
-  probe.block(make_spec("topk", {{"VOCAB", 32000}, {"CAND_K", 64}, {"SPLIT", 8}}), "kTopkThreads");
-  probe.block(make_spec("rescore", {{"HIDDEN", 4096}, {"CAND_K", 64}, {"WEIGHT", 0}, {"MAX_STEPS", 8}}),
+  probe.block(kernel_desc::TopkConstants{.VOCAB = 32000, .CAND_K = 64, .SPLIT = 8}.spec(), "kTopkThreads");
+  probe.block(kernel_desc::RescoreConstants{.HIDDEN = 4096, .CAND_K = 64, .WEIGHT = 0, .MAX_STEPS = 8}.spec(),
               "32 * kRescoreWarps");
   CHECK(probe.cases == 9 * 5 * 8 + 10 * 2 * 5 * 5 * 2 - 10 * 2 * 5 + 4 * 2 * 5 * 2 + (2 * 2 * 3 * 2 - 3) + 2);
   CHECK_NOTHROW(check_compiles("launch_shape_probe", probe.text(), CompileOptions{}));
@@ -366,7 +389,7 @@ TEST_CASE(
     CAPTURE(name);
     CHECK_THROWS_WITH_AS(check_compiles(name, wrong.text(), CompileOptions{}), doctest::Contains(what.c_str()), Error);
   };
-  const KernelSpec topk = make_spec("topk", {{"VOCAB", 32000}, {"CAND_K", 64}, {"SPLIT", 8}});
+  const KernelSpec topk = kernel_desc::TopkConstants{.VOCAB = 32000, .CAND_K = 64, .SPLIT = 8}.spec();
   ShapeProbe wrong_topk;
   wrong_topk.block(topk, "kTopkThreads", 32);
   caught("launch_shape_probe_topk", wrong_topk,

@@ -1,4 +1,4 @@
-// The tiled weight layout (plan/weight_layout.h): the formula the kernel computes, the host's reordering
+// The tiled weight layout (kernels/weight_layout.h): the formula the kernel computes, the host's reordering
 // at upload, and the plans that use it.
 #include <doctest/doctest.h>
 

@@ -153,7 +153,7 @@ std::vector<std::byte> serialize_safetensors(const std::map<std::string, std::st
                                              const std::vector<SafetensorsEntry>& entries);
 
 // Throws, naming `where`, the tensor, the element and its byte, when an F8_E4M3 tensor's bytes hold a NaN
-// code (find_e4m3_nan in plan/numeric.h says why FP8 weights must be finite). HeadWriter::add always
+// code (find_e4m3_nan in core/numeric.h says why FP8 weights must be finite). HeadWriter::add always
 // checks; a reader with verify_sha256, and the runtime's upload.
 void check_e4m3_finite(std::span<const std::byte> bytes, std::string_view tensor, std::string_view where);
 

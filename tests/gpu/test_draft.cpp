@@ -198,7 +198,7 @@ TFE_GPU_TEST_CASE("rounds: 50 extend/draft rounds match the reference, tiny two_
   rounds_vs_reference("tiny-two-stage", Fp8Mode::require);
 }
 
-// runtime/slots.h: a slot may start at any position and then attends only positions it has seen.
+// include/tfe/slots.h: a slot may start at any position and then attends only positions it has seen.
 TFE_GPU_TEST_CASE("draft: a slot attached mid-sequence attends only its own rows, as the reference does") {
   auto head = random_head_image("tiny", 41, false);
   const HeadHeader& h = head->file.header();

@@ -1,7 +1,7 @@
 // The gemv's output width per CTA (COLS 16 or 32) changes which CTA computes a column, never its bits:
 // at either width a column is the same per-warp step sums joined in the same warp order. The planner
 // picks the width for speed alone (plan/planner.cpp gemv_cols), so both specializations of one shape
-// must write identical outputs. The same holds for the weights' layout (plan/weight_layout.h): tiled, a
+// must write identical outputs. The same holds for the weights' layout (kernels/weight_layout.h): tiled, a
 // lane loads the same chunks from other addresses, so where a shape has a tiled form (N a multiple of 16,
 // rows of whole 64-byte steps) TILED 1 on the tiled weights must write the bits of TILED 0 on the rows.
 // Each runs on the same fresh random x, weights and residual, into outputs

@@ -1,4 +1,4 @@
-// Each kernel of a draft step against runtime/reference_ops.h, on the GPU's own inputs: one pass of
+// Each kernel of a draft step against reference/ops.h, on the GPU's own inputs: one pass of
 // one step leaves every intermediate in the arena (g, x, qkv, q, ring K/V, o, h1, post, m, h2, n and
 // the vocabulary head's outputs), and each is recomputed on the CPU from the GPU's values before it, so
 // a difference is the kernel's alone. A head whose RoPE runs in the wqkv gemv's epilogue (gemv_rope_kv)

@@ -127,9 +127,10 @@ TFE_GPU_TEST_CASE("refusals: an artifact compiled for another head is refused, o
   std::filesystem::remove_all(dir);
 }
 
-// A plan passes validate() by what its nodes bind; the host buffers the runtime itself writes and reads
-// must also be there, in the form it uses them, or open refuses by name. `mend` edits tiny's plan; the test
-// checks that validate() still takes it and that open refuses its compiled artifact with `message`.
+// The host buffers the runtime itself writes and reads must be there, in the form it uses them, or the
+// plan's validation refuses it by name (tests/test_plan_validate.cpp), an artifact's at open. `mend` edits
+// tiny's plan; the test checks that validate() refuses it and that open refuses its compiled artifact, both
+// with `message`.
 template <typename Mend>
 void check_artifact_refused_at_open(uint64_t seed, std::string_view tag, Mend&& mend, const char* message) {
   auto head = random_head_image("tiny", seed, false);
@@ -137,7 +138,7 @@ void check_artifact_refused_at_open(uint64_t seed, std::string_view tag, Mend&& 
   po.arch = device_arch_name();
   Plan p = make_plan(head->file.header(), po, {}, head->file.header_sha256());
   mend(p);
-  REQUIRE_NOTHROW(validate(p));
+  CHECK_THROWS_WITH_AS(validate(p), doctest::Contains(message), Error);
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("tfe-gpu-artifact-{}-{}", tag, ::getpid());
   std::filesystem::remove_all(dir);
   compile_plan(p, dir.string());
@@ -155,7 +156,7 @@ Buffer& host_buffer(Plan& p, std::string_view name) {
 }
 
 TFE_GPU_TEST_CASE("refusals: an artifact whose completion word is not one int32 is refused at open") {
-  // Two words: still what store_outputs reaches, so validate() takes it; the host polls exactly one.
+  // Two words: still what store_outputs reaches, but the host polls exactly one.
   check_artifact_refused_at_open(
       74, "done",
       [](Plan& p) {

@@ -1,6 +1,6 @@
 // The dense vocabulary head's two kernels on their own, launched as the runtime launches them: the lm_head
 // gemv with the top1 epilogue (per row, one partial of each CTA's COLS logits) and top1's join, on fresh
-// random weights, inputs and d2t, against logits computed on the CPU (runtime/reference_ops.h,
+// random weights, inputs and d2t, against logits computed on the CPU (reference/ops.h,
 // linear_f32). check_top1 (gpu_test.h) states the tolerances.
 //
 // Weight patterns: random rows; every row the same (every logit of a row ties, so the lowest id must win
