@@ -28,10 +28,9 @@ import sys
 import time
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 
-from .speculative import RIVALS, Result, Sampling, _as_rivals, _rivals, _rivals_of_row, accept_greedy, target_probs
+from .speculative import RIVALS, Decoder, Result, Sampling, _as_rivals, _rivals, _rivals_of_row, accept_greedy, target_probs
 from .static_target import StaticTarget
 from .target import Target
 
@@ -415,3 +414,15 @@ class _RoundClock:
         out["host"] = max(0.0, out["round"] - sum(out[n] for n in self.PIECES if n in out))
         return out
 
+
+LOOPS = ("captured", "eager")
+
+
+def make_decoder(loop: str, target: Target, drafter=None, **options):
+    """'captured' (tfe.captured.CapturedDecoder: fixed shapes, CUDA graphs on a GPU; the default of every
+    command) or 'eager' (Decoder: transformers' own cache and forward, one call at a time)."""
+    if loop == "captured":
+        return CapturedDecoder(target, drafter, **options)
+    if loop == "eager":
+        return Decoder(target, drafter, **options)
+    raise ValueError(f"unknown loop {loop!r} ({', '.join(LOOPS)})")

@@ -31,18 +31,8 @@ from dataclasses import dataclass, field
 import torch
 
 from . import prompts as prompt_sets
-from .speculative import (
-    LOOPS,
-    Drafter,
-    Result,
-    Sampling,
-    check_common_arguments,
-    hf_greedy,
-    make_decoder,
-    make_drafter,
-    target_probs,
-    token_sha256,
-)
+from .captured import LOOPS, make_decoder
+from .speculative import Drafter, Result, Sampling, check_common_arguments, hf_greedy, make_drafter, target_probs, token_sha256
 from .target import Target, load_target
 
 

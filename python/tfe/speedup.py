@@ -315,7 +315,7 @@ def print_table(report: dict) -> None:
             s, r = best
             print(f"{n:>4}  {name:<34} {r['tokens_per_second']:9.1f} {s:>2} {r['tokens_per_round']:9.2f} "
                   f"{r['tokens_per_second'] / a:7.2f} {r['tokens_per_second'] / b:7.2f}  {r.get('differing_sequences', '')}")
-    print(f"\nwhere a round goes (tfe, by S; device time per round by CUDA events, host: the rest of the round's wall time), ms")
+    print("\nwhere a round goes (tfe, by S; device time per round by CUDA events, host: the rest of the round's wall time), ms")
     print(f"{'seqs':>4} {'S':>2} {'round':>7} " + " ".join(f"{p:>7}" for p in PIECES) + f" {'outside':>8} {'tok/round':>9}")
     for n, e in report["runs"].items():
         for s, r in e.get(TFE, {}).items():
