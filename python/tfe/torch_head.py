@@ -250,7 +250,18 @@ class Eagle3Head(nn.Module):
         }
         out_dir.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(out_dir / "model.safetensors"))
+        readable(out_dir / "model.safetensors")
         (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def readable(path) -> None:
+    """Gives a file safetensors wrote (mode 0600) the mode any new file gets here (0666 less the umask), as
+    config.json beside it has."""
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 class DraftRing:

@@ -65,7 +65,7 @@ __all__ = ["Eagle3Head", "Settings", "read_checkpoint", "restore_checkpoint", "t
 
 @dataclass
 class Settings:
-    """What a run uses; the defaults are the GPU run, `smoke()` the CPU run of about a minute."""
+    """What a run uses; the defaults are the GPU run, `smoke()` the CPU run of a few minutes."""
 
     minutes: float = 7.0  # data + training
     data_share: float = 0.4  # the data phase's bound, a share of `minutes`
@@ -555,6 +555,8 @@ def write_trained_shards(ckpt_dir: str | pathlib.Path, out_dir: str | pathlib.Pa
     Returns the files written."""
     from safetensors.torch import save_file
 
+    from .torch_head import readable
+
     src, out = pathlib.Path(ckpt_dir), pathlib.Path(out_dir)
     tensors = {n: t for n, t in read_checkpoint(src).items() if n != "embed_tokens.weight"}
     shards: list[dict[str, torch.Tensor]] = [{}]
@@ -573,6 +575,7 @@ def write_trained_shards(ckpt_dir: str | pathlib.Path, out_dir: str | pathlib.Pa
     for k, shard in enumerate(shards, 1):
         name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, str(out / name))
+        readable(out / name)
         weight_map.update({t: name for t in shard})
         written.append(out / name)
     index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": dict(sorted(weight_map.items()))}
@@ -614,7 +617,7 @@ def main(argv=None) -> int:
         "Hugging Face EAGLE-3 checkpoint for tfe-plan convert.",
     )
     p.add_argument("-o", "--out", required=True, help="output directory (config.json, model.safetensors, training.json, training.png)")
-    p.add_argument("--smoke", action="store_true", help="a tiny run of about a minute on a CPU")
+    p.add_argument("--smoke", action="store_true", help="a tiny run of a few minutes on a CPU: it checks the code paths; its head agrees with the target hardly at all")
     p.add_argument("--minutes", type=float, help="data + training, in minutes (default 7; smoke 1.5)")
     p.add_argument("--data-share", type=float, help="the data phase's bound, a share of --minutes (default 0.4)")
     p.add_argument("--prompts-per-class", type=int)
@@ -661,6 +664,7 @@ def main(argv=None) -> int:
         f"wrote {a.out}: {summary['updates']} updates, data {summary['data_seconds']:.1f} s, training "
         f"{summary['train_seconds']:.1f} s; held-out top-1 agreement by step "
         + " ".join(f"{x:.2f}" for x in summary["held_out"]["acc"])
+        + (" (a smoke run: agreement near 0 is expected)" if a.smoke else "")
     )
     return 0
 
