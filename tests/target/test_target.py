@@ -250,6 +250,9 @@ def test_trained_shards_restore_the_checkpoint_bit_for_bit(target, smoke, tmp_pa
     files = write_trained_shards(ckpt, tmp_path / "shards", max_file_bytes=3 << 20)
     shards = [f for f in files if f.suffix == ".safetensors"]
     assert len(shards) > 1 and all(f.stat().st_size <= 3 << 20 for f in shards)
+    # Weights get the mode of any new file (safetensors alone writes 0600), as config.json beside them.
+    mode = (tmp_path / "shards" / "config.json").stat().st_mode & 0o777
+    assert all(f.stat().st_mode & 0o777 == mode for f in shards + [ckpt / "model.safetensors"])
     assert "embed_tokens.weight" not in read_checkpoint(tmp_path / "shards")
     restore_checkpoint(tmp_path / "shards", target, tmp_path / "whole")
     want, got = read_checkpoint(ckpt), read_checkpoint(tmp_path / "whole")
