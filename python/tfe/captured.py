@@ -100,8 +100,9 @@ class CapturedDecoder:
     the verify and accept graphs of its (B, S). Same interface and Result as tfe.speculative.Decoder.
 
     `compile_layers`: the target's decoder layer through torch.compile (inductor's fused kernels) inside the
-    captured graphs; compiled once per shape, the first round of a shape pays for it. `timing`: CUDA events
-    around every piece of every round, for Result.split (costs a few microseconds of host time a round).
+    captured graphs; compiled once per shape, the first round of a shape pays for it. `timing`: on a GPU,
+    CUDA events around every piece of every round, for Result.split (a few microseconds of host time a
+    round); a CPU run is always split, by the host's clock.
     `prefill_chunk`: the prompts go through the target and into the head in pieces of this many columns.
     `rivals`: keep the target's next best tokens beside each emitted one (Result.rivals, which the exactness
     checks read); a timed run leaves them out, as an engine would."""
@@ -133,7 +134,7 @@ class CapturedDecoder:
         self.compile_layers = target.device.type == "cuda" if compile_layers is None else compile_layers
         self.progress = progress
         self.accept_log = accept_log
-        self.timing = timing and target.device.type == "cuda"
+        self.timing = timing
         self._shape: _Shape | None = None
 
     # --- the pieces of a round -------------------------------------------------------------------------
@@ -257,7 +258,8 @@ class CapturedDecoder:
         result = Result([[] for _ in prompts], [[] for _ in prompts], S, asked=[0] * S, kept=[0] * S)
         result.accepted_by_sequence = [[] for _ in prompts]
         packed_rivals: list[list[tuple[list[float], int]]] = [[] for _ in prompts]
-        clock = _RoundClock(self.timing)
+        cuda = self.target.device.type == "cuda"
+        clock = _RoundClock(cuda) if self.timing or not cuda else None
         self._sync()
         start = time.perf_counter()
         if self.drafter is not None:
@@ -275,15 +277,16 @@ class CapturedDecoder:
             bar = tqdm(total=B * max_new_tokens, unit="tok", desc="decode", file=sys.stderr, initial=B)
         report = sh.report_host.numpy()
         q = S + 1
+        mark = clock.mark if clock is not None else (lambda i: None)
         while min(len(t) for t in result.tokens) < max_new_tokens:
-            clock.mark(0)
+            mark(0)
             if S:
                 self._run(sh, "draft", lambda: self._draft(sh))
-            clock.mark(1)
+            mark(1)
             self._run(sh, "verify", lambda: self._verify(sh))
-            clock.mark(2)
+            mark(2)
             self._run(sh, "accept", lambda: self._accept(sh, generator))
-            clock.mark(3)
+            mark(3)
             if sh.copied is not None:
                 sh.copied.record()
                 sh.copied.synchronize()
@@ -306,20 +309,21 @@ class CapturedDecoder:
                     result.asked[j] += 1
                     result.kept[j] += int(j < k)
             if self.drafter is not None:
-                clock.mark(4)
+                mark(4)
                 self._extend(sh, active, first, counts)
-                clock.mark(5)
+                mark(5)
             if self.accept_log is not None and S:
                 self.accept_log.record([c - 1 for c in counts], S)
             result.rounds += 1
-            clock.round_done()
+            if clock is not None:
+                clock.round_done()
             if bar is not None:
                 bar.update(sum(min(c, max_new_tokens) for c in counts))
         if bar is not None:
             bar.close()
         self._sync()
         result.seconds = time.perf_counter() - start
-        result.split = clock.split(result.seconds - result.prefill_seconds, result.rounds)
+        result.split = clock.split(result.seconds - result.prefill_seconds, result.rounds) if clock else {}
         result.draft_seconds = result.split.get("draft", 0.0) * result.rounds + result.split.get("extend", 0.0) * result.rounds
         result.tokens = [t[:max_new_tokens] for t in result.tokens]
         for b, rounds in enumerate(packed_rivals):
@@ -378,41 +382,47 @@ class CapturedDecoder:
 
 
 class _RoundClock:
-    """CUDA events at the borders of a round's pieces (marks 0..5: draft, verify, accept, host, extend), read
-    after the run: the device time of each piece per round, and the rest of the round's wall time, which is
-    host time the device did not cover."""
+    """Marks at the borders of a round's pieces (0..5: draft, verify, accept, host, extend), read after the
+    run: the time of each piece per round and the rest of the round's wall time. On a GPU (with timing) the
+    marks are CUDA events, so a piece is its device time and the rest is host time the device did not cover;
+    on a CPU they are the host's clock, where every piece is host time."""
 
     PIECES = {"draft": (0, 1), "verify": (1, 2), "accept": (2, 3), "extend": (4, 5)}
 
-    def __init__(self, on: bool):
-        self.on = on
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
         self.rounds: list[dict[int, Any]] = []
         self._now: dict[int, Any] = {}
 
     def mark(self, i: int) -> None:
-        if self.on:
+        if self.cuda:
             e = torch.cuda.Event(enable_timing=True)
             e.record()
             self._now[i] = e
+        else:
+            self._now[i] = time.perf_counter()
 
     def round_done(self) -> None:
-        if self.on:
-            self.rounds.append(self._now)
-            self._now = {}
+        self.rounds.append(self._now)
+        self._now = {}
+
+    def _span(self, r: dict, a: int, b: int) -> float:
+        return r[a].elapsed_time(r[b]) / 1e3 if self.cuda else r[b] - r[a]
 
     def split(self, loop_seconds: float, rounds: int) -> dict[str, float]:
-        """Seconds per round: each piece on the device, `round` (the loop's wall time / rounds) and `host`
-        (round minus the pieces). Empty when not timed."""
-        if not self.on or not self.rounds:
+        """Seconds per round: each piece, `round` (the loop's wall time / rounds) and `host` (round minus
+        the pieces)."""
+        if not self.rounds:
             return {}
         out = {}
         for name, (a, b) in self.PIECES.items():
-            spans = [r[a].elapsed_time(r[b]) / 1e3 for r in self.rounds if a in r and b in r]
+            spans = [self._span(r, a, b) for r in self.rounds if a in r and b in r]
             if spans:
                 out[name] = sum(spans) / len(self.rounds)
         out["round"] = loop_seconds / max(rounds, 1)
         out["host"] = max(0.0, out["round"] - sum(out[n] for n in self.PIECES if n in out))
         return out
+
 
 
 LOOPS = ("captured", "eager")
