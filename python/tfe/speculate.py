@@ -11,14 +11,13 @@ from typing import Sequence
 import torch
 
 from . import _tfe
+from . import prompts as prompt_sets
 from .captured import LOOPS, make_decoder
 from .speculative import Sampling, check_common_arguments, make_drafter
+from .target import load_target
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from . import prompts as prompt_sets
-    from .target import load_target
-
     p = argparse.ArgumentParser(
         prog="tfe-speculate",
         description="Speculative decoding of SmolLM2-135M-Instruct with an EAGLE-3 head (.tfe): prints the text, "

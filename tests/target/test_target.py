@@ -333,3 +333,37 @@ def test_transformers_generate_runs_past_end_of_text(target, monkeypatch):
     monkeypatch.setattr(target.model, "generate", stopping)
     with pytest.raises(RuntimeError, match="made 1 tokens a sequence, not 16"):
         hf_generate(target, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), 16)
+
+
+@pytest.mark.parametrize(
+    "command, argv, message",
+    [
+        ("speculate", ["--head", "missing.tfe"], "--head missing.tfe: no such file"),
+        ("speculate", ["--head", "{head}", "--steps", "20"], "--steps 20: must be 1..16"),
+        ("speculate", ["--head", "{head}", "--sequences", "17"], "--sequences 17: must be 1..16"),
+        ("speculate", ["--head", "{head}", "--top-p", "0"], "--top-p 0.0: must be in (0, 1]"),
+        ("exactness", ["--head", "{head}", "--steps", "0"], "--steps 0: must be 1..16"),
+        ("exactness", ["--head", "{head}", "--samples", "-1"], "--samples -1: must be >= 0"),
+        ("speedup", ["--head", "{head}", "-o", "{out}", "--sequences", "1,17"], "--sequences: each 1..16"),
+        ("speedup", ["--head", "{head}", "-o", "{out}", "--steps", "x"], "comma-separated integers"),
+    ],
+)
+def test_commands_refuse_bad_arguments_before_loading_the_target(command, argv, message, tmp_path, monkeypatch, capsys):
+    """Each real-target command checks its arguments first: one line naming the argument and its limit, exit
+    2, and the target (a minute to load) never loaded."""
+    import importlib
+
+    module = importlib.import_module(f"tfe.{command}")
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the target was loaded before the arguments were checked")
+
+    monkeypatch.setattr(module, "load_target", no_load, raising=False)
+    head = tmp_path / "head.tfe"
+    head.write_bytes(b"")
+    argv = [a.format(head=head, out=tmp_path / "out") for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        module.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1], err
