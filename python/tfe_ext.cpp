@@ -516,10 +516,11 @@ std::vector<AnyRequest> check_batch(nb::handle slots, nb::handle first_pos, nb::
   int64_t next = 0;
   for (size_t i = 0; i < s.size(); ++i) {
     const int64_t start = st.empty() ? next : st[i];
+    // Compared as c > total - start: start + c overflows for counts near INT64_MAX.
     if (start > total || c[i] > total - start) {
       if (st.empty())
-        fail("counts[0..{}] add up to {} rows, past the {} rows of taps and tokens", i, start + c[i], total);
-      fail("starts[{}] + counts[{}] = {}, past the {} rows of taps and tokens", i, i, start + c[i], total);
+        fail("counts[0..{}] add up to {} + {} rows, past the {} rows of taps and tokens", i, start, c[i], total);
+      fail("starts[{}] + counts[{}] = {} + {}, past the {} rows of taps and tokens", i, i, start, c[i], total);
     }
     next = start + c[i];
     const auto slot = static_cast<int32_t>(s[i]);

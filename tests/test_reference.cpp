@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <numbers>
 #include <random>
 #include <set>
@@ -683,6 +684,14 @@ TEST_CASE("reference: a refused extend changes no slot, and reset starts a slot 
   short_taps.taps = short_taps.taps.first(10);
   CHECK_THROWS_WITH_AS(ref.extend(std::span(&short_taps, 1)), doctest::Contains("10 tap values for 4 rows"), Error);
   CHECK(ref.slots().empty(0));
+  // Positions at the integer limits reach no ring row (UBSan runs this in the sanitize stage).
+  for (const int64_t first : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max() - 2,
+                              int64_t{std::numeric_limits<int32_t>::max()}, std::numeric_limits<int64_t>::min()}) {
+    CAPTURE(first);
+    const std::vector<ExtendRequest> far = {request(0, first, r, 0, 4, h)};
+    CHECK_THROWS_AS(ref.extend(far), Error);
+    CHECK(ref.slots().empty(0));
+  }
   const std::vector<int> slots = {0};
   CHECK_THROWS_WITH_AS(ref.draft(slots, 1), doctest::Contains("slot 0 is empty"), Error);
 

@@ -469,13 +469,21 @@ def test_reference_extend_batch_equals_the_request_list(ref_setup, heads):
         (([0], [0], [1], taps, tokens), {"starts": [0, 1]}, "starts: 2 entries, but slots has 1"),
         (([0], [0], [-1], taps, tokens), {}, r"counts\[0\]: -1 is outside 0\.\."),
         (([0], [0], [1], taps, tokens), {"starts": [-2]}, r"starts\[0\]: -2 is outside 0\.\."),
-        (([0, 1], [6, 6], [6, 7], taps, tokens), {}, r"counts\[0\.\.1\] add up to 13 rows, past the 12 rows"),
-        (([0], [6], [2], taps, tokens), {"starts": [11]}, r"starts\[0\] \+ counts\[0\] = 13, past the 12 rows"),
+        (([0, 1], [6, 6], [6, 7], taps, tokens), {}, r"counts\[0\.\.1\] add up to 6 \+ 7 rows, past the 12 rows"),
+        (([0], [6], [2], taps, tokens), {"starts": [11]}, r"starts\[0\] \+ counts\[0\] = 11 \+ 2, past the 12 rows"),
         (([0], [6], [1], taps, tokens[:5]), {}, "taps has 12 rows but tokens has 5 entries"),
         (([0], [6], [1], taps[:, :-1], tokens), {}, "taps: expected shape"),
         (([0], [6], [1], taps, tokens.astype(np.int64)), {}, "tokens: expected int32"),
         (([0], [6], [1], taps, tokens), {"starts": [np.float32(1)]}, "starts"),
         (([0, 0], [6, 6], [1, 1], taps, tokens), {}, "slot 0"),
+        # Positions and counts at the integer limits: refused, never wrapped.
+        (([0, 1], [0, 0], [6, 2**63 - 1], taps, tokens), {}, r"add up to 6 \+ 9223372036854775807 rows, past"),
+        (([0], [6], [2**63 - 1], taps, tokens), {"starts": [1]}, r"= 1 \+ 9223372036854775807, past"),
+        (([0], [6], [2**63], taps, tokens), {}, r"counts\[0\]: 9223372036854775808 is outside"),
+        (([2], [2**63 - 1], [2], taps, tokens), {}, r"last position 9223372036854775807 \+ 1 exceeds"),
+        (([2], [2**63 - 5], [8], taps, tokens), {}, r"last position 9223372036854775803 \+ 7 exceeds"),
+        (([2], [2**31 - 1], [1], taps, tokens), {}, r"last position 2147483647 \+ 0 exceeds"),
+        (([2], [-(2**63)], [1], taps, tokens), {}, r"first position -9223372036854775808 is negative"),
     ]:
         with pytest.raises((tfe.Error, TypeError), match=message):
             ref.extend_batch(*args, **kwargs)
@@ -568,6 +576,13 @@ def test_reference_refusals_change_nothing(ref_setup):
         (("0", 6, taps, tokens), TypeError, r"slot: expected an int, got str"),
         ((0, 6.0, taps, tokens), TypeError, r"first_pos: expected an int, got float"),
         ((True, 6, taps, tokens), TypeError, r"slot: expected an int, got bool"),
+        # Positions at the integer limits: refused, never wrapped into a ring row.
+        ((2, 2**63 - 1, taps[:2], tokens[:2]), tfe.Error, r"last position 9223372036854775807 \+ 1 exceeds"),
+        ((2, 2**63 - 5, taps, tokens), tfe.Error, r"last position 9223372036854775803 \+ 2 exceeds"),
+        ((2, 2**31 - 1, taps, tokens), tfe.Error, r"last position 2147483647 \+ 2 exceeds"),
+        ((2, -(2**63), taps, tokens), tfe.Error, r"first position -9223372036854775808 is negative"),
+        ((2, 2**63, taps, tokens), tfe.Error, r"first_pos: 9223372036854775808 is outside"),
+        ((0, 2**63 - 1, taps, tokens), tfe.Error, r"exceeds"),
     ]
     for args, error, pattern in extend_cases:
         with pytest.raises(error, match=pattern):
