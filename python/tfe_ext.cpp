@@ -1027,6 +1027,38 @@ NB_MODULE(_tfe, m) {
   m.def(
       "presets", [] { return tfe::preset_names(); }, "The names of the built-in head shapes.");
 
+  struct PyArtifact {
+    std::string path;
+  };
+  nb::class_<PyArtifact>(m, "Artifact", "A deploy artifact directory (tfe.compile, `tfe-plan compile -o`).")
+      .def(
+          "__init__", [](PyArtifact* self, nb::handle path) { new (self) PyArtifact{as_path(path, "path").string()}; },
+          "path"_a.none(), nb::sig("def __init__(self, path: str | os.PathLike[str]) -> None"))
+      .def_ro("path", &PyArtifact::path)
+      .def(
+          "verify",
+          [](const PyArtifact& a, nb::handle head) {
+            const std::string head_path = head.is_none() ? std::string() : as_path(head, "head").string();
+            tfe::ArtifactInfo info;
+            {
+              nb::gil_scoped_release release;
+              info = tfe::verify_artifact(a.path, head_path);
+            }
+            nb::dict d;
+            d["arch"] = info.arch;
+            d["nvrtc_version"] = info.nvrtc_version;
+            d["head_sha256"] = info.head_sha256;
+            d["kernels"] = info.kernels;
+            d["cubin_bytes"] = info.cubin_bytes;
+            return d;
+          },
+          "head"_a.none() = nb::none(),
+          nb::sig("def verify(self, head: str | os.PathLike[str] | None = None) -> dict[str, Any]"),
+          "`tfe-plan inspect DIR`: checks the artifact on the CPU (manifest, every sha256, the head the plan was made\n"
+          "for; with `head`, that this head file is the one it was compiled for) and returns what it records.\n"
+          "Raises tfe.Error naming the file and the mismatch.")
+      .def("__repr__", [](const PyArtifact& a) { return fmt::format("Artifact({:?})", a.path); });
+
   nb::class_<PyHead>(m, "HeadFile", "A .tfe head file, mapped read-only and validated.")
       .def(
           "__init__",

@@ -20,6 +20,7 @@
 #include <tfe/head_file.h>
 #include "core/numeric.h"
 #include "eagle3_checkpoint.h"
+#include "test_util.h"
 
 using namespace tfe;
 namespace fs = std::filesystem;
@@ -562,6 +563,18 @@ TEST_CASE("tfe-plan convert writes a head that opens and verifies, and a bad che
                                 (s.dir / "x.tfe").string())
                         .c_str()) != 0);
   CHECK(!fs::exists(s.dir / "x.tfe"));
+  // -o naming one of the checkpoint's own files (of the head or the target) is refused; both stay as they were.
+  for (const fs::path& input : {s.dir / "head" / "config.json", s.dir / "target" / "config.json"}) {
+    CAPTURE(input);
+    const std::string before = tfe::test::read_text(input);
+    const auto [rc, out] =
+        tfe::test::run_command(fmt::format("{} convert {} --target {} -o {}", TFE_PLAN_EXE, (s.dir / "head").string(),
+                                           (s.dir / "target").string(), input.string()));
+    CAPTURE(out);
+    CHECK(rc != 0);
+    CHECK(out.find("is the command's input") != std::string::npos);
+    CHECK(tfe::test::read_text(input) == before);
+  }
 }
 
 TEST_CASE("convert: vLLM's top-level tap key is read as is, and disagreeing or out-of-range tap layers are refused") {

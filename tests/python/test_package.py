@@ -197,6 +197,20 @@ def test_random_head_from_a_config(tmp_path):
     config.write_text("\n".join(line[4:] for line in block.group(1).splitlines()) + "\n")
     head = tfe.random_head(None, tmp_path / "c.tfe", config=config, seed=3)
     assert head.header == tfe.Preset("tiny").header
+    # The output rule: never the config it reads, a device, a FIFO or a directory; each left as it was.
+    before = config.read_bytes()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for out, message in [
+        (config, r"out .*header\.yaml: is the command's input"),
+        ("/dev/null", r"out /dev/null: is a character device"),
+        (fifo, r"is a FIFO"),
+        (tmp_path, r"is a directory"),
+    ]:
+        with pytest.raises(tfe.Error, match=message):
+            tfe.random_head(None, out, config=config, seed=3)
+    assert config.read_bytes() == before
+    assert fifo.is_fifo() and pathlib.Path("/dev/null").is_char_device()
 
 
 def write_eagle3_checkpoint(directory, **config_overrides):
@@ -275,6 +289,12 @@ def test_convert_refusals(tmp_path):
     with pytest.raises(tfe.Error, match="window"):
         tfe.convert(write_eagle3_checkpoint(tmp_path / "ok"), tmp_path / "a.tfe", window=0)
     assert not (tmp_path / "a.tfe").exists()
+    # Its own checkpoint's file as the output: refused before the conversion, the file as it was.
+    weights = tmp_path / "ok" / "model.safetensors"
+    before = weights.read_bytes()
+    with pytest.raises(tfe.Error, match=r"convert: out .*model\.safetensors: is the command's input"):
+        tfe.convert(tmp_path / "ok", weights)
+    assert weights.read_bytes() == before
 
 
 @needs_safetensors
@@ -353,6 +373,28 @@ def test_compile_writes_the_artifact(heads, tmp_path):
     assert manifest["arch"] == "sm_90"
     assert (tmp_path / "deploy" / "plan.yaml").read_text() == tfe.plan_yaml(head, buckets=[1, 2], max_steps=2, fp8="off")
     assert len(list((tmp_path / "deploy" / "kernels").glob("*.cubin"))) == s["specs"]
+    # A trailing slash names the same folder, new or existing (the README's form).
+    for _ in range(2):
+        tfe.compile(head, f"{tmp_path / 'slash'}/", buckets=[1, 2], max_steps=2, fp8="off")
+        assert json.loads((tmp_path / "slash" / "manifest.json").read_text()) == manifest
+    # A folder that is not an artifact is refused before any kernel compiles, and keeps its files.
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    seen = []
+    with pytest.raises(tfe.Error, match=r"holds no manifest\.json"):
+        tfe.compile(head, f"{tmp_path / 'mine'}/", buckets=[1, 2], max_steps=2, fp8="off", progress=seen.append)
+    assert seen == [] and (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    # Verified on the CPU: every sha256, and the head it was compiled for.
+    info = tfe.Artifact(tmp_path / "deploy").verify(head=head.path)
+    assert info["kernels"] == s["specs"] and info["head_sha256"] == head.header_sha256
+    with pytest.raises(tfe.Error, match="compiled for the head with sha256"):
+        tfe.Artifact(tmp_path / "deploy").verify(head=heads("tiny-two-stage").path)
+    cubin = sorted((tmp_path / "deploy" / "kernels").glob("*.cubin"))[0]
+    data = bytearray(cubin.read_bytes())
+    data[len(data) // 2] ^= 1
+    cubin.write_bytes(bytes(data))
+    with pytest.raises(tfe.Error, match=r"\.cubin has sha256 .*the manifest records"):
+        tfe.Artifact(f"{tmp_path / 'deploy'}/").verify()
 
 
 def test_compile_progress_error_is_raised(heads, tmp_path):
