@@ -46,6 +46,19 @@ void check_extend_requests(const SlotTable& slots, std::span<const ExtendRequest
   }
 }
 
+void check_finite_taps(std::span<const ExtendRequest> requests, int64_t row_width) {
+  for (const auto& r : requests)
+    for (size_t i = 0; i < r.taps.size(); ++i)
+      if ((r.taps[i] & 0x7F80) == 0x7F80) {  // bf16 exponent all ones: an infinity or a NaN
+        const int64_t row = static_cast<int64_t>(i) / row_width;
+        fail(
+            "extend of slot {}: taps row {} (position {}) holds {} at value {} of the row; non-finite taps are "
+            "refused while checks are on (this call changed nothing)",
+            r.slot, row, r.first_pos + row, (r.taps[i] & 0x7F) != 0 ? "NaN" : "an infinity",
+            static_cast<int64_t>(i) % row_width);
+      }
+}
+
 SlotTable::SlotTable(const SlotLimits& limits) : limits_(limits) {
   if (limits.max_slots < 1) fail("slot table: max_slots = {} must be >= 1", limits.max_slots);
   if (limits.max_steps < 1) fail("slot table: max_steps = {} must be >= 1", limits.max_steps);

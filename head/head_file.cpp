@@ -481,15 +481,18 @@ void SafetensorsFile::parse() {
     entries.push_back(parse_entry(key, value, label));
   }
 
+  // Offsets past the data first, each naming its own tensor: sorted, a tensor past the end would leave a
+  // "gap" before an unrelated one, which the contiguity pass below would report instead.
+  for (const auto& e : entries)
+    if (e.end > data_size)
+      fail("{}: tensor `{}`: data_offsets [{}, {}] are out of range: the data section has {} bytes", label, e.view.name,
+           e.begin, e.end, data_size);
   // Zero-size tensors sort before a tensor that starts at the same offset, so that contiguity reads simply.
   std::sort(entries.begin(), entries.end(),
             [](const RawEntry& a, const RawEntry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
   uint64_t expected = 0;
   std::string previous = "the start of the data section";
   for (auto& e : entries) {
-    if (e.end > data_size)
-      fail("{}: tensor `{}`: data_offsets [{}, {}] are out of range: the data section has {} bytes", label, e.view.name,
-           e.begin, e.end, data_size);
     if (e.begin > expected)
       fail("{}: tensor `{}`: gap of {} bytes before it (it begins at {}; {} ends at {})", label, e.view.name,
            e.begin - expected, e.begin, previous, expected);

@@ -438,7 +438,8 @@ Runtime open_runtime(const HeadFile& file, const OpenOptions& o, const TestHooks
     if (o.capture == OpenOptions::Capture::at_open) r.capture_all();
   }
   Runtime rt = RuntimeAccess::make(std::move(impl));
-  if (self_check_from_environment(o.self_check)) {
+  r.check_taps = self_check_from_environment(o.self_check);
+  if (r.check_taps) {
     // The check's calls are not the engine's. Its slots are reset; the arena and the host arena are zeroed
     // again, as open left them (every slot's ring and state, the scratch slot's included, the outputs); the
     // counters and the last outputs are put back. A graph the check captured under lazy capture stays, counted.
@@ -611,6 +612,7 @@ void Runtime::extend(std::span<const ExtendRequest> requests, std::optional<cuda
   const int64_t row_width = static_cast<int64_t>(h.taps.size()) * h.target_hidden;
   // Every request is checked before anything changes (the CPU reference's checks and messages).
   check_extend_requests(r.slots, requests, row_width);
+  if (r.check_taps) check_finite_taps(requests, row_width);
   if (requests.empty()) return;
   const cudaStream_t s = r.stream_for(stream);
 

@@ -611,6 +611,21 @@ TEST_CASE("convert: vLLM's top-level tap key is read as is, and disagreeing or o
   CHECK(error_of(options(s.dir / "huge"))
             .find("field `eagle_config.eagle_aux_hidden_state_layer_ids` holds layer 9223372036854775807, outside "
                   "-1048576..1048576") != std::string::npos);
+  // Repeated, reordered and float layer ids are refused by the key, naming the entry.
+  const std::vector<std::pair<json, std::string>> bad = {
+      {json{3, 3, 3}, "= [3,3,3] is not strictly increasing (3 after 3)"},
+      {json{5, 3, 1}, "is not strictly increasing (3 after 5)"},
+      {json{1, 3.0, 5}, "field `eagle_config.eagle_aux_hidden_state_layer_ids`[1] = 3.0 is not an integer layer id"},
+      {json{1, "3", 5}, "[1] = \"3\" is not an integer layer id"},
+  };
+  for (const auto& [ids, message] : bad) {
+    CAPTURE(message);
+    c.config["eagle_config"] = {{"eagle_aux_hidden_state_layer_ids", ids}};
+    write_ckpt(s.dir / "bad-ids", c);
+    const std::string error = error_of(options(s.dir / "bad-ids"));
+    CAPTURE(error);
+    CHECK(error.find(message) != std::string::npos);
+  }
 }
 
 TEST_CASE("convert: a head over the whole vocabulary may omit d2t (identity), as the engines allow") {

@@ -134,6 +134,7 @@ class Reference:
         fp8: str = "auto",
         threads: int = 0,
         cand_k: int = 0,
+        check_taps: bool = False,
     ) -> None: ...
     @overload
     def extend(self, slot: int, first_pos: int, taps: _ArrayLike, tokens: _ArrayLike) -> None: ...

@@ -183,6 +183,10 @@ def test_random_head_equals_the_cli(tmp_path):
         tfe.random_head(None, tmp_path / "c.tfe")
     with pytest.raises(tfe.Error, match="seed"):
         tfe.random_head("tiny", tmp_path / "c.tfe", seed=-1)
+    with pytest.raises(tfe.Error, match=r"threads = -5 is outside 0\.\.1024"):
+        tfe.random_head("tiny", tmp_path / "c.tfe", threads=-5)
+    with pytest.raises(tfe.Error, match=r"out: .* holds a NUL byte"):
+        tfe.random_head("tiny", f"{tmp_path}/c\0.tfe")
     assert not (tmp_path / "c.tfe").exists()
 
 
@@ -612,6 +616,8 @@ def test_reference_refusals_change_nothing(ref_setup):
         ((0, 8, taps, tokens), tfe.Error, r"first position 8 does not continue the slot \(expected 6; a gap"),
         ((0, 5, taps, tokens), tfe.Error, r"expected 6; a step back"),
         ((0, 6, taps[:0], tokens[:0]), tfe.Error, r"a span of 0 rows"),
+        ((0, 6, np.empty((0, W), np.uint16), np.empty(0, np.int32)), tfe.Error, r"a span of 0 rows"),
+        ((0, 6, np.lib.stride_tricks.as_strided(taps, (0, W), (0, 0)), tokens[:0]), tfe.Error, r"a span of 0 rows"),
         ((0, 6, taps, np.array([1, h["vocab"], 2], dtype=np.int32)), tfe.Error,
          rf"tokens\[1\] = {h['vocab']} is outside \[0, {h['vocab']}\)"),
         ((0, 6, taps, np.array([1, -1, 2], dtype=np.int32)), tfe.Error, r"tokens\[1\] = -1"),
@@ -675,12 +681,35 @@ def test_reference_refusals_change_nothing(ref_setup):
     assert not same_draft(ref.draft([0, 1], 3), baseline)
 
 
+def test_reference_check_taps_refuses_non_finite_rows(ref_setup, heads):
+    """check_taps: a NaN or infinite tap is refused naming slot, row and position, and changes nothing;
+    off (the default), the row is taken."""
+    make, h, baseline = ref_setup
+    taps, tokens = random_rows(h, 3, seed=8)
+    bad = taps.copy()
+    bad[1, 5] = 0x7FC0  # bf16 NaN
+    checked = tfe.Reference(heads("tiny"), max_slots=4, max_steps=4, check_taps=True)
+    with pytest.raises(tfe.Error, match=r"extend of slot 2: taps row 1 \(position 41\) holds NaN at value 5"):
+        checked.extend(2, 40, bad, tokens)
+    bad[1, 5] = 0x7F80  # +inf
+    with pytest.raises(tfe.Error, match="holds an infinity"):
+        checked.extend_batch([2], [40], [3], bad, tokens)
+    checked.extend(2, 40, taps, tokens)  # still usable, the slot untouched
+    tfe.Reference(heads("tiny"), max_slots=4, max_steps=4).extend(2, 40, bad, tokens)
+
+
 def test_reference_options_refused(heads):
     head = heads("tiny")
     with pytest.raises(tfe.Error, match="max_steps"):
         tfe.Reference(head, max_steps=17)
     with pytest.raises(tfe.Error, match="max_slots"):
         tfe.Reference(head, max_slots=0)
+    with pytest.raises(tfe.Error, match=r"max_slots: 67108864 is outside 1\.\.4096"):
+        tfe.Reference(head, max_slots=2**26)
+    with pytest.raises(tfe.Error, match=r"threads = -5 is outside 0\.\.1024"):
+        tfe.Reference(head, threads=-5)
+    with pytest.raises(tfe.Error, match=r"head: .* holds a NUL byte at offset 3"):
+        tfe.Reference("abc\0def.tfe")
     with pytest.raises(tfe.Error, match="fp8.*sometimes"):
         tfe.Reference(head, fp8="sometimes")
     with pytest.raises(tfe.Error, match="fp8 = require: linear `fc` has no FP8 form"):
