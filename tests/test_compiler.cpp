@@ -25,10 +25,10 @@
 
 namespace fs = std::filesystem;
 using namespace tfe;
-using tfe::test::read_text;
-using tfe::test::TempDir;
 using tfe::test::random_head_bytes;
+using tfe::test::read_text;
 using tfe::test::run_command;
+using tfe::test::TempDir;
 using tfe::test::write_file;
 using tfe::test::write_text;
 
