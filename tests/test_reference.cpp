@@ -708,7 +708,7 @@ TEST_CASE("reference: a refused extend changes no slot, and reset starts a slot 
   CHECK(same(ref.draft(slots, 2), fresh.draft(slots, 2)));
 }
 
-TEST_CASE("reference: with check_taps, a NaN or infinite tap is refused naming slot and row; off, it is taken") {
+TEST_CASE("reference: with check_taps, a NaN or infinite tap is refused naming slot and row, and taken without") {
   const HeadHeader h = preset_header("tiny");
   const auto bytes = test::random_head_bytes(h, 3);
   const HeadFile file = open_bytes(bytes);
