@@ -35,7 +35,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -53,6 +53,7 @@
 
 #include "tools/plan_options.h"
 #include "core/error.h"
+#include "core/files.h"
 #include <tfe/head_file.h>
 #include <tfe/header.h>
 #include "core/numeric.h"
@@ -531,7 +532,7 @@ int run(const Options& o) {
   });
   if (!rt) {
     out["errors"] = errors;
-    if (!o.json_out.empty()) std::ofstream(o.json_out) << out.dump(2) << "\n";
+    if (!o.json_out.empty()) tfe::files::write_atomic(o.json_out, out.dump(2) + "\n", "--json");
     return 1;
   }
 
@@ -824,18 +825,14 @@ int run(const Options& o) {
                  e["confidence_at_max_streams"].get<double>());
   std::fflush(stdout);
 
-  if (!o.json_out.empty()) {
-    std::ofstream f(o.json_out);
-    f << out.dump(2) << "\n";
-    if (!f) std::fprintf(stderr, "tfe-bench: cannot write %s\n", o.json_out.c_str());
-  }
+  if (!o.json_out.empty()) tfe::files::write_atomic(o.json_out, out.dump(2) + "\n", "--json");
   if (!o.csv_out.empty()) {
-    std::ofstream f(o.csv_out);
-    f << "preset,dtype,streams,steps,graph_us,graph_us_per_step,eager_us,eager_us_per_step,floor_us_per_step,ratio,"
+    std::string f;
+    f += "preset,dtype,streams,steps,graph_us,graph_us_per_step,eager_us,eager_us_per_step,floor_us_per_step,ratio,"
          "step_bytes\n";
     for (const auto& r : rows) {
       auto num = [](bool have, double v) { return have ? fmt::format("{:.3f}", v) : std::string(); };
-      f << fmt::format(
+      f += fmt::format(
           "{},{},{},{},{},{},{},{},{:.3f},{},{}\n", h.name, out["dtype"].get<std::string>(), r.streams, r.steps,
           num(bool(r.graph), r.graph ? r.graph->median : 0),
           num(bool(r.graph), r.graph ? r.graph->median / r.steps : 0),
@@ -844,7 +841,7 @@ int run(const Options& o) {
           num(r.graph && r.floor_us > 0, r.graph && r.floor_us > 0 ? r.graph->median / r.steps / r.floor_us : 0),
           r.step_bytes);
     }
-    if (!f) std::fprintf(stderr, "tfe-bench: cannot write %s\n", o.csv_out.c_str());
+    tfe::files::write_atomic(o.csv_out, f, "--csv");
   }
   return parts.any_failed() ? 1 : 0;
 }
@@ -894,6 +891,16 @@ int main(int argc, char** argv) {
   app.add_flag("--reference", reference,
                "no GPU: only --drafts-out, through the CPU reference (the largest --streams slots, 8 steps)");
   CLI11_PARSE(app, argc, argv);
+  // The outputs follow tfe-plan's rule (core/files.h), checked before the GPU or the head is touched.
+  try {
+    const std::vector<std::filesystem::path> inputs = {o.head, o.artifact};
+    for (const auto& [flag, path] :
+         {std::pair{"--json", &o.json_out}, {"--csv", &o.csv_out}, {"--drafts-out", &o.drafts_out}})
+      if (!path->empty()) tfe::files::check_output(*path, flag, inputs);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tfe-bench: %s\n", e.what());
+    return 1;
+  }
 
   if (reference) {
     try {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <exception>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <sstream>
@@ -44,10 +46,47 @@ constexpr uint64_t kMaxArtifactFileBytes = uint64_t{1} << 30;
 
 std::string read_file(const fs::path& p) { return files::read_regular(p, "artifact file", kMaxArtifactFileBytes); }
 
-// The output of `compile` must be a directory this command owns: missing, empty, or an earlier artifact
-// (manifest.json, plan.yaml and kernels/, nothing else). Anything else is refused before any work, so that
-// nothing the command does not own is replaced.
-void check_output_dir(const fs::path& dir) {
+// A file the manifest names: relative and inside the artifact, whatever the manifest says.
+fs::path member(const fs::path& dir, const fs::path& manifest, const std::string& file) {
+  const fs::path rel = fs::path(file).lexically_normal();
+  if (file.empty() || rel.is_absolute() || *rel.begin() == "..")
+    fail("artifact: {} names file `{}`, which is not inside the artifact", manifest.string(), file);
+  return dir / rel;
+}
+
+// What `compile -o` may replace, found before any work: an empty directory, or one holding a tfe artifact
+// whose manifest parses and names every file in it (relative paths, the directories above them). The
+// directory's identity is kept so that the one moved aside at the end is known to be this one.
+struct Replaceable {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  std::set<std::string> files;  // relative to the directory, manifest.json included
+  std::set<std::string> dirs;   // the directories above those files
+};
+
+// The files an artifact's manifest names (manifest.json, plan.yaml, the CUBINs), relative to `dir`.
+std::set<std::string> manifest_files(const fs::path& dir) {
+  const fs::path manifest_path = dir / kManifest;
+  const auto m = nlohmann::json::parse(read_file(manifest_path), nullptr, /*allow_exceptions=*/false);
+  std::set<std::string> out = {kManifest};
+  auto add = [&](const nlohmann::json& entry) {
+    if (!entry.is_object() || !entry.contains("file") || !entry["file"].is_string())
+      fail("artifact: {} is not a tfe artifact's manifest (an entry without a `file`); give an empty or new directory",
+           manifest_path.string());
+    out.insert(member(dir, manifest_path, entry["file"].get<std::string>()).lexically_relative(dir).generic_string());
+  };
+  if (!m.is_object() || !m.contains("artifact_schema") || !m.contains("plan") || !m.contains("kernels") ||
+      !m["kernels"].is_array())
+    fail("artifact: {} does not parse as a tfe artifact's manifest; give an empty or new directory",
+         manifest_path.string());
+  add(m["plan"]);
+  for (const auto& k : m["kernels"]) add(k);
+  return out;
+}
+
+// The output of `compile` must be a directory this command owns: missing, empty, or an earlier artifact.
+// Anything else is refused before any work, so that nothing the command does not own is replaced.
+std::optional<Replaceable> check_output_dir(const fs::path& dir) {
   std::error_code ec;
   const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
   const fs::file_status st = fs::symlink_status(dir, ec);
@@ -59,32 +98,50 @@ void check_output_dir(const fs::path& dir) {
       existing = existing.parent_path();
     if (!fs::is_directory(existing, ec))
       fail("artifact: cannot create {}: {} is not a directory", dir.string(), existing.string());
-    if (::access(existing.c_str(), W_OK) != 0)
+    if (::access(existing.c_str(), W_OK | X_OK) != 0)
       fail("artifact: cannot create {}: {} is not writable", dir.string(), existing.string());
-    return;
+    return std::nullopt;
   }
   if (fs::is_symlink(st))
     fail("artifact: {} is a symlink; give the directory it points to ({})", dir.string(),
          fs::read_symlink(dir, ec).string());
   if (!fs::is_directory(st)) fail("artifact: {} exists and is not a directory", dir.string());
-  bool empty = true, has_manifest = false;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    empty = false;
-    const std::string name = e.path().filename().string();
-    if (name == kManifest) has_manifest = true;
-    if (name != kManifest && name != kPlanFile && name != kKernelsDir)
-      fail("artifact: {} holds `{}`, which is not part of an artifact; give an empty or new directory", dir.string(),
-           name);
+  struct stat ds {};
+  if (::lstat(dir.c_str(), &ds) != 0) fail("artifact: cannot stat {}: {}", dir.string(), std::strerror(errno));
+  Replaceable r{ds.st_dev, ds.st_ino, {}, {}};
+  if (!fs::is_empty(dir, ec)) {
+    if (!fs::exists(fs::symlink_status(dir / kManifest, ec)))
+      fail("artifact: {} is not empty and holds no {}; give an empty or new directory", dir.string(), kManifest);
+    r.files = manifest_files(dir);
+    for (const std::string& f : r.files)
+      for (fs::path up = fs::path(f).parent_path(); !up.empty(); up = up.parent_path())
+        r.dirs.insert(up.generic_string());
+    for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+         it.increment(ec)) {
+      const std::string rel = it->path().lexically_relative(dir).generic_string();
+      const fs::file_status s = it->symlink_status(ec);
+      const bool named = fs::is_directory(s) ? r.dirs.count(rel) > 0 : fs::is_regular_file(s) && r.files.count(rel) > 0;
+      if (!named)
+        fail("artifact: {} holds `{}`, which its {} does not name; give an empty or new directory", dir.string(), rel,
+             kManifest);
+    }
+    if (ec) fail("artifact: cannot list {}: {}", dir.string(), ec.message());
   }
-  if (ec) fail("artifact: cannot list {}: {}", dir.string(), ec.message());
-  if (!empty && !has_manifest)
-    fail("artifact: {} is not empty and holds no {}; give an empty or new directory", dir.string(), kManifest);
-  if (::access(parent.c_str(), W_OK) != 0)
+  if (::access(parent.c_str(), W_OK | X_OK) != 0)
     fail("artifact: cannot replace {}: its parent {} is not writable", dir.string(), parent.string());
+  return r;
 }
 
-// A new artifact is written into a directory beside the target and swapped in whole, so that a failure at
-// any point leaves the old artifact loadable. The directory is removed unless it was moved into place.
+// Removes what a replaced artifact held, by name: the files its manifest named, then the directories
+// above them, then itself. Anything else found there by then stays (rmdir fails on it).
+void remove_owned(const fs::path& dir, const Replaceable& r) {
+  for (const std::string& f : r.files) ::unlink((dir / f).c_str());
+  for (auto it = r.dirs.rbegin(); it != r.dirs.rend(); ++it) ::rmdir((dir / *it).c_str());
+  ::rmdir(dir.c_str());
+}
+
+// A new artifact is written into a directory beside the target and renamed into place, so that a failure
+// at any point leaves the old artifact loadable. The directory is removed unless it was moved into place.
 class StagingDir {
  public:
   explicit StagingDir(const fs::path& target) {
@@ -110,45 +167,80 @@ class StagingDir {
   }
   const fs::path& path() const { return path_; }
 
-  // Puts the staged artifact at `target`. Where one is there, the two are exchanged in one step
-  // (renameat2 RENAME_EXCHANGE) and the old one, now here, goes with this directory.
-  void swap_into(const fs::path& target) {
-    std::error_code ec;
-    if (!fs::exists(fs::symlink_status(target, ec))) {
-      if (::rename(path_.c_str(), target.c_str()) != 0)
+  // Puts the staged artifact at `target`, each step a rename that refuses to replace what it did not
+  // check: to a missing target, a rename that fails if anything appeared there (RENAME_NOREPLACE); over
+  // `old`, an exchange (RENAME_EXCHANGE) after which the directory now here must be `old` itself (same
+  // inode, still holding only what its manifest names), else the exchange is undone and nothing is lost.
+  void swap_into(const fs::path& target, const std::optional<Replaceable>& old) {
+    if (!old) {
+      if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) == 0) {
+        path_.clear();
+        return;
+      }
+      if (errno == EEXIST || errno == ENOTEMPTY)
+        fail(
+            "artifact: {} was created by something else while this compile ran; it was left as it is (run again "
+            "to replace it, if it is an artifact)",
+            target.string());
+      // A file system without RENAME_NOREPLACE: a plain rename, which replaces at most an empty directory.
+      if ((errno != EINVAL && errno != ENOSYS) || ::rename(path_.c_str(), target.c_str()) != 0)
         fail("artifact: cannot move the new artifact into place as {}: {}", target.string(), std::strerror(errno));
       path_.clear();
       return;
     }
-    if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) return;
-    if (errno != EINVAL && errno != ENOSYS)
-      fail("artifact: cannot swap the new artifact into {}: {}", target.string(), std::strerror(errno));
-    // A file system without the exchange: the old artifact steps aside and comes back on a failure.
+    if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
+      if (errno != EINVAL && errno != ENOSYS)
+        fail("artifact: cannot swap the new artifact into {}: {}", target.string(), std::strerror(errno));
+      swap_by_renames(target, *old);
+      return;
+    }
+    // The directory that was at `target` is now at path_.
+    if (!still_owned(path_, *old)) {
+      const int undo = ::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE);
+      fail("artifact: {} changed while this compile ran (it is not the artifact checked before); {}", target.string(),
+           undo == 0 ? "it was left as it is" : fmt::format("it is now at {}", path_.string()));
+    }
+    remove_owned(path_, *old);
+    path_.clear();
+  }
+
+ private:
+  static bool still_owned(const fs::path& dir, const Replaceable& old) {
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) != 0 || st.st_dev != old.dev || st.st_ino != old.ino) return false;
+    try {
+      const std::optional<Replaceable> now = check_output_dir(dir);
+      return now && now->files == old.files;
+    } catch (const Error&) {
+      return false;
+    }
+  }
+
+  // Without the exchange: the old artifact steps aside to a name of ours, is checked there, and comes back
+  // on any failure.
+  void swap_by_renames(const fs::path& target, const Replaceable& old) {
     const fs::path aside = fs::path(path_.string() + ".old");
     if (::rename(target.c_str(), aside.c_str()) != 0)
       fail("artifact: cannot move the old artifact {} aside: {}", target.string(), std::strerror(errno));
+    if (!still_owned(aside, old)) {
+      ::rename(aside.c_str(), target.c_str());
+      fail("artifact: {} changed while this compile ran (it is not the artifact checked before); it was left as it is",
+           target.string());
+    }
     if (::rename(path_.c_str(), target.c_str()) != 0) {
       const int err = errno;
       ::rename(aside.c_str(), target.c_str());
       fail("artifact: cannot move the new artifact into place as {}: {}", target.string(), std::strerror(err));
     }
-    path_ = aside;
+    path_.clear();
+    remove_owned(aside, old);
   }
 
- private:
   fs::path path_;
 };
 
 fs::path cubin_path(const fs::path& dir, std::string_view uri) {
   return dir / kKernelsDir / fmt::format("{}.cubin", uri);
-}
-
-// A file the manifest names: relative and inside the artifact, whatever the manifest says.
-fs::path member(const fs::path& dir, const fs::path& manifest, const std::string& file) {
-  const fs::path rel = fs::path(file).lexically_normal();
-  if (file.empty() || rel.is_absolute() || *rel.begin() == "..")
-    fail("artifact: {} names file `{}`, which is not inside the artifact", manifest.string(), file);
-  return dir / rel;
 }
 
 // Compiles `units` on a pool of threads; results in `units` order. Stops handing out work after the
@@ -194,6 +286,20 @@ const ArtifactKernel& Artifact::kernel(std::string_view uri) const {
   fail("artifact: no kernel `{}` (the plan names {} specializations)", uri, kernels.size());
 }
 
+fs::path artifact_output_dir(const std::string& out_dir) {
+  if (out_dir.empty()) fail("artifact: the output directory is empty; name a directory");
+  if (out_dir.find('\0') != std::string::npos) fail("artifact: the output directory holds a NUL byte");
+  // "deploy/" and "deploy" are one directory; the rename steps need it without the trailing separator.
+  fs::path dir = fs::path(out_dir).lexically_normal();
+  while (!dir.has_filename() && dir.has_relative_path()) dir = dir.parent_path();
+  const std::string name = dir.filename().string();
+  if (name.empty() || name == "." || name == "..")
+    fail("artifact: {} names no directory that can be replaced; name one inside it (e.g. {}/deploy)", out_dir, out_dir);
+  return dir;
+}
+
+void check_artifact_output(const std::string& out_dir) { (void)check_output_dir(artifact_output_dir(out_dir)); }
+
 std::string format_progress(const CompileProgress& p) {
   return fmt::format("[{}/{}] {}... ({}, {:.0f} ms)", p.done, p.total, p.uri, p.hit ? "hit" : "miss", p.ms);
 }
@@ -204,8 +310,8 @@ CompileSummary compile_plan(const Plan& plan, const std::string& out_dir, const 
   CompileOptions options = base_options;
   options.arch = plan.options.arch;
   nvrtc_options(options);  // refuses a bad arch before any work
-  const fs::path dir = fs::path(out_dir).lexically_normal();
-  check_output_dir(dir);
+  const fs::path dir = artifact_output_dir(out_dir);
+  const std::optional<Replaceable> old = check_output_dir(dir);
 
   std::vector<CompileUnit> units;
   for (const auto& s : plan.specs) units.push_back(make_compile_unit(s));
@@ -247,7 +353,7 @@ CompileSummary compile_plan(const Plan& plan, const std::string& out_dir, const 
       {"kernels", kernels},
   };
   files::write_atomic(staging.path() / kManifest, manifest.dump(2) + "\n", "artifact file");
-  staging.swap_into(dir);
+  staging.swap_into(dir, old);
   summary.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return summary;
 }

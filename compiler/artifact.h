@@ -9,6 +9,7 @@
 // manifest and does not load.
 #pragma once
 #include <cstddef>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -57,10 +58,17 @@ struct CompileSummary {
   std::string out_dir;
 };
 
+// The output directory `out_dir` names ("deploy/" is "deploy"); "", ".", ".." and "/" are refused.
+std::filesystem::path artifact_output_dir(const std::string& out_dir);
+// Refuses an output directory compile_plan would refuse (what it holds, where it is), before any work.
+void check_artifact_output(const std::string& out_dir);
+
 // Compiles every spec of `plan` for plan.options.arch through `cache`, on hardware_concurrency threads,
-// and writes the artifact to `out_dir`: a new directory, an empty one, or an earlier artifact, which is
-// replaced whole once the new one is complete (a failure leaves it as it was). Anything else there is
-// refused before any work. The first compile error is rethrown once the workers stop.
+// and writes the artifact to `out_dir`: a new directory, an empty one, or an earlier artifact (a manifest
+// that parses and names every file there), which is replaced whole once the new one is complete (a
+// failure leaves it as it was). Anything else there is refused before any work, and a directory created
+// or changed there while the compile runs is left as it is (the compile then fails). The first compile
+// error is rethrown once the workers stop.
 CompileSummary compile_plan(const Plan& plan, const std::string& out_dir, const ProgressFn& progress,
                             const KernelCache& cache, const CompileOptions& base_options = {});
 // The same through KernelCache::from_environment().

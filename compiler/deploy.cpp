@@ -1,11 +1,12 @@
 // <tfe/deploy.h>: the deploy steps of tfe-plan as calls, each a thin layer over its stage.
 #include <tfe/deploy.h>
 
-#include <fstream>
-#include <sstream>
+#include <filesystem>
+#include <vector>
 
 #include "compiler/artifact.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "head/convert.h"
 #include "head/fp8.h"
 #include "head/header_yaml.h"
@@ -20,16 +21,14 @@ static_assert(kDefaultConvertWindow == CheckpointOptions{}.window, "convert's de
 HeadHeader write_random_head(const RandomHeadOptions& o, const std::string& out_path) {
   if (o.preset.empty() == o.config_path.empty())
     fail("random head: give exactly one of a preset and a config file (got {})", o.preset.empty() ? "neither" : "both");
+  files::check_output(out_path, "random head: out", std::vector<std::filesystem::path>{o.config_path});
   HeadHeader h;
   if (!o.preset.empty()) {
     h = preset_header(o.preset);
   } else {
-    std::ifstream in(o.config_path);
-    if (!in) fail("random head: cannot read the config {}", o.config_path);
-    std::stringstream text;
-    text << in.rdbuf();
+    const std::string text = files::read_regular(o.config_path, "random head: config", kMaxHeaderYamlBytes);
     try {
-      h = header_from_yaml_text(text.str());
+      h = header_from_yaml_text(text);
     } catch (const Error& e) {
       fail("random head: config {}: {}", o.config_path, e.what());
     }
@@ -52,6 +51,8 @@ ConvertOptions convert_options(const CheckpointOptions& o) {
 }  // namespace
 
 HeadHeader convert_checkpoint(const CheckpointOptions& o, const std::string& out_path) {
+  files::check_output(out_path, "convert: out",
+                      std::vector<std::filesystem::path>{o.eagle_dir, o.target_dir.value_or(std::string())});
   const HeadWriter writer = convert_eagle3(convert_options(o));
   writer.write(out_path);
   return writer.header();
@@ -81,6 +82,21 @@ ArtifactSummary compile_artifact(const PlanSource& source, const PlanOptions& op
   if (progress) report = [&progress](const CompileProgress& p) { progress(format_progress(p)); };
   const CompileSummary s = compile_plan(plan, out_dir, report, cache);
   return {s.specs, s.hits, s.misses, s.wall_ms, s.out_dir, cache.dir(plan.options.arch).string()};
+}
+
+ArtifactInfo verify_artifact(const std::string& dir, const std::string& head_path) {
+  const Artifact a = load_artifact(dir);
+  ArtifactInfo info{dir, a.arch, a.nvrtc_version, a.plan.head_sha256, a.kernels.size(), 0};
+  for (const auto& k : a.kernels) info.cubin_bytes += k.cubin.size();
+  if (!head_path.empty()) {
+    const std::string sha = HeadFile::open(head_path).header_sha256();
+    if (info.head_sha256.empty())
+      fail("artifact {}: compiled from a preset, not for head {} (sha256 {})", dir, head_path, sha);
+    if (sha != info.head_sha256)
+      fail("artifact {}: compiled for the head with sha256 {}, but {} has sha256 {}; compile it for this head", dir,
+           info.head_sha256, head_path, sha);
+  }
+  return info;
 }
 
 }  // namespace tfe

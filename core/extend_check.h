@@ -18,4 +18,10 @@ void check_extend_requests(const SlotTable& slots, std::span<const ExtendRequest
 // tokens' values are checked on the device.
 void check_extend_requests(const SlotTable& slots, std::span<const DeviceExtendRequest> requests, int64_t row_width);
 
+// The policy for non-finite taps (docs/runtime.md): off by default, at no cost; when checks are on
+// (ReferenceOptions::check_taps, the runtime's self-check: OpenOptions::self_check or TFE_CHECK=1) a host
+// extend holding a NaN or an infinity in its taps is refused naming the slot, the row, its position and
+// the value's index, before anything changes. Run after check_extend_requests (the sizes are checked).
+void check_finite_taps(std::span<const ExtendRequest> requests, int64_t row_width);
+
 }  // namespace tfe

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "core/error.h"
@@ -74,38 +75,105 @@ std::string read_regular(const fs::path& path, std::string_view what, uint64_t m
   return out;
 }
 
-void write_atomic(const fs::path& path, std::span<const std::byte> bytes, std::string_view what) {
-  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  std::string tmp = (dir / ("." + path.filename().string() + ".tmp-XXXXXX")).string();
-  // mkostemp creates the file exclusively (O_EXCL): a name planted there, link or not, is never written.
-  Fd fd(::mkostemp(tmp.data(), O_CLOEXEC));
-  if (fd.get() < 0)
-    fail("{} {}: cannot create a temporary file in {}: {}", what, path.string(), dir.string(), std::strerror(errno));
-  bool committed = false;
-  struct Cleanup {
-    const std::string& tmp;
-    const bool& committed;
-    ~Cleanup() {
-      if (!committed) ::unlink(tmp.c_str());
-    }
-  } cleanup{tmp, committed};
-  const auto* p = reinterpret_cast<const char*>(bytes.data());
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd.get(), p + done, std::min<size_t>(bytes.size() - done, size_t{1} << 30));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
-      fail("{} {}: writing failed after {} of {} bytes: {}", what, path.string(), done, bytes.size(),
-           std::strerror(errno));
-    done += static_cast<size_t>(n);
+namespace {
+
+struct FileId {
+  dev_t dev;
+  ino_t ino;
+};
+
+std::optional<FileId> file_id(const fs::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileId{st.st_dev, st.st_ino};
+}
+
+// The input that `out` is, if any: `inputs` as given, or a file directly in an input directory.
+std::optional<fs::path> same_file_as(const FileId& out, std::span<const fs::path> inputs) {
+  auto same = [&](const fs::path& p) {
+    const auto id = file_id(p);
+    return id && id->dev == out.dev && id->ino == out.ino;
+  };
+  for (const fs::path& in : inputs) {
+    if (in.empty()) continue;
+    if (same(in)) return in;
+    std::error_code ec;
+    if (!fs::is_directory(in, ec)) continue;
+    for (fs::directory_iterator it(in, ec), end; !ec && it != end; it.increment(ec))
+      if (same(it->path())) return it->path();
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void check_output(const fs::path& path, std::string_view what, std::span<const fs::path> inputs) {
+  if (path.empty()) fail("{}: names no file", what);
+  if (!path.has_filename()) fail("{} {}: ends in '/', a directory; name a file to write", what, path.string());
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode))
+      fail("{} {}: is {}; name a regular file or a new name (it would be replaced)", what, path.string(),
+           kind_of(st.st_mode));
+    if (const auto input = same_file_as(FileId{st.st_dev, st.st_ino}, inputs))
+      fail("{} {}: is the command's input {} (the same file); write to another name", what, path.string(),
+           input->string());
+    return;
+  }
+  if (errno != ENOENT && errno != ENOTDIR) fail("{} {}: cannot stat: {}", what, path.string(), std::strerror(errno));
+  // A new name (or a dangling symlink, which is replaced): its directory must exist.
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  struct stat ds {};
+  if (::stat(dir.c_str(), &ds) != 0)
+    fail("{} {}: directory {} does not exist: {}", what, path.string(), dir.string(), std::strerror(errno));
+  if (!S_ISDIR(ds.st_mode)) fail("{} {}: {} is not a directory", what, path.string(), dir.string());
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    fail("{} {}: cannot write into {}: {}", what, path.string(), dir.string(), std::strerror(errno));
+}
+
+AtomicWriter::AtomicWriter(const fs::path& path, std::string_view what) : path_(path), what_(what) {
+  check_output(path, what);
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  tmp_ = (dir / ("." + path.filename().string() + ".tmp-XXXXXX")).string();
+  // mkostemp creates the file exclusively (O_EXCL): a name planted there, link or not, is never written.
+  fd_ = Fd(::mkostemp(tmp_.data(), O_CLOEXEC));
+  if (fd_.get() < 0)
+    fail("{} {}: cannot create a temporary file in {}: {}", what, path.string(), dir.string(), std::strerror(errno));
+  created_ = true;
+}
+
+AtomicWriter::~AtomicWriter() {
+  if (created_ && !committed_) ::unlink(tmp_.c_str());
+}
+
+void AtomicWriter::write(const void* data, size_t n) {
+  const auto* p = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t w = ::write(fd_.get(), p + done, std::min<size_t>(n - done, size_t{1} << 30));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0)
+      fail("{} {}: writing failed after {} of {} bytes: {}", what_, path_.string(), done, n, std::strerror(errno));
+    done += static_cast<size_t>(w);
+  }
+}
+
+void AtomicWriter::commit() {
   // mkostemp makes 0600; what tfe writes is data that others read.
-  if (::fchmod(fd.get(), 0644) != 0) fail("{} {}: chmod: {}", what, path.string(), std::strerror(errno));
-  if (::fsync(fd.get()) != 0) fail("{} {}: fsync: {}", what, path.string(), std::strerror(errno));
-  if (::close(fd.release()) != 0) fail("{} {}: close: {}", what, path.string(), std::strerror(errno));
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    fail("{} {}: cannot move the written file into place: {}", what, path.string(), std::strerror(errno));
-  committed = true;
+  if (::fchmod(fd_.get(), 0644) != 0) fail("{} {}: chmod: {}", what_, path_.string(), std::strerror(errno));
+  if (::fsync(fd_.get()) != 0) fail("{} {}: fsync: {}", what_, path_.string(), std::strerror(errno));
+  if (::close(fd_.release()) != 0) fail("{} {}: close: {}", what_, path_.string(), std::strerror(errno));
+  // Checked again: a device or directory put at `path` since the writer began is refused, not replaced.
+  check_output(path_, what_);
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+    fail("{} {}: cannot move the written file into place: {}", what_, path_.string(), std::strerror(errno));
+  committed_ = true;
+}
+
+void write_atomic(const fs::path& path, std::span<const std::byte> bytes, std::string_view what) {
+  AtomicWriter w(path, what);
+  w.write(bytes.data(), bytes.size());
+  w.commit();
 }
 
 void write_atomic(const fs::path& path, std::string_view bytes, std::string_view what) {

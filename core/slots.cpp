@@ -1,6 +1,7 @@
 // SlotTable (<tfe/slots.h>) and the extend call's check: the host-side state model that the CPU
 // reference and the GPU runtime share.
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 #include "core/extend_check.h"
@@ -27,6 +28,11 @@ void check_extend_requests(const SlotTable& slots, std::span<const DeviceExtendR
     if (!r.tokens) fail("extend of slot {}: tokens is null", r.slot);
     if (r.taps_stride != 0 && r.taps_stride < row_width)
       fail("extend of slot {}: taps_stride = {} is below a row's {} values (T x Ht)", r.slot, r.taps_stride, row_width);
+    // The last row's address, taps + (n_rows - 1) * stride values, must be a byte offset that int64 holds.
+    const int64_t max_stride = std::numeric_limits<int64_t>::max() / int64_t{sizeof(bf16_bits)} / r.n_rows;
+    if (r.taps_stride > max_stride)
+      fail("extend of slot {}: taps_stride = {} values puts {} rows past any address (at most {})", r.slot,
+           r.taps_stride, r.n_rows, max_stride);
   }
 }
 
@@ -38,6 +44,19 @@ void check_extend_requests(const SlotTable& slots, std::span<const ExtendRequest
       fail("extend of slot {}: {} tap values for {} rows of {} values (= {})", r.slot, r.taps.size(), r.n_rows,
            row_width, r.n_rows * row_width);
   }
+}
+
+void check_finite_taps(std::span<const ExtendRequest> requests, int64_t row_width) {
+  for (const auto& r : requests)
+    for (size_t i = 0; i < r.taps.size(); ++i)
+      if ((r.taps[i] & 0x7F80) == 0x7F80) {  // bf16 exponent all ones: an infinity or a NaN
+        const int64_t row = static_cast<int64_t>(i) / row_width;
+        fail(
+            "extend of slot {}: taps row {} (position {}) holds {} at value {} of the row; non-finite taps are "
+            "refused while checks are on (this call changed nothing)",
+            r.slot, row, r.first_pos + row, (r.taps[i] & 0x7F) != 0 ? "NaN" : "an infinity",
+            static_cast<int64_t>(i) % row_width);
+      }
 }
 
 SlotTable::SlotTable(const SlotLimits& limits) : limits_(limits) {
@@ -80,10 +99,12 @@ void SlotTable::check_rows(int slot, int64_t first_pos, int64_t n_rows) const {
     fail("extend of slot {}: span of {} rows exceeds the ring of {} rows (extend in chunks)", slot, n_rows,
          limits_.ring_rows);
   if (first_pos < 0) fail("extend of slot {}: first position {} is negative", slot, first_pos);
-  const int64_t last = first_pos + n_rows - 1;
-  if (last > max_position(limits_.max_steps))
-    fail("extend of slot {}: last position {} exceeds {} (int32 positions with {} draft steps after it)", slot, last,
-         max_position(limits_.max_steps), limits_.max_steps);
+  // Compared as first_pos > max - (n_rows - 1): first_pos + n_rows - 1 overflows for a first_pos near
+  // INT64_MAX (n_rows is at most R here, so the right side cannot).
+  const int64_t max_pos = max_position(limits_.max_steps);
+  if (first_pos > max_pos - (n_rows - 1))
+    fail("extend of slot {}: last position {} + {} exceeds {} (int32 positions with {} draft steps after it)", slot,
+         first_pos, n_rows - 1, max_pos, limits_.max_steps);
   const auto& s = slots_[static_cast<size_t>(slot)];
   if (s && first_pos != int64_t{s->last_pos} + 1)
     fail(

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/limits.h"
 #include "core/files.h"
 #include "head/strict_json.h"
 #include "head/fp8.h"
@@ -145,15 +146,22 @@ Rope read_rope(const Config& c) {
 // No target has this many layers; the bound keeps a tap index inside an int.
 constexpr int64_t kMaxLayer = int64_t{1} << 20;
 
-// A list of layer ids, each within +-kMaxLayer so that shifting it to the .tfe convention cannot overflow
-// (the taps' own rules, which name the key, come after).
+// A list of layer ids: JSON integers (a float such as 1.0 is refused: the engines index layers by it),
+// strictly increasing (a repeated or reordered layer is a mistake, not a head), each within +-kMaxLayer so
+// that shifting it to the .tfe convention cannot overflow (the taps' own rules, which name the key, come
+// after).
 std::vector<int64_t> layer_ids(const Config& c, const json& v, std::string_view key) {
   if (!v.is_array() || v.empty()) fail("{}: field `{}` = {} is not a non-empty list", c.path.string(), key, v.dump());
   std::vector<int64_t> out;
-  for (const auto& x : v) {
-    const int64_t id = c.integer_of(x, key);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_number_integer())
+      fail("{}: field `{}`[{}] = {} is not an integer layer id", c.path.string(), key, i, v[i].dump());
+    const int64_t id = v[i].get<int64_t>();
     if (id < -kMaxLayer || id > kMaxLayer)
       fail("{}: field `{}` holds layer {}, outside -{}..{}", c.path.string(), key, id, kMaxLayer, kMaxLayer);
+    if (!out.empty() && id <= out.back())
+      fail("{}: field `{}` = {} is not strictly increasing ({} after {}); each tap names a different layer, in order",
+           c.path.string(), key, v.dump(), id, out.back());
     out.push_back(id);
   }
   return out;
@@ -528,6 +536,7 @@ std::string eagle3_taps_source(const ConvertOptions& opt) {
 }
 
 HeadWriter convert_eagle3(const ConvertOptions& opt) {
+  check_threads(opt.threads, "convert");
   HeadHeader h = eagle3_header(opt);
   const Checkpoint ck = Checkpoint::open(opt.eagle_dir);
   // A head that norms each q and k head (Qwen3-style, as some SpecForge heads do) says so by its tensors

@@ -117,51 +117,6 @@ std::array<unsigned char, kLengthBytes> length_prefix(uint64_t n) {
   return le;
 }
 
-// A temporary file beside the destination, renamed over it once complete: a reader never sees a partial
-// file, and a failed write leaves the destination as it was.
-class AtomicFile {
- public:
-  explicit AtomicFile(const std::string& path) : path_(path) {
-    tmp_ = path + ".tmp.XXXXXX";
-    fd_ = ::mkstemp(tmp_.data());
-    if (fd_ < 0) fail("cannot create a temporary file beside {}: {}", path, std::strerror(errno));
-  }
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-  ~AtomicFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-
-  void write(const void* p, size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, c, std::min<size_t>(n, size_t{1} << 30));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail("writing {}: {}", tmp_, std::strerror(errno));
-      c += w;
-      n -= static_cast<size_t>(w);
-    }
-  }
-
-  void commit() {
-    // Files are created 0600 by mkstemp; a head file is data others read.
-    if (::fchmod(fd_, 0644) != 0) fail("chmod {}: {}", tmp_, std::strerror(errno));
-    if (::fsync(fd_) != 0) fail("fsync {}: {}", tmp_, std::strerror(errno));
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    if (rc != 0) fail("closing {}: {}", tmp_, std::strerror(errno));
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("renaming {} to {}: {}", tmp_, path_, std::strerror(errno));
-    committed_ = true;
-  }
-
- private:
-  std::string path_;
-  std::string tmp_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
 // ---------------------------------------------------------------------------------------------------
 // Reading
 
@@ -269,7 +224,7 @@ void write_safetensors(const std::string& path, const std::map<std::string, std:
                        const std::vector<SafetensorsEntry>& entries) {
   // Streamed rather than serialized: a full-size head is gigabytes.
   const std::string header = safetensors_header(metadata, entries);
-  AtomicFile f(path);
+  files::AtomicWriter f(path, "output");
   f.write(length_prefix(header.size()).data(), kLengthBytes);
   f.write(header.data(), header.size());
   for (const auto& e : entries) f.write(e.bytes.data(), e.bytes.size());
@@ -526,15 +481,18 @@ void SafetensorsFile::parse() {
     entries.push_back(parse_entry(key, value, label));
   }
 
+  // Offsets past the data first, each naming its own tensor: sorted, a tensor past the end would leave a
+  // "gap" before an unrelated one, which the contiguity pass below would report instead.
+  for (const auto& e : entries)
+    if (e.end > data_size)
+      fail("{}: tensor `{}`: data_offsets [{}, {}] are out of range: the data section has {} bytes", label, e.view.name,
+           e.begin, e.end, data_size);
   // Zero-size tensors sort before a tensor that starts at the same offset, so that contiguity reads simply.
   std::sort(entries.begin(), entries.end(),
             [](const RawEntry& a, const RawEntry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
   uint64_t expected = 0;
   std::string previous = "the start of the data section";
   for (auto& e : entries) {
-    if (e.end > data_size)
-      fail("{}: tensor `{}`: data_offsets [{}, {}] are out of range: the data section has {} bytes", label, e.view.name,
-           e.begin, e.end, data_size);
     if (e.begin > expected)
       fail("{}: tensor `{}`: gap of {} bytes before it (it begins at {}; {} ends at {})", label, e.view.name,
            e.begin - expected, e.begin, previous, expected);

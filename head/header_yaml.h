@@ -17,6 +17,7 @@
 //
 // Floats are written in their shortest form that reads back to the same bits.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -26,6 +27,9 @@
 #include "core/yaml_read.h"
 
 namespace tfe {
+
+// The largest header document read from a file (`random --config`): a header is well under a kilobyte.
+inline constexpr uint64_t kMaxHeaderYamlBytes = uint64_t{1} << 20;
 
 YAML::Node header_to_yaml(const HeadHeader& h);
 // Refuses a missing, mistyped or unknown key by name (with its line), then validate()s the header.

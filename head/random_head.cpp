@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "core/limits.h"
 #include "head/fp8.h"
 #include "core/numeric.h"
 
@@ -114,6 +115,7 @@ std::vector<RandomTensor> random_tensor_table(const HeadHeader& h) {
 }
 
 HeadWriter random_head(const HeadHeader& header, uint64_t seed, bool fp8, int threads) {
+  check_threads(threads, "random head");
   HeadHeader h = header;
   if (fp8) mark_fp8_forms(h);
   validate(h);

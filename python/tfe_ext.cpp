@@ -34,6 +34,7 @@
 #endif
 
 #include "core/error.h"
+#include "core/limits.h"
 #include "plan/plan.h"
 #include "reference/reference.h"
 #include "runtime/accept_log.h"
@@ -85,6 +86,13 @@ std::string as_str(nb::handle h, const std::string& name) {
 std::filesystem::path as_path(nb::handle h, const std::string& name) {
   std::filesystem::path p;
   if (nb::isinstance<nb::str>(h) || nb::hasattr(h, "__fspath__")) {
+    // A NUL byte would otherwise read as "not a path": no file name holds one, so it is named as such.
+    nb::object text = nb::steal(PyOS_FSPath(h.ptr()));
+    if (!text.is_valid()) throw nb::python_error();
+    std::string s;
+    if (nb::isinstance<nb::str>(text) && nb::try_cast(text, s))
+      if (const size_t at = s.find('\0'); at != std::string::npos)
+        fail("{}: {:?} holds a NUL byte at offset {}; no file name can", name, s, at);
     if (nb::try_cast(h, p)) return p;
   }
   type_error(fmt::format("{}: expected a path (str or os.PathLike), got {}", name, py_type(h)));
@@ -304,6 +312,9 @@ void check_host(const Array& a, const std::string& name, std::string_view call) 
 
 // Row-major with no gaps, and aligned for its element type: the library reads it as one flat span.
 void check_layout(const Array& a, const std::string& name) {
+  // An empty array has no element to read: its strides say nothing (numpy gives [0, 288] strides [0, 0]),
+  // and the caller's own check names what is missing ("a span of 0 rows").
+  if (a.size() == 0) return;
   int64_t expect = 1;
   for (size_t i = a.ndim(); i-- > 0;) {
     if (a.shape(i) != 1 && a.stride(i) != expect) {
@@ -516,10 +527,11 @@ std::vector<AnyRequest> check_batch(nb::handle slots, nb::handle first_pos, nb::
   int64_t next = 0;
   for (size_t i = 0; i < s.size(); ++i) {
     const int64_t start = st.empty() ? next : st[i];
+    // Compared as c > total - start: start + c overflows for counts near INT64_MAX.
     if (start > total || c[i] > total - start) {
       if (st.empty())
-        fail("counts[0..{}] add up to {} rows, past the {} rows of taps and tokens", i, start + c[i], total);
-      fail("starts[{}] + counts[{}] = {}, past the {} rows of taps and tokens", i, i, start + c[i], total);
+        fail("counts[0..{}] add up to {} + {} rows, past the {} rows of taps and tokens", i, start, c[i], total);
+      fail("starts[{}] + counts[{}] = {} + {}, past the {} rows of taps and tokens", i, i, start, c[i], total);
     }
     next = start + c[i];
     const auto slot = static_cast<int32_t>(s[i]);
@@ -1026,6 +1038,38 @@ NB_MODULE(_tfe, m) {
   m.def(
       "presets", [] { return tfe::preset_names(); }, "The names of the built-in head shapes.");
 
+  struct PyArtifact {
+    std::string path;
+  };
+  nb::class_<PyArtifact>(m, "Artifact", "A deploy artifact directory (tfe.compile, `tfe-plan compile -o`).")
+      .def(
+          "__init__", [](PyArtifact* self, nb::handle path) { new (self) PyArtifact{as_path(path, "path").string()}; },
+          "path"_a.none(), nb::sig("def __init__(self, path: str | os.PathLike[str]) -> None"))
+      .def_ro("path", &PyArtifact::path)
+      .def(
+          "verify",
+          [](const PyArtifact& a, nb::handle head) {
+            const std::string head_path = head.is_none() ? std::string() : as_path(head, "head").string();
+            tfe::ArtifactInfo info;
+            {
+              nb::gil_scoped_release release;
+              info = tfe::verify_artifact(a.path, head_path);
+            }
+            nb::dict d;
+            d["arch"] = info.arch;
+            d["nvrtc_version"] = info.nvrtc_version;
+            d["head_sha256"] = info.head_sha256;
+            d["kernels"] = info.kernels;
+            d["cubin_bytes"] = info.cubin_bytes;
+            return d;
+          },
+          "head"_a.none() = nb::none(),
+          nb::sig("def verify(self, head: str | os.PathLike[str] | None = None) -> dict[str, Any]"),
+          "`tfe-plan inspect DIR`: checks the artifact on the CPU (manifest, every sha256, the head the plan was made\n"
+          "for; with `head`, that this head file is the one it was compiled for) and returns what it records.\n"
+          "Raises tfe.Error naming the file and the mismatch.")
+      .def("__repr__", [](const PyArtifact& a) { return fmt::format("Artifact({:?})", a.path); });
+
   nb::class_<PyHead>(m, "HeadFile", "A .tfe head file, mapped read-only and validated.")
       .def(
           "__init__",
@@ -1201,24 +1245,28 @@ NB_MODULE(_tfe, m) {
       .def(
           "__init__",
           [](PyReference* self, nb::handle head, nb::handle max_slots, nb::handle max_steps, nb::handle fp8,
-             nb::handle threads, nb::handle cand_k) {
+             nb::handle threads, nb::handle cand_k, nb::handle check_taps) {
             tfe::ReferenceOptions o;
             o.max_slots = as_int32(max_slots, "max_slots");
             o.max_steps = as_int32(max_steps, "max_steps");
             o.fp8 = as_fp8(fp8, "fp8");
             o.threads = as_int32(threads, "threads");
             o.cand_k = as_int32(cand_k, "cand_k");
-            if (o.max_slots < 1) fail("max_slots: {} must be >= 1", o.max_slots);
+            o.check_taps = as_bool(check_taps, "check_taps");
+            // Before the head is read and anything is allocated (max_slots sizes every slot's state).
+            if (o.max_slots < 1 || o.max_slots > tfe::kMaxSlots)
+              fail("max_slots: {} is outside 1..{}", o.max_slots, tfe::kMaxSlots);
             if (o.max_steps < 1 || o.max_steps > 16) fail("max_steps: {} is outside 1..16", o.max_steps);
-            if (o.threads < 0) fail("threads: {} must be >= 0 (0: every hardware thread)", o.threads);
+            tfe::check_threads(o.threads, "Reference");
             auto file = head_arg(head, "head", false);
             auto ref = std::make_unique<tfe::Reference>(*file, o);
             new (self) PyReference{std::move(file), std::move(ref), {}};
           },
           "head"_a.none(), nb::kw_only(), "max_slots"_a.none() = 16, "max_steps"_a.none() = 8, "fp8"_a.none() = "auto",
-          "threads"_a.none() = 0, "cand_k"_a.none() = 0,
+          "threads"_a.none() = 0, "cand_k"_a.none() = 0, "check_taps"_a.none() = false,
           nb::sig("def __init__(self, head: str | os.PathLike[str] | HeadFile, *, max_slots: int = 16, "
-                  "max_steps: int = 8, fp8: str = 'auto', threads: int = 0, cand_k: int = 0) -> None"))
+                  "max_steps: int = 8, fp8: str = 'auto', threads: int = 0, cand_k: int = 0, "
+                  "check_taps: bool = False) -> None"))
       .def(
           "extend",
           [](PyReference& r, nb::handle a, nb::handle first_pos, nb::handle taps, nb::handle tokens) {

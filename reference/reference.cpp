@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "core/limits.h"
 #include "core/extend_check.h"
 #include "head/numerics.h"
 #include "reference/parallel.h"
@@ -17,6 +18,10 @@ namespace {
 constexpr int kMaxSteps = 16;
 
 SlotLimits slot_limits(const HeadHeader& h, const ReferenceOptions& o) {
+  // Checked before the slot table and the per-slot state are allocated.
+  if (o.max_slots < 1 || o.max_slots > kMaxSlots)
+    fail("reference: max_slots = {} is outside 1..{}", o.max_slots, kMaxSlots);
+  check_threads(o.threads, "reference");
   if (o.max_steps < 1 || o.max_steps > kMaxSteps)
     fail("reference: max_steps = {} is outside 1..{}", o.max_steps, kMaxSteps);
   SlotLimits l;
@@ -128,6 +133,7 @@ void Reference::extend(std::span<const ExtendRequest> requests, ExtendTrace* tra
   const int64_t T = static_cast<int64_t>(h.taps.size()), Ht = h.target_hidden, H = h.hidden;
   const int64_t kv_width = h.kv_heads * h.head_dim;
   check_extend_requests(slots_, requests, T * Ht);
+  if (options_.check_taps) check_finite_taps(requests, T * Ht);
   int64_t rows = 0;
   for (const auto& r : requests) rows += r.n_rows;
 

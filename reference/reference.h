@@ -20,8 +20,9 @@ struct ReferenceOptions {
   int max_slots = 16;
   int max_steps = 8;  // 1..16, as the planner allows
   Fp8Mode fp8 = Fp8Mode::automatic;
-  int threads = 0;  // linears split over output rows; 0: hardware threads. Results do not depend on it.
-  int cand_k = 0;   // two_stage: the candidates rescored per row; 0: the header's (as PlanOptions::cand_k)
+  int threads = 0;          // linears split over output rows; 0: hardware threads. Results do not depend on it.
+  int cand_k = 0;           // two_stage: the candidates rescored per row; 0: the header's (as PlanOptions::cand_k)
+  bool check_taps = false;  // refuse NaN or infinite taps (check_finite_taps); off costs nothing
 };
 
 // What extend computed for each row, in request order (rows of all requests concatenated).

@@ -156,6 +156,7 @@ struct Runtime::Impl {
   std::unique_ptr<AcceptLog> accept_log;
   std::unique_ptr<TapDump> tap_dump;         // null: off
   SelfCheckReport self_check;                // what the self-check at open compared (cases 0: it did not run)
+  bool check_taps = false;                   // checks on (the self-check's switch): host taps must be finite
   std::string broken;                        // the first failure after which device state is unknown
   cudaError_t injected_error = cudaSuccess;  // testing::inject_cuda_error: the next device work fails so
   DeviceDraftOutputs last_outputs;

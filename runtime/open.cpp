@@ -418,6 +418,7 @@ Runtime open_with(const HeadFile& file, const OpenOptions& o, const TestHooks& h
     if (o.capture == OpenOptions::Capture::at_open) r.capture_all();
   }
   Runtime rt = RuntimeAccess::make(std::move(impl));
+  r.check_taps = o.self_check;
   if (o.self_check) {
     // The check's calls are not the engine's. Its slots are reset; the arena and the host arena are zeroed
     // again, as open left them (every slot's ring and state, the scratch slot's included, the outputs); the

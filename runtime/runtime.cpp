@@ -169,6 +169,7 @@ void Runtime::extend(std::span<const ExtendRequest> requests, std::optional<cuda
   const int64_t row_width = static_cast<int64_t>(h.taps.size()) * h.target_hidden;
   // Every request is checked before anything changes (the CPU reference's checks and messages).
   check_extend_requests(r.slots, requests, row_width);
+  if (r.check_taps) check_finite_taps(requests, row_width);
   if (requests.empty()) return;
   const cudaStream_t s = r.stream_for(stream);
 

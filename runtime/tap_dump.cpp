@@ -15,6 +15,7 @@
 #include <tfe/head_file.h>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace tfe {
 
@@ -35,14 +36,7 @@ void check_tap_dump_options(const TapDumpOptions& o) {
   if (o.path.empty()) fail("tap dump: path is empty; name the safetensors file to write");
   if (o.max_rows < 1 || o.max_rows > INT32_MAX)
     fail("tap dump: max_rows = {} is outside 1..{} (rows kept in memory)", o.max_rows, INT32_MAX);
-  const fs::path path(o.path);
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) fail("tap dump: {} is a directory; name a file to write", o.path);
-  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  if (!fs::is_directory(dir, ec)) fail("tap dump: cannot write {}: directory {} does not exist", o.path, dir.string());
-  // The file goes through a temporary created beside it and renamed over it: the directory must be writable.
-  if (::access(dir.c_str(), W_OK | X_OK) != 0)
-    fail("tap dump: cannot write {}: directory {} is not writable ({})", o.path, dir.string(), std::strerror(errno));
+  files::check_output(fs::path(o.path), "tap dump: path");
 }
 
 TapDumpOptions tap_dump_options_from_environment(TapDumpOptions o) {

@@ -1,15 +1,18 @@
 // tfe-plan as a user meets it: one spelling of the output flag, --version, and refusals that come before
 // any work (an output directory that cannot be written, an arch the kernels do not run on).
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "compiler/nvrtc.h"
+#include "head/presets.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -38,6 +41,76 @@ TEST_CASE("tfe-plan: every subcommand that writes a file takes -o,--output") {
   CHECK(fs::file_size(plan) > 0);
 }
 
+TEST_CASE("tfe-plan: -o naming a device, a FIFO, a directory or the command's own input is refused, untouched") {
+  TempDir tmp;
+  const std::string head = (tmp.path / "h.tfe").string();
+  const auto [rc0, out0] = run_command(fmt::format("{} random --preset tiny -o {}", TFE_PLAN_EXE, head));
+  CAPTURE(out0);
+  REQUIRE(rc0 == 0);
+  const std::string head_bytes = tfe::test::read_text(head);
+  const fs::path fifo = tmp.path / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::string config = (tmp.path / "header.yaml").string();
+  tfe::test::write_text(config, "not read");
+  const std::string reference = fmt::format("reference {} --streams 1 --rows 2 --steps 1 --seed 1", head);
+  struct Case {
+    std::string command, output, message;
+  };
+  const std::vector<Case> cases = {
+      {fmt::format("dump {}", head), head, "is the command's input"},
+      {fmt::format("dump {}", head), "/dev/null", "is a character device"},
+      {fmt::format("dump {}", head), fifo.string(), "is a FIFO"},
+      {fmt::format("dump {}", head), tmp.path.string(), "is a directory"},
+      {reference, head, "is the command's input"},
+      {reference, "/dev/null", "is a character device"},
+      {fmt::format("random --config {}", config), config, "is the command's input"},
+      {"random --preset tiny", "/dev/null", "is a character device"},
+      {"random --preset tiny", fifo.string(), "is a FIFO"},
+      {"random --preset tiny", tmp.path.string() + "/", "ends in '/'"},
+  };
+  for (const Case& c : cases) {
+    const auto [rc, out] = run_command(fmt::format("{} {} -o {}", TFE_PLAN_EXE, c.command, c.output));
+    CAPTURE(c.command);
+    CAPTURE(out);
+    CHECK(rc == 1);
+    CHECK(has(out, c.message));
+  }
+  CHECK(tfe::test::read_text(head) == head_bytes);
+  CHECK(tfe::test::read_text(config) == "not read");
+  CHECK(fs::is_fifo(fifo));
+  CHECK(fs::is_character_file("/dev/null"));
+}
+
+TEST_CASE("tfe-plan: --seed is an integer 0..2^64-1, and a head's name is printed with its escapes shown") {
+  TempDir tmp;
+  const std::string out = (tmp.path / "h.tfe").string();
+  for (const char* bad : {"-1", "18446744073709551616", "1e23", "0x10", "7.0", "' '"}) {
+    CAPTURE(bad);
+    for (const char* sub : {"random --preset tiny", "reference h.tfe --streams 1 --rows 1 --steps 1"}) {
+      const auto [rc, text] = run_command(fmt::format("{} {} --seed {} -o {}", TFE_PLAN_EXE, sub, bad, out));
+      CAPTURE(text);
+      CHECK(rc != 0);
+      CHECK(has(text, "is not a seed: give an integer 0..18446744073709551615"));
+    }
+  }
+  CHECK_FALSE(fs::exists(out));
+  const auto [rc, text] =
+      run_command(fmt::format("{} random --preset tiny --seed 18446744073709551615 -o {}", TFE_PLAN_EXE, out));
+  CAPTURE(text);
+  CHECK(rc == 0);
+  CHECK(has(text, "seed 18446744073709551615"));
+
+  tfe::HeadHeader h = tfe::preset_header("tiny");
+  h.name = "red\x1b[31m\x07";
+  const fs::path named = tmp.path / "named.tfe";
+  tfe::test::write_file(named, tfe::test::random_head_bytes(h, 1));
+  const auto [rc2, text2] = run_command(fmt::format("{} inspect {}", TFE_PLAN_EXE, named.string()));
+  CAPTURE(text2);
+  CHECK(rc2 == 0);
+  CHECK(has(text2, "\"red\\x1b[31m\\x07\""));
+  CHECK(!has(text2, "\x1b"));
+}
+
 TEST_CASE("tfe-plan --version: the project's version, the CUDA toolkit and the NVRTC loaded") {
   const auto [rc, out] = run_command(fmt::format("{} --version", TFE_PLAN_EXE));
   CAPTURE(out);
@@ -58,21 +131,37 @@ TEST_CASE("tfe-plan compile: an output that cannot be written is refused before 
   const auto [rc1, out1] = run_command(fmt::format("{} -o {}", run, file.string()));
   CAPTURE(out1);
   CHECK(rc1 == 1);
-  CHECK(has(out1, fmt::format("compile: -o {} is a file, not a directory", file.string())));
+  CHECK(has(out1, fmt::format("artifact: {} exists and is not a directory", file.string())));
   CHECK(!has(out1, "TFE_JIT"));
 
   const auto [rc2, out2] = run_command(fmt::format("{} --output {}/a/b", run, file.string()));
   CAPTURE(out2);
   CHECK(rc2 == 1);
-  CHECK(has(out2, fmt::format("cannot be created: {} is a file, not a directory", file.string())));
+  CHECK(has(out2, fmt::format("{} is not a directory", file.string())));
   CHECK(!has(out2, "TFE_JIT"));
   CHECK(fs::is_regular_file(file));
 
-  // A missing directory under a writable one passes the check (and the compile then fails on the cache).
-  const auto [rc3, out3] = run_command(fmt::format("{} -o {}", run, (tmp.path / "new" / "artifact").string()));
-  CAPTURE(out3);
-  CHECK(rc3 == 1);
-  CHECK(has(out3, "TFE_JIT=off"));
+  // A missing directory under a writable one passes the check (and the compile then fails on the cache),
+  // with a trailing slash too.
+  for (const std::string slash : {"", "/"}) {
+    const auto [rc3, out3] =
+        run_command(fmt::format("{} -o {}{}", run, (tmp.path / "new" / "artifact").string(), slash));
+    CAPTURE(out3);
+    CHECK(rc3 == 1);
+    CHECK(has(out3, "TFE_JIT=off"));
+  }
+  // A directory that is not an artifact, with or without a trailing slash: refused before the compile.
+  fs::create_directories(tmp.path / "mine");
+  tfe::test::write_text(tmp.path / "mine" / "manifest.json", "{}");
+  tfe::test::write_text(tmp.path / "mine" / "notes.txt", "keep me");
+  for (const std::string slash : {"", "/"}) {
+    const auto [rc6, out6] = run_command(fmt::format("{} -o {}{}", run, (tmp.path / "mine").string(), slash));
+    CAPTURE(out6);
+    CHECK(rc6 == 1);
+    CHECK(has(out6, "does not parse as a tfe artifact's manifest"));
+    CHECK(!has(out6, "TFE_JIT"));
+  }
+  CHECK(tfe::test::read_text(tmp.path / "mine" / "notes.txt") == "keep me");
 
   // Root writes anywhere, so the permission case runs only for other users.
   if (::geteuid() != 0) {
@@ -82,11 +171,11 @@ TEST_CASE("tfe-plan compile: an output that cannot be written is refused before 
     const auto [rc4, out4] = run_command(fmt::format("{} -o {}", run, (locked / "artifact").string()));
     CAPTURE(out4);
     CHECK(rc4 == 1);
-    CHECK(has(out4, fmt::format("cannot be created in {}", locked.string())));
+    CHECK(has(out4, fmt::format("{} is not writable", locked.string())));
     const auto [rc5, out5] = run_command(fmt::format("{} -o {}", run, locked.string()));
     CAPTURE(out5);
     CHECK(rc5 == 1);
-    CHECK(has(out5, fmt::format("-o {}: cannot write into it", locked.string())));
+    CHECK(has(out5, "TFE_JIT=off"));  // an empty directory is replaced by a rename in its writable parent
     fs::permissions(locked, fs::perms::owner_all);
   }
 }

@@ -19,12 +19,17 @@
 #include "compiler/nvrtc.h"
 #include "core/error.h"
 #include "head/presets.h"
+#include <tfe/deploy.h>
+#include <tfe/head_file.h>
 #include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace tfe;
+using tfe::test::random_head_bytes;
 using tfe::test::read_text;
+using tfe::test::run_command;
 using tfe::test::TempDir;
+using tfe::test::write_file;
 using tfe::test::write_text;
 
 namespace {
@@ -607,7 +612,23 @@ TEST_CASE("artifact: compile_plan refuses an output it does not own and never wr
   fs::create_directories(foreign);
   write_text(foreign / "notes.txt", "keep me");
   CHECK_THROWS_WITH_AS(compile_plan(plan, foreign.string(), {}, cache, stub_options()),
-                       doctest::Contains("`notes.txt`, which is not part of an artifact"), Error);
+                       doctest::Contains("is not empty and holds no manifest.json"), Error);
+  CHECK(read_text(foreign / "notes.txt") == "keep me");
+  // A file named manifest.json does not make a directory an artifact: it must parse as one and name
+  // every file there.
+  write_text(foreign / "manifest.json", "{\"a\": 1}");
+  CHECK_THROWS_WITH_AS(compile_plan(plan, foreign.string(), {}, cache, stub_options()),
+                       doctest::Contains("does not parse as a tfe artifact's manifest"), Error);
+  const fs::path real = tmp.path / "real";
+  compile_plan(plan, real.string(), {}, cache, stub_options());
+  write_text(real / "notes.txt", "keep me");
+  CHECK_THROWS_WITH_AS(compile_plan(plan, real.string(), {}, cache, stub_options()),
+                       doctest::Contains("holds `notes.txt`, which its manifest.json does not name"), Error);
+  fs::remove(real / "notes.txt");
+  write_text(real / "kernels" / "extra.cubin", "keep me");
+  CHECK_THROWS_WITH_AS(compile_plan(plan, real.string(), {}, cache, stub_options()),
+                       doctest::Contains("holds `kernels/extra.cubin`"), Error);
+  CHECK(read_text(real / "kernels" / "extra.cubin") == "keep me");
   CHECK(read_text(foreign / "notes.txt") == "keep me");
 
   const fs::path file = tmp.path / "file";
@@ -620,6 +641,8 @@ TEST_CASE("artifact: compile_plan refuses an output it does not own and never wr
   CHECK_THROWS_WITH_AS(compile_plan(plan, link.string(), {}, cache, stub_options()), doctest::Contains("is a symlink"),
                        Error);
 
+  // An earlier artifact whose kernels/ is a symlink is not one this command owns: refused, the link and
+  // what it points at left as they are.
   const fs::path out = tmp.path / "out";
   compile_plan(plan, out.string(), {}, cache, stub_options());
   const fs::path elsewhere = tmp.path / "elsewhere";
@@ -627,8 +650,116 @@ TEST_CASE("artifact: compile_plan refuses an output it does not own and never wr
   write_text(elsewhere / "other.cubin", "not ours");
   fs::rename(out / "kernels", tmp.path / "kernels-moved");
   fs::create_directory_symlink(elsewhere, out / "kernels");
-  compile_plan(plan, out.string(), {}, cache, stub_options());
+  CHECK_THROWS_WITH_AS(compile_plan(plan, out.string(), {}, cache, stub_options()),
+                       doctest::Contains("holds `kernels`"), Error);
   CHECK(read_text(elsewhere / "other.cubin") == "not ours");
-  CHECK_FALSE(fs::is_symlink(out / "kernels"));
-  CHECK_NOTHROW(load_artifact(out.string()));
+  CHECK(fs::is_symlink(out / "kernels"));
+}
+
+TEST_CASE("artifact: an output folder with a trailing slash, new or existing, is the folder") {
+  TempDir tmp;
+  const KernelCache cache(tmp.path / "cache", true);
+  const Plan plan = tiny_plan();
+  const std::string out = (tmp.path / "deploy").string() + "/";
+  compile_plan(plan, out, {}, cache, stub_options());
+  CHECK_NOTHROW(load_artifact(out));
+  compile_plan(plan, out + "/", {}, cache, stub_options());  // over the artifact there
+  CHECK_NOTHROW(load_artifact(out));
+  fs::create_directories(tmp.path / "empty");
+  compile_plan(plan, (tmp.path / "empty").string() + "/", {}, cache, stub_options());
+  CHECK_NOTHROW(load_artifact((tmp.path / "empty").string()));
+  for (const auto& e : fs::directory_iterator(tmp.path)) CHECK(e.path().filename().string().find(".deploy.") != 0);
+  for (const char* bad : {"", ".", "./", "..", "/"})
+    CHECK_THROWS_WITH_AS(check_artifact_output(bad), doctest::Contains("name"), Error);
+}
+
+// The check before the compile and the rename after it are not one step: what appears at the output in
+// between (here, from the progress callback) is never replaced or deleted.
+TEST_CASE("artifact: a directory created or changed at the output while the compile runs is left as it is") {
+  TempDir tmp;
+  const KernelCache cache(tmp.path / "cache", true);
+  const Plan plan = tiny_plan();
+  const fs::path out = tmp.path / "out";
+  auto create = [&](const CompileProgress& p) {
+    if (p.done != 1) return;
+    fs::create_directories(out);
+    write_text(out / "notes.txt", "keep me");
+  };
+  CHECK_THROWS_WITH_AS(compile_plan(plan, out.string(), create, cache, stub_options()),
+                       doctest::Contains("was created by something else while this compile ran"), Error);
+  CHECK(read_text(out / "notes.txt") == "keep me");
+  fs::remove_all(out);
+
+  // An empty directory made meanwhile is refused too (the rename never replaces).
+  auto create_empty = [&](const CompileProgress& p) {
+    if (p.done == 1) fs::create_directories(out);
+  };
+  CHECK_THROWS_WITH_AS(compile_plan(plan, out.string(), create_empty, cache, stub_options()),
+                       doctest::Contains("was created by something else"), Error);
+  fs::remove_all(out);
+
+  // An artifact there that gains a file of someone else's, or is swapped for another directory.
+  compile_plan(plan, out.string(), {}, cache, stub_options());
+  auto add = [&](const CompileProgress& p) {
+    if (p.done == 1) write_text(out / "notes.txt", "keep me");
+  };
+  CHECK_THROWS_WITH_AS(compile_plan(plan, out.string(), add, cache, stub_options()),
+                       doctest::Contains("changed while this compile ran"), Error);
+  CHECK(read_text(out / "notes.txt") == "keep me");
+  CHECK(fs::exists(out / "manifest.json"));
+  fs::remove(out / "notes.txt");
+  auto swap = [&](const CompileProgress& p) {
+    if (p.done != 1) return;
+    fs::rename(out, tmp.path / "moved");
+    fs::create_directories(out);
+    write_text(out / "notes.txt", "keep me");
+  };
+  CHECK_THROWS_WITH_AS(compile_plan(plan, out.string(), swap, cache, stub_options()),
+                       doctest::Contains("changed while this compile ran"), Error);
+  CHECK(read_text(out / "notes.txt") == "keep me");
+  CHECK_NOTHROW(load_artifact((tmp.path / "moved").string()));
+  for (const auto& e : fs::directory_iterator(tmp.path)) CHECK(e.path().filename().string().find(".out.") != 0);
+}
+
+TEST_CASE("artifact: tfe-plan inspect DIR verifies an artifact on the CPU, and the head it was compiled for") {
+  TempDir tmp;
+  const HeadHeader h = preset_header("tiny");
+  const fs::path head = tmp.path / "h.tfe", other = tmp.path / "other.tfe";
+  write_file(head, random_head_bytes(h, 1));
+  HeadHeader renamed = h;
+  renamed.name = "other";
+  write_file(other, random_head_bytes(renamed, 2));
+  PlanOptions o;
+  o.buckets = {1};
+  o.max_steps = 2;
+  const Plan plan = make_plan(h, o, {}, HeadFile::open(head.string()).header_sha256());
+  const fs::path out = tmp.path / "deploy";
+  compile_plan(plan, out.string(), {}, KernelCache(tmp.path / "cache", true), stub_options());
+
+  const ArtifactInfo info = verify_artifact(out.string() + "/", head.string());
+  CHECK(info.kernels == plan.specs.size());
+  CHECK(info.head_sha256 == plan.head_sha256);
+  const auto [rc, text] =
+      run_command(fmt::format("{} inspect {}/ --head {}", TFE_PLAN_EXE, out.string(), head.string()));
+  CAPTURE(text);
+  CHECK(rc == 0);
+  CHECK(text.find(fmt::format("verified: manifest, plan.yaml and {} CUBINs match their sha256; compiled for",
+                              plan.specs.size())) != std::string::npos);
+
+  const auto [rc2, text2] =
+      run_command(fmt::format("{} inspect {} --head {}", TFE_PLAN_EXE, out.string(), other.string()));
+  CAPTURE(text2);
+  CHECK(rc2 == 1);
+  CHECK(text2.find("compiled for the head with sha256 " + plan.head_sha256) != std::string::npos);
+
+  // One flipped byte of a CUBIN: named with both sha256s.
+  const fs::path cubin = out / "kernels" / (plan.specs[0].uri() + ".cubin");
+  std::string bytes = read_text(cubin);
+  bytes[bytes.size() / 2] ^= 1;
+  write_text(cubin, bytes);
+  const auto [rc3, text3] = run_command(fmt::format("{} inspect {}", TFE_PLAN_EXE, out.string()));
+  CAPTURE(text3);
+  CHECK(rc3 == 1);
+  CHECK(text3.find(cubin.string() + " has sha256") != std::string::npos);
+  CHECK_THROWS_WITH_AS(verify_artifact(out.string()), doctest::Contains("the manifest records"), Error);
 }

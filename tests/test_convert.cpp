@@ -568,6 +568,18 @@ TEST_CASE("tfe-plan convert writes a head that opens and verifies, and a bad che
                                 (s.dir / "x.tfe").string())
                         .c_str()) != 0);
   CHECK(!fs::exists(s.dir / "x.tfe"));
+  // -o naming one of the checkpoint's own files (of the head or the target) is refused; both stay as they were.
+  for (const fs::path& input : {s.dir / "head" / "config.json", s.dir / "target" / "config.json"}) {
+    CAPTURE(input);
+    const std::string before = tfe::test::read_text(input);
+    const auto [rc, out] =
+        tfe::test::run_command(fmt::format("{} convert {} --target {} -o {}", TFE_PLAN_EXE, (s.dir / "head").string(),
+                                           (s.dir / "target").string(), input.string()));
+    CAPTURE(out);
+    CHECK(rc != 0);
+    CHECK(out.find("is the command's input") != std::string::npos);
+    CHECK(tfe::test::read_text(input) == before);
+  }
 }
 
 TEST_CASE("convert: vLLM's top-level tap key is read as is, and disagreeing or out-of-range tap layers are refused") {
@@ -608,6 +620,21 @@ TEST_CASE("convert: vLLM's top-level tap key is read as is, and disagreeing or o
   CHECK(error_of(options(s.dir / "huge"))
             .find("field `eagle_config.eagle_aux_hidden_state_layer_ids` holds layer 9223372036854775807, outside "
                   "-1048576..1048576") != std::string::npos);
+  // Repeated, reordered and float layer ids are refused by the key, naming the entry.
+  const std::vector<std::pair<json, std::string>> bad = {
+      {json{3, 3, 3}, "= [3,3,3] is not strictly increasing (3 after 3)"},
+      {json{5, 3, 1}, "is not strictly increasing (3 after 5)"},
+      {json{1, 3.0, 5}, "field `eagle_config.eagle_aux_hidden_state_layer_ids`[1] = 3.0 is not an integer layer id"},
+      {json{1, "3", 5}, "[1] = \"3\" is not an integer layer id"},
+  };
+  for (const auto& [ids, message] : bad) {
+    CAPTURE(message);
+    c.config["eagle_config"] = {{"eagle_aux_hidden_state_layer_ids", ids}};
+    write_ckpt(s.dir / "bad-ids", c);
+    const std::string error = error_of(options(s.dir / "bad-ids"));
+    CAPTURE(error);
+    CHECK(error.find(message) != std::string::npos);
+  }
 }
 
 TEST_CASE("convert: a head over the whole vocabulary may omit d2t (identity), as the engines allow") {

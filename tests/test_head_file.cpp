@@ -193,7 +193,7 @@ TEST_CASE("head file: HeadWriter::write is atomic and equals serialize()") {
   REQUIRE(disk.size() == mem.size());
   CHECK(std::memcmp(disk.data(), mem.data(), mem.size()) == 0);
   CHECK_THROWS_WITH_AS(w.write((dir / "missing-dir" / "a.tfe").string()),
-                       doctest::Contains("cannot create a temporary file"), Error);
+                       doctest::Contains("missing-dir does not exist"), Error);
 }
 
 TEST_CASE("head file: HeadWriter refuses what the header does not expect") {
@@ -413,6 +413,9 @@ TEST_CASE("safetensors reader: one malformed file per rule") {
   refuses_raw(file({a, entry("b", "F32", "[2]", "[28,36]")}, 36), "tensor `b`: gap of 4 bytes before it");
   refuses_raw(file({entry("a", "F32", "[2,3]", "[4,28]")}, 28), "tensor `a`: gap of 4 bytes");
   refuses_raw(file({a, entry("b", "F32", "[2]", "[24,32]")}, 30), "[24, 32] are out of range: the data section has 30");
+  // A tensor past the end is named itself, not as a gap before another ("c" sorts after "b" and its gap).
+  refuses_raw(file({a, entry("b", "F32", "[2]", "[28,36]"), entry("c", "F32", "[2]", "[1000,1008]")}, 36),
+              "tensor `c`: data_offsets [1000, 1008] are out of range: the data section has 36");
   refuses_raw(file({a}, 25), "1 trailing bytes after the last tensor");
   refuses_raw(file({}, 3), "3 trailing bytes");
   refuses_raw(raw_file(R"({"__metadata__":{"x":1}})", 0), "__metadata__[\"x\"] must be a string (got 1)");

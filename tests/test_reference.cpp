@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <numbers>
 #include <random>
 #include <set>
@@ -683,6 +684,14 @@ TEST_CASE("reference: a refused extend changes no slot, and reset starts a slot 
   short_taps.taps = short_taps.taps.first(10);
   CHECK_THROWS_WITH_AS(ref.extend(std::span(&short_taps, 1)), doctest::Contains("10 tap values for 4 rows"), Error);
   CHECK(ref.slots().empty(0));
+  // Positions at the integer limits reach no ring row (UBSan runs this in the sanitize stage).
+  for (const int64_t first : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max() - 2,
+                              int64_t{std::numeric_limits<int32_t>::max()}, std::numeric_limits<int64_t>::min()}) {
+    CAPTURE(first);
+    const std::vector<ExtendRequest> far = {request(0, first, r, 0, 4, h)};
+    CHECK_THROWS_AS(ref.extend(far), Error);
+    CHECK(ref.slots().empty(0));
+  }
   const std::vector<int> slots = {0};
   CHECK_THROWS_WITH_AS(ref.draft(slots, 1), doctest::Contains("slot 0 is empty"), Error);
 
@@ -697,6 +706,30 @@ TEST_CASE("reference: a refused extend changes no slot, and reset starts a slot 
   Reference fresh(file, {.max_slots = 1, .max_steps = 2, .fp8 = Fp8Mode::automatic, .threads = 1});
   fresh.extend(at7);
   CHECK(same(ref.draft(slots, 2), fresh.draft(slots, 2)));
+}
+
+TEST_CASE("reference: with check_taps, a NaN or infinite tap is refused naming slot and row, and taken without") {
+  const HeadHeader h = preset_header("tiny");
+  const auto bytes = test::random_head_bytes(h, 3);
+  const HeadFile file = open_bytes(bytes);
+  std::mt19937_64 rng(5);
+  Rows r = random_rows(h, 4, rng);
+  const size_t width = h.taps.size() * static_cast<size_t>(h.target_hidden);
+  r.taps[2 * width + 7] = 0x7FC0;  // NaN in row 2
+  Reference checked(file, {.max_slots = 2, .max_steps = 2, .threads = 1, .check_taps = true});
+  const std::vector<ExtendRequest> req = {request(1, 10, r, 0, 4, h)};
+  CHECK_THROWS_WITH_AS(checked.extend(req),
+                       doctest::Contains("extend of slot 1: taps row 2 (position 12) holds NaN at value 7 of the row"),
+                       Error);
+  CHECK(checked.slots().empty(1));
+  r.taps[2 * width + 7] = 0xFF80;  // -inf
+  CHECK_THROWS_WITH_AS(checked.extend(req), doctest::Contains("holds an infinity"), Error);
+  Reference unchecked(file, {.max_slots = 2, .max_steps = 2, .threads = 1});
+  CHECK_NOTHROW(unchecked.extend(req));
+  // Counts a caller gives are bounded before anything is allocated.
+  CHECK_THROWS_WITH_AS(Reference(file, {.max_slots = 1 << 26}),
+                       doctest::Contains("max_slots = 67108864 is outside 1..4096"), Error);
+  CHECK_THROWS_WITH_AS(Reference(file, {.threads = -5}), doctest::Contains("threads = -5 is outside 0..1024"), Error);
 }
 
 TEST_CASE("reference: FP8 modes choose the forms, and require names the missing linear") {

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -116,6 +117,17 @@ TEST_CASE("slots: every extend refusal names what was wrong and changes nothing"
   bad[1] = -3;
   refuse(1, 0, 3, bad, "tokens[1] = -3 is outside [0, 100)");
   refuse(1, max_position(2), 2, random_tokens(2, rng), "exceeds 2147483645");
+  // Positions at the integer limits: refused by the same check, never wrapped (UBSan runs this).
+  constexpr int64_t i64_max = std::numeric_limits<int64_t>::max(), i32_max = std::numeric_limits<int32_t>::max();
+  refuse(1, i64_max, 2, random_tokens(2, rng), "last position 9223372036854775807 + 1 exceeds 2147483645");
+  refuse(1, i64_max - 4, 6, random_tokens(6, rng), "exceeds 2147483645");
+  refuse(1, i64_max, 1, random_tokens(1, rng), "exceeds 2147483645");
+  refuse(1, i32_max, 1, random_tokens(1, rng), "last position 2147483647 + 0 exceeds 2147483645");
+  refuse(1, std::numeric_limits<int64_t>::min(), 1, random_tokens(1, rng), "is negative");
+  refuse(1, 0, i64_max, {}, "span of 9223372036854775807 rows exceeds the ring");
+  refuse(1, 0, std::numeric_limits<int64_t>::min(), {}, "a span of -9223372036854775808 rows");
+  refuse(0, i64_max, 1, random_tokens(1, rng), "exceeds 2147483645");  // a filled slot too
+  CHECK_NOTHROW(t.check_extend(1, max_position(2), 1, random_tokens(1, rng)));
 }
 
 TEST_CASE("slots: rows whose tokens are on the device are checked and recorded by position alone") {
@@ -156,6 +168,19 @@ TEST_CASE("slots: rows whose tokens are on the device are checked and recorded b
                        Error);
   CHECK_THROWS_WITH_AS(check_extend_requests(t, std::vector{request(0, 3, 0)}, width), doctest::Contains("a step back"),
                        Error);
+  // Positions and strides at the integer limits: refused before any address is formed from them.
+  CHECK_THROWS_WITH_AS(check_extend_requests(t, std::vector{request(1, std::numeric_limits<int64_t>::max(), 0)}, width),
+                       doctest::Contains("exceeds"), Error);
+  DeviceExtendRequest far = request(1, 0, std::numeric_limits<int64_t>::max());
+  far.n_rows = 2;
+  CHECK_THROWS_WITH_AS(check_extend_requests(t, std::vector{far}, width),
+                       doctest::Contains("taps_stride = 9223372036854775807 values puts 2 rows past any address"),
+                       Error);
+  far.taps_stride = std::numeric_limits<int64_t>::min();
+  CHECK_THROWS_WITH_AS(check_extend_requests(t, std::vector{far}, width), doctest::Contains("is below a row's"), Error);
+  far.n_rows = std::numeric_limits<int64_t>::max();
+  far.taps_stride = 0;
+  CHECK_THROWS_WITH_AS(check_extend_requests(t, std::vector{far}, width), doctest::Contains("exceeds the ring"), Error);
 }
 
 TEST_CASE("slots: every draft refusal names what was wrong") {

@@ -2,11 +2,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tools/commands.h"
+#include "core/files.h"
 #include "head/convert.h"
 
 namespace tfe::cli {
@@ -37,12 +39,15 @@ void add_convert(CLI::App& app) {
   cmd->add_option("-o,--output", args->out, "the .tfe file to write")->required();
   cmd->callback([args, target] {
     if (target->count()) args->opt.target_dir = args->target;
+    files::check_output(args->out, "convert: -o",
+                        std::vector<std::filesystem::path>{args->opt.eagle_dir, args->target});
     const auto writer = convert_eagle3(args->opt);
     for (const std::string& w : eagle3_warnings(args->opt)) fmt::print(stderr, "warning: {}\n", w);
     writer.write(args->out);
     const auto& h = writer.header();
     fmt::print("wrote {}: {} (hidden {}, {} heads / {} kv, ffn {}, vocab {} / draft {}, window {}), {} FP8 forms\n",
-               args->out, h.name, h.hidden, h.heads, h.kv_heads, h.ffn, h.vocab, h.draft_vocab, h.window, h.fp8.size());
+               args->out, shown(h.name), h.hidden, h.heads, h.kv_heads, h.ffn, h.vocab, h.draft_vocab, h.window,
+               h.fp8.size());
     std::vector<std::string> taps;
     for (const Tap& t : h.taps) taps.push_back(t.layer < 0 ? std::string("final") : std::to_string(t.layer));
     fmt::print("taps {}: the residual stream entering those target layers, from {}\n", fmt::join(taps, ", "),

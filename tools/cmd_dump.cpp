@@ -1,7 +1,9 @@
 // tfe-plan dump: plans a head (a .tfe file or a preset's header) and writes the plan as YAML
 // (docs/plan-schema.md), to stdout or to a file.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -21,9 +23,11 @@ void add_dump(CLI::App& app) {
   add_plan_options(cmd, args);
   cmd->add_option("-o,--output", *out, "write the plan here (default: stdout)");
   cmd->callback([args, out] {
+    const bool to_file = !out->empty() && *out != "-";
+    if (to_file) files::check_output(*out, "dump: -o", std::vector<std::filesystem::path>{args->head_path});
     const Plan plan = plan_from_args(*args);
     const std::string text = dump_plan_yaml(plan);
-    if (out->empty() || *out == "-") {
+    if (!to_file) {
       std::fwrite(text.data(), 1, text.size(), stdout);
     } else {
       files::write_atomic(*out, text, "plan");

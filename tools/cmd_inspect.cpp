@@ -1,13 +1,16 @@
 // tfe-plan inspect: what a .tfe holds (header, tensor table, parameter counts) and what one draft step
-// reads from HBM, so that a head's cost is known before it is planned.
+// reads from HBM, so that a head's cost is known before it is planned; or, given an artifact directory,
+// that artifact verified on the CPU.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <filesystem>
 #include <memory>
 
 #include "tools/commands.h"
 #include "core/error.h"
+#include <tfe/deploy.h>
 #include <tfe/head_file.h>
 
 namespace tfe::cli {
@@ -17,6 +20,7 @@ namespace {
 struct InspectArgs {
   std::string path;
   bool verify = false;
+  std::string head;              // an artifact's head, checked against its manifest
   double bandwidth_tbps = 4.25;  // H200 HBM3e peak
   int rows = 1;
 };
@@ -43,7 +47,7 @@ void print_header(const HeadFile& head) {
   fmt::print("header\n");
   row("header sha256", head.header_sha256());
   row("format_version", h.format_version);
-  row("name", h.name.empty() ? "(none)" : h.name);
+  row("name", h.name.empty() ? "(none)" : shown(h.name));
   row("head_type", head_type_name(h.head_type));
   row("taps", fmt::format("{}", fmt::join(taps, ", ")));
   row("target_hidden", h.target_hidden);
@@ -69,13 +73,13 @@ void print_tensors(const HeadFile& head) {
   const auto& tensors = head.file().tensors();
   const auto header = head.file().header_bytes();
   size_t name_width = 4;
-  for (const auto& t : tensors) name_width = std::max(name_width, t.name.size());
+  for (const auto& t : tensors) name_width = std::max(name_width, shown(t.name).size());
   fmt::print("\ntensors ({})\n", tensors.size());
   fmt::print("  {:<{}}  {:<8} {:<14} {:>10} {:>12}\n", "name", name_width, "dtype", "shape", "MB", "offset");
   for (const auto& t : tensors) {
     // File offset: where `xxd -s` or another reader finds the bytes.
     const auto offset = static_cast<int64_t>(t.data - header.data()) + 8;
-    fmt::print("  {:<{}}  {:<8} {:<14} {:>10.3f} {:>12}\n", t.name, name_width, dtype_name(t.dtype),
+    fmt::print("  {:<{}}  {:<8} {:<14} {:>10.3f} {:>12}\n", shown(t.name), name_width, dtype_name(t.dtype),
                fmt::format("[{}]", fmt::join(t.shape, ", ")), t.bytes / kMB, offset);
   }
 }
@@ -116,7 +120,22 @@ void print_step(const HeadHeader& h, const InspectArgs& a) {
   if (!h.fp8.empty()) line("fp8", true);
 }
 
+// An artifact directory: verified whole on the CPU (<tfe/deploy.h> verify_artifact).
+void run_artifact(const InspectArgs& a) {
+  const ArtifactInfo info = verify_artifact(a.path, a.head);
+  auto row = [](std::string_view key, const auto& value) { fmt::print("  {:<16} {}\n", key, value); };
+  fmt::print("{}\n\nartifact\n", a.path);
+  row("arch", info.arch);
+  row("nvrtc", info.nvrtc_version);
+  row("head sha256", info.head_sha256.empty() ? std::string("(a preset)") : info.head_sha256);
+  row("kernels", fmt::format("{} CUBINs, {:.3f} MB", info.kernels, static_cast<double>(info.cubin_bytes) / kMB));
+  fmt::print("\nverified: manifest, plan.yaml and {} CUBINs match their sha256{}\n", info.kernels,
+             a.head.empty() ? "" : fmt::format("; compiled for {}", a.head));
+}
+
 void run(const InspectArgs& a) {
+  if (std::filesystem::is_directory(a.path)) return run_artifact(a);
+  if (!a.head.empty()) fail("inspect: --head checks an artifact directory; {} is a head file", a.path);
   if (!std::isfinite(a.bandwidth_tbps))
     fail("inspect: --bandwidth {} must be a finite number of TB/s", a.bandwidth_tbps);
   const HeadFile head = HeadFile::open(a.path, {.verify_sha256 = a.verify});
@@ -133,8 +152,12 @@ void run(const InspectArgs& a) {
 void add_inspect(CLI::App& app) {
   auto args = std::make_shared<InspectArgs>();
   auto* cmd = app.add_subcommand("inspect", "print a head's header, tensors, parameters and per-step HBM bytes");
-  cmd->add_option("head", args->path, ".tfe head file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("path", args->path,
+                  ".tfe head file, or an artifact directory (tfe-plan compile -o), verified whole on the CPU")
+      ->required()
+      ->check(CLI::ExistingPath);
   cmd->add_flag("--verify", args->verify, "hash every tensor and compare with the recorded sha256");
+  cmd->add_option("--head", args->head, "for an artifact: the .tfe head it must have been compiled for");
   cmd->add_option("--bandwidth", args->bandwidth_tbps, "HBM bandwidth in TB/s for the step time")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -3,12 +3,14 @@
 
 #include <cstdio>
 #include <fstream>
+#include <filesystem>
 #include <memory>
-#include <sstream>
+#include <vector>
 
 #include "tools/commands.h"
 #include "core/error.h"
 #include "head/fp8.h"
+#include "core/files.h"
 #include "head/header_yaml.h"
 #include "head/presets.h"
 #include "head/random_head.h"
@@ -26,18 +28,16 @@ struct RandomArgs {
 };
 
 HeadHeader read_config(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail("random: cannot read --config {}", path);
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = files::read_regular(path, "random: --config", kMaxHeaderYamlBytes);
   try {
-    return header_from_yaml_text(text.str());
+    return header_from_yaml_text(text);
   } catch (const Error& e) {
     fail("random: --config {}: {}", path, e.what());
   }
 }
 
 void run(const RandomArgs& a) {
+  files::check_output(a.out, "random: -o", std::vector<std::filesystem::path>{a.config});
   const HeadHeader h = a.config.empty() ? preset_header(a.preset) : read_config(a.config);
   // Said before the work: an 8B-shaped head is about 2 GB, drawn and written in seconds to minutes.
   HeadHeader with_forms = h;
@@ -56,7 +56,7 @@ void run(const RandomArgs& a) {
   const auto writer = random_head(h, a.seed, a.fp8);
   writer.write(a.out);
   const auto& w = writer.header();
-  fmt::print("wrote {}: {} ({} head, hidden {}, vocab {} / draft {}), seed {}, {} FP8 forms\n", a.out, w.name,
+  fmt::print("wrote {}: {} ({} head, hidden {}, vocab {} / draft {}), seed {}, {} FP8 forms\n", a.out, shown(w.name),
              head_type_name(w.head_type), w.hidden, w.vocab, w.draft_vocab, a.seed, w.fp8.size());
 }
 
@@ -74,7 +74,7 @@ void add_random(CLI::App& app) {
   auto* config = cmd->add_option("--config", args->config, "header as YAML (the header section of a dumped plan)")
                      ->check(CLI::ExistingFile);
   preset->excludes(config);
-  cmd->add_option("--seed", args->seed, "generator seed")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "generator seed")->capture_default_str()->check(seed_validator());
   cmd->add_flag("--fp8", args->fp8, "add the FP8 e4m3 form of every linear in use");
   cmd->add_option("-o,--output", args->out, "the .tfe file to write")->required();
   cmd->callback([args, preset, config] {

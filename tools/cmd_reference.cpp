@@ -12,6 +12,7 @@
 
 #include "tools/commands.h"
 #include "core/error.h"
+#include "core/files.h"
 #include <tfe/head_file.h>
 #include "reference/reference.h"
 
@@ -198,7 +199,7 @@ void add_reference(CLI::App& app) {
       ->required()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--steps", args->steps, "draft steps")->required()->check(CLI::Range(1, 16));
-  cmd->add_option("--seed", args->seed, "seed of the taps and tokens")->required();
+  cmd->add_option("--seed", args->seed, "seed of the taps and tokens")->required()->check(seed_validator());
   cmd->add_option("--fp8", args->fp8, "FP8 forms: auto, off, require")
       ->check(CLI::IsMember({"auto", "off", "require"}));
   cmd->add_option("--threads", args->threads, "threads for the linears (0: all); results do not depend on it")
@@ -207,7 +208,10 @@ void add_reference(CLI::App& app) {
                   "two_stage: candidates rescored per row, as the plan option (0: the header's)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("-o,--output", args->out, "output .safetensors")->required();
-  cmd->callback([args] { run(*args); });
+  cmd->callback([args] {
+    files::check_output(args->out, "reference: -o", std::vector<std::filesystem::path>{args->head});
+    run(*args);
+  });
 }
 
 }  // namespace tfe::cli

@@ -76,4 +76,19 @@ using ArtifactProgress = std::function<void(const std::string& line)>;
 ArtifactSummary compile_artifact(const PlanSource& source, const PlanOptions& options, const std::string& out_dir,
                                  const ArtifactProgress& progress = {});
 
+// `tfe-plan inspect DIR`: an artifact checked on the CPU, without a GPU: the manifest (schema, fields),
+// the sha256 and size of plan.yaml and of every CUBIN, one CUBIN per specialization of the plan defining
+// its lowered name, and the head the plan was made for against the manifest's. With `head_path`, that
+// head file (its header's sha256) must be the one the artifact was compiled for. Throws tfe::Error naming
+// the file and the mismatch.
+struct ArtifactInfo {
+  std::string dir;
+  std::string arch;
+  std::string nvrtc_version;
+  std::string head_sha256;  // empty for an artifact compiled from a preset
+  size_t kernels = 0;
+  uint64_t cubin_bytes = 0;
+};
+ArtifactInfo verify_artifact(const std::string& dir, const std::string& head_path = {});
+
 }  // namespace tfe

@@ -48,6 +48,7 @@ _load_torch_nccl()
 from ._cli import tfe_plan_executable
 from ._tfe import (
     AcceptLog,
+    Artifact,
     CudaError,
     DraftResult,
     Error,
@@ -84,6 +85,7 @@ class ExtendRequest(NamedTuple):
 
 __all__ = [
     "AcceptLog",
+    "Artifact",
     "CudaError",
     "DraftResult",
     "Error",

@@ -65,6 +65,15 @@ class Preset:
 
 def presets() -> list[str]: ...
 
+class Artifact:
+    """A deploy artifact directory (tfe.compile, `tfe-plan compile -o`)."""
+
+    def __init__(self, path: _PathLike) -> None: ...
+    @property
+    def path(self) -> str: ...
+    def verify(self, head: _PathLike | None = None) -> dict[str, Any]:
+        """Checks the artifact on the CPU (manifest, every sha256, the head it was compiled for); raises tfe.Error."""
+
 class HeadFile:
     """A .tfe head file, mapped read-only and validated (with verify: every tensor's sha256 too)."""
 
@@ -125,6 +134,7 @@ class Reference:
         fp8: str = "auto",
         threads: int = 0,
         cand_k: int = 0,
+        check_taps: bool = False,
     ) -> None: ...
     @overload
     def extend(self, slot: int, first_pos: int, taps: _ArrayLike, tokens: _ArrayLike) -> None:

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <numeric>
 
 #include "compiler/artifact.h"
@@ -59,6 +60,19 @@ TFE_GPU_TEST_CASE("refusals: bad extends and drafts are refused by name and chan
   refused({random_rows(rng, h, 0, 9, 2)}, "does not continue the slot");   // a step back
   refused({random_rows(rng, h, po.max_slots, 0, 2)}, "is outside 0..");    // the scratch slot is not a slot
   refused({random_rows(rng, h, -1, 0, 2)}, "is outside 0..");
+  // Positions at the integer limits: refused by the shared check, never wrapped into a ring row.
+  refused({random_rows(rng, h, 2, std::numeric_limits<int64_t>::max(), 2)}, "exceeds");
+  refused({random_rows(rng, h, 2, std::numeric_limits<int64_t>::max() - 4, 8)}, "exceeds");
+  refused({random_rows(rng, h, 2, std::numeric_limits<int32_t>::max(), 1)}, "exceeds");
+  refused({random_rows(rng, h, 2, std::numeric_limits<int64_t>::min(), 1)}, "is negative");
+  {
+    // Device rows: the same check on the host, before any pointer is formed from the position.
+    const Rows far = random_rows(rng, h, 2, std::numeric_limits<int64_t>::max(), 2);
+    const DeviceExtendRequest q{
+        2, far.first_pos, 2, reinterpret_cast<const bf16_bits*>(16), 0, reinterpret_cast<const int32_t*>(16)};
+    CHECK_THROWS_WITH_AS(rt.extend(std::span(&q, 1)), doctest::Contains("exceeds"), Error);
+    check_unchanged(rt, slots, before);
+  }
   {
     Rows bad = random_rows(rng, h, 1, 4, 3);
     bad.tokens[1] = static_cast<int32_t>(h.vocab);
@@ -88,6 +102,20 @@ TFE_GPU_TEST_CASE("refusals: bad extends and drafts are refused by name and chan
   draft_refused(many, 1, "exceed the largest streams bucket");
   CHECK_THROWS_WITH_AS(rt.reset(po.max_slots), doctest::Contains("is outside 0.."), Error);
   check_unchanged(rt, slots, before);
+}
+
+TFE_GPU_TEST_CASE("refusals: with the self-check on, a non-finite tap is refused naming slot and row") {
+  auto head = random_head_image("tiny", 52, false);
+  const HeadHeader& h = head->file.header();
+  OpenOptions o = test_open_options(test_plan_options(Fp8Mode::off));
+  o.self_check = true;
+  Runtime rt = Runtime::open(head->file, o);
+  std::mt19937_64 rng(17);
+  Rows rows = random_rows(rng, h, 1, 20, 3);
+  rows.taps[rows.taps.size() / 2] = 0x7FC0;  // a NaN in row 1
+  CHECK_THROWS_WITH_AS(rt.extend(requests({rows})), doctest::Contains("extend of slot 1: taps row 1 (position 21)"),
+                       Error);
+  CHECK(rt.slots().empty(1));
 }
 
 // The arch of device 0 as a plan names it (sm_90 on an H200).

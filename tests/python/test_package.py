@@ -197,6 +197,10 @@ def test_random_head_equals_the_cli(tmp_path):
         tfe.random_head(None, tmp_path / "c.tfe")
     with pytest.raises(tfe.Error, match="seed"):
         tfe.random_head("tiny", tmp_path / "c.tfe", seed=-1)
+    with pytest.raises(tfe.Error, match=r"threads = -5 is outside 0\.\.1024"):
+        tfe.random_head("tiny", tmp_path / "c.tfe", threads=-5)
+    with pytest.raises(tfe.Error, match=r"out: .* holds a NUL byte"):
+        tfe.random_head("tiny", f"{tmp_path}/c\0.tfe")
     assert not (tmp_path / "c.tfe").exists()
 
 
@@ -211,6 +215,20 @@ def test_random_head_from_a_config(tmp_path):
     config.write_text("\n".join(line[4:] for line in block.group(1).splitlines()) + "\n")
     head = tfe.random_head(None, tmp_path / "c.tfe", config=config, seed=3)
     assert head.header == tfe.Preset("tiny").header
+    # The output rule: never the config it reads, a device, a FIFO or a directory; each left as it was.
+    before = config.read_bytes()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for out, message in [
+        (config, r"out .*header\.yaml: is the command's input"),
+        ("/dev/null", r"out /dev/null: is a character device"),
+        (fifo, r"is a FIFO"),
+        (tmp_path, r"is a directory"),
+    ]:
+        with pytest.raises(tfe.Error, match=message):
+            tfe.random_head(None, out, config=config, seed=3)
+    assert config.read_bytes() == before
+    assert fifo.is_fifo() and pathlib.Path("/dev/null").is_char_device()
 
 
 def write_eagle3_checkpoint(directory, **config_overrides):
@@ -289,6 +307,12 @@ def test_convert_refusals(tmp_path):
     with pytest.raises(tfe.Error, match="window"):
         tfe.convert(write_eagle3_checkpoint(tmp_path / "ok"), tmp_path / "a.tfe", window=0)
     assert not (tmp_path / "a.tfe").exists()
+    # Its own checkpoint's file as the output: refused before the conversion, the file as it was.
+    weights = tmp_path / "ok" / "model.safetensors"
+    before = weights.read_bytes()
+    with pytest.raises(tfe.Error, match=r"convert: out .*model\.safetensors: is the command's input"):
+        tfe.convert(tmp_path / "ok", weights)
+    assert weights.read_bytes() == before
 
 
 @needs_safetensors
@@ -367,6 +391,28 @@ def test_compile_writes_the_artifact(heads, tmp_path):
     assert manifest["arch"] == "sm_90"
     assert (tmp_path / "deploy" / "plan.yaml").read_text() == tfe.plan_yaml(head, buckets=[1, 2], max_steps=2, fp8="off")
     assert len(list((tmp_path / "deploy" / "kernels").glob("*.cubin"))) == s["specs"]
+    # A trailing slash names the same folder, new or existing (the README's form).
+    for _ in range(2):
+        tfe.compile(head, f"{tmp_path / 'slash'}/", buckets=[1, 2], max_steps=2, fp8="off")
+        assert json.loads((tmp_path / "slash" / "manifest.json").read_text()) == manifest
+    # A folder that is not an artifact is refused before any kernel compiles, and keeps its files.
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    seen = []
+    with pytest.raises(tfe.Error, match=r"holds no manifest\.json"):
+        tfe.compile(head, f"{tmp_path / 'mine'}/", buckets=[1, 2], max_steps=2, fp8="off", progress=seen.append)
+    assert seen == [] and (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    # Verified on the CPU: every sha256, and the head it was compiled for.
+    info = tfe.Artifact(tmp_path / "deploy").verify(head=head.path)
+    assert info["kernels"] == s["specs"] and info["head_sha256"] == head.header_sha256
+    with pytest.raises(tfe.Error, match="compiled for the head with sha256"):
+        tfe.Artifact(tmp_path / "deploy").verify(head=heads("tiny-two-stage").path)
+    cubin = sorted((tmp_path / "deploy" / "kernels").glob("*.cubin"))[0]
+    data = bytearray(cubin.read_bytes())
+    data[len(data) // 2] ^= 1
+    cubin.write_bytes(bytes(data))
+    with pytest.raises(tfe.Error, match=r"\.cubin has sha256 .*the manifest records"):
+        tfe.Artifact(f"{tmp_path / 'deploy'}/").verify()
 
 
 def test_compile_progress_error_is_raised(heads, tmp_path):
@@ -483,13 +529,21 @@ def test_reference_extend_batch_equals_the_request_list(ref_setup, heads):
         (([0], [0], [1], taps, tokens), {"starts": [0, 1]}, "starts: 2 entries, but slots has 1"),
         (([0], [0], [-1], taps, tokens), {}, r"counts\[0\]: -1 is outside 0\.\."),
         (([0], [0], [1], taps, tokens), {"starts": [-2]}, r"starts\[0\]: -2 is outside 0\.\."),
-        (([0, 1], [6, 6], [6, 7], taps, tokens), {}, r"counts\[0\.\.1\] add up to 13 rows, past the 12 rows"),
-        (([0], [6], [2], taps, tokens), {"starts": [11]}, r"starts\[0\] \+ counts\[0\] = 13, past the 12 rows"),
+        (([0, 1], [6, 6], [6, 7], taps, tokens), {}, r"counts\[0\.\.1\] add up to 6 \+ 7 rows, past the 12 rows"),
+        (([0], [6], [2], taps, tokens), {"starts": [11]}, r"starts\[0\] \+ counts\[0\] = 11 \+ 2, past the 12 rows"),
         (([0], [6], [1], taps, tokens[:5]), {}, "taps has 12 rows but tokens has 5 entries"),
         (([0], [6], [1], taps[:, :-1], tokens), {}, "taps: expected shape"),
         (([0], [6], [1], taps, tokens.astype(np.int64)), {}, "tokens: expected int32"),
         (([0], [6], [1], taps, tokens), {"starts": [np.float32(1)]}, "starts"),
         (([0, 0], [6, 6], [1, 1], taps, tokens), {}, "slot 0"),
+        # Positions and counts at the integer limits: refused, never wrapped.
+        (([0, 1], [0, 0], [6, 2**63 - 1], taps, tokens), {}, r"add up to 6 \+ 9223372036854775807 rows, past"),
+        (([0], [6], [2**63 - 1], taps, tokens), {"starts": [1]}, r"= 1 \+ 9223372036854775807, past"),
+        (([0], [6], [2**63], taps, tokens), {}, r"counts\[0\]: 9223372036854775808 is outside"),
+        (([2], [2**63 - 1], [2], taps, tokens), {}, r"last position 9223372036854775807 \+ 1 exceeds"),
+        (([2], [2**63 - 5], [8], taps, tokens), {}, r"last position 9223372036854775803 \+ 7 exceeds"),
+        (([2], [2**31 - 1], [1], taps, tokens), {}, r"last position 2147483647 \+ 0 exceeds"),
+        (([2], [-(2**63)], [1], taps, tokens), {}, r"first position -9223372036854775808 is negative"),
     ]:
         with pytest.raises((tfe.Error, TypeError), match=message):
             ref.extend_batch(*args, **kwargs)
@@ -576,12 +630,21 @@ def test_reference_refusals_change_nothing(ref_setup):
         ((0, 8, taps, tokens), tfe.Error, r"first position 8 does not continue the slot \(expected 6; a gap"),
         ((0, 5, taps, tokens), tfe.Error, r"expected 6; a step back"),
         ((0, 6, taps[:0], tokens[:0]), tfe.Error, r"a span of 0 rows"),
+        ((0, 6, np.empty((0, W), np.uint16), np.empty(0, np.int32)), tfe.Error, r"a span of 0 rows"),
+        ((0, 6, np.lib.stride_tricks.as_strided(taps, (0, W), (0, 0)), tokens[:0]), tfe.Error, r"a span of 0 rows"),
         ((0, 6, taps, np.array([1, h["vocab"], 2], dtype=np.int32)), tfe.Error,
          rf"tokens\[1\] = {h['vocab']} is outside \[0, {h['vocab']}\)"),
         ((0, 6, taps, np.array([1, -1, 2], dtype=np.int32)), tfe.Error, r"tokens\[1\] = -1"),
         (("0", 6, taps, tokens), TypeError, r"slot: expected an int, got str"),
         ((0, 6.0, taps, tokens), TypeError, r"first_pos: expected an int, got float"),
         ((True, 6, taps, tokens), TypeError, r"slot: expected an int, got bool"),
+        # Positions at the integer limits: refused, never wrapped into a ring row.
+        ((2, 2**63 - 1, taps[:2], tokens[:2]), tfe.Error, r"last position 9223372036854775807 \+ 1 exceeds"),
+        ((2, 2**63 - 5, taps, tokens), tfe.Error, r"last position 9223372036854775803 \+ 2 exceeds"),
+        ((2, 2**31 - 1, taps, tokens), tfe.Error, r"last position 2147483647 \+ 2 exceeds"),
+        ((2, -(2**63), taps, tokens), tfe.Error, r"first position -9223372036854775808 is negative"),
+        ((2, 2**63, taps, tokens), tfe.Error, r"first_pos: 9223372036854775808 is outside"),
+        ((0, 2**63 - 1, taps, tokens), tfe.Error, r"exceeds"),
     ]
     for args, error, pattern in extend_cases:
         with pytest.raises(error, match=pattern):
@@ -632,12 +695,35 @@ def test_reference_refusals_change_nothing(ref_setup):
     assert not same_draft(ref.draft([0, 1], 3), baseline)
 
 
+def test_reference_check_taps_refuses_non_finite_rows(ref_setup, heads):
+    """check_taps: a NaN or infinite tap is refused naming slot, row and position, and changes nothing;
+    off (the default), the row is taken."""
+    make, h, baseline = ref_setup
+    taps, tokens = random_rows(h, 3, seed=8)
+    bad = taps.copy()
+    bad[1, 5] = 0x7FC0  # bf16 NaN
+    checked = tfe.Reference(heads("tiny"), max_slots=4, max_steps=4, check_taps=True)
+    with pytest.raises(tfe.Error, match=r"extend of slot 2: taps row 1 \(position 41\) holds NaN at value 5"):
+        checked.extend(2, 40, bad, tokens)
+    bad[1, 5] = 0x7F80  # +inf
+    with pytest.raises(tfe.Error, match="holds an infinity"):
+        checked.extend_batch([2], [40], [3], bad, tokens)
+    checked.extend(2, 40, taps, tokens)  # still usable, the slot untouched
+    tfe.Reference(heads("tiny"), max_slots=4, max_steps=4).extend(2, 40, bad, tokens)
+
+
 def test_reference_options_refused(heads):
     head = heads("tiny")
     with pytest.raises(tfe.Error, match="max_steps"):
         tfe.Reference(head, max_steps=17)
     with pytest.raises(tfe.Error, match="max_slots"):
         tfe.Reference(head, max_slots=0)
+    with pytest.raises(tfe.Error, match=r"max_slots: 67108864 is outside 1\.\.4096"):
+        tfe.Reference(head, max_slots=2**26)
+    with pytest.raises(tfe.Error, match=r"threads = -5 is outside 0\.\.1024"):
+        tfe.Reference(head, threads=-5)
+    with pytest.raises(tfe.Error, match=r"head: .* holds a NUL byte at offset 3"):
+        tfe.Reference("abc\0def.tfe")
     with pytest.raises(tfe.Error, match="fp8.*sometimes"):
         tfe.Reference(head, fp8="sometimes")
     with pytest.raises(tfe.Error, match="fp8 = require: linear `fc` has no FP8 form"):
