@@ -31,7 +31,7 @@ void add_dump(CLI::App& app) {
       std::fwrite(text.data(), 1, text.size(), stdout);
     } else {
       files::write_atomic(*out, text, "plan");
-      fmt::print("wrote {}: the plan of {} (buckets {}, max_steps {}, max_slots {})\n", *out, plan.header.name,
+      fmt::print("wrote {}: the plan of {} (buckets {}, max_steps {}, max_slots {})\n", *out, shown(plan.header.name),
                  fmt::join(plan.options.buckets, ","), plan.options.max_steps, plan.options.max_slots);
     }
   });
