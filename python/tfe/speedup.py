@@ -84,9 +84,9 @@ def _error(e: Exception) -> dict:
     return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
 
 
-def _row(result, seconds: float, warmup: float, reference) -> dict:
+def _row(result, seconds: float, reference) -> dict:
     log = result.accept_log()
-    log.update(seconds=seconds, warmup_seconds=warmup, tokens_per_second=result.new_tokens / seconds, split=result.split)
+    log.update(seconds=seconds, tokens_per_second=result.new_tokens / seconds, split=result.split)
     if reference is not None:
         log["differing_sequences"] = sum(a != b for a, b in zip(result.tokens, reference))
     return log
@@ -133,7 +133,7 @@ def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int]
         def tfe_row(name: str, s: int, drafter, **options) -> None:
             try:
                 result, secs = loop(CapturedDecoder(target, drafter, steps=s, timing=True, rivals=False, **options))
-                row = _row(result, secs, 0.0, reference)
+                row = _row(result, secs, reference)
                 by_class: dict[str, list[int]] = {}
                 for p, accepted in zip(chosen, result.accepted_by_sequence):
                     by_class.setdefault(p.cls, []).extend(accepted)
@@ -152,14 +152,6 @@ def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int]
             tfe_row(TFE_EAGER, best, drafters[TFE], compile_layers=False)
             if PORT in drafters:
                 tfe_row(PORT, best, drafters[PORT])
-
-
-def _fastest_alone(entry: dict) -> tuple[str, float]:
-    ok = {k: v["tokens_per_second"] for k, v in entry["alone"].items() if "tokens_per_second" in v}
-    if not ok:
-        return "none", float("nan")
-    name = max(ok, key=ok.get)
-    return name, ok[name]
 
 
 def _rate(entry: dict, name: str) -> float:
