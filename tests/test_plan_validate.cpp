@@ -20,14 +20,22 @@ using tfe::test::golden_options;
 using tfe::test::node_arg;
 using tfe::test::plan_node;
 
+namespace {
+// The tiny preset with every linear in its FP8 form, planned and valid: the plan the refusal cases edit.
+Plan valid_fp8_tiny_plan() {
+  HeadHeader h = preset_header("tiny");
+  h.fp8 = linears_in_use(h);
+  const Plan plan = make_plan(h, golden_options());
+  REQUIRE(plan.fp8);
+  CHECK_NOTHROW(validate(plan));
+  return plan;
+}
+}  // namespace
+
 TEST_CASE(
     "validate: a node whose buffers are smaller than its kernel reaches, or whose launch, rows, step, "
     "position offset or strides are not its kernel's, is refused by name") {
-  HeadHeader fp8_head = preset_header("tiny");
-  fp8_head.fp8 = linears_in_use(fp8_head);
-  const Plan good = make_plan(fp8_head, golden_options());
-  REQUIRE(good.fp8);
-  CHECK_NOTHROW(validate(good));
+  const Plan good = valid_fp8_tiny_plan();
   // Nodes of the last bucket (16 streams) or the extend.
   const auto find = plan_node;
   const auto param = node_arg;
@@ -80,7 +88,7 @@ TEST_CASE(
   {
     PlanOptions sm80 = golden_options();
     sm80.arch = "sm_80";
-    Plan p = make_plan(fp8_head, sm80);
+    Plan p = make_plan(good.header, sm80);
     CHECK_NOTHROW(validate(p));
     find(p, "s1.attention").launch.smem = 200 * 1024;
     const char* refusal = "node s1.attention: 204800 bytes of dynamic shared memory a CTA; sm_80 allows at most 166912";
@@ -226,11 +234,7 @@ TEST_CASE("validate: an extend node naming a spec the plan lacks is refused by n
 }
 
 TEST_CASE("validate: a kernel argument bound to a buffer of another dtype or role is refused by name") {
-  HeadHeader fp8_head = preset_header("tiny");
-  fp8_head.fp8 = linears_in_use(fp8_head);
-  const Plan good = make_plan(fp8_head, golden_options());
-  REQUIRE(good.fp8);
-  CHECK_NOTHROW(validate(good));
+  const Plan good = valid_fp8_tiny_plan();
   const auto find = plan_node;
   const auto param = node_arg;
   auto refused = [&](const char* what, const std::function<void(Plan&)>& edit, const char* message) {
