@@ -26,6 +26,8 @@
 #                                    SPEED_SEQUENCES (1,4,16), SPEED_STEPS (1..8) and SPEED_WINDOWS (128,511)
 #                                    split it over calls;
 #                                    SPEED_NEW_TOKENS (128) a sequence
+#   scripts/gpu_target.sh acceptance there: tokens per round by class and S = 1..8 on all 30 held-out prompts
+#                                    (tfe-speedup --acceptance); SPEED_NEW_TOKENS (128) a sequence
 #   scripts/gpu_target.sh measure    exact, speed, and on a machine with 2 GPUs also tp
 #   scripts/gpu_target.sh tp         there: the loop with the target split over 2 GPUs
 #                                    (tfe.tensor_parallel, docs/distributed.md); skipped, saying so, with
@@ -189,6 +191,16 @@ speed() {  # SPEED_SEQUENCES (1,4,16), SPEED_STEPS (1..8), SPEED_WINDOWS (128,51
   return $rc
 }
 
+acceptance() {
+  ready
+  local t0=$SECONDS rc=0
+  python3 -m tfe.speedup --head "$state/head.tfe" --artifact "$state/deploy" --sequences "" --acceptance \
+    --steps "${SPEED_STEPS:-1,2,3,4,5,6,7,8}" --max-new-tokens "${SPEED_NEW_TOKENS:-128}" -o "$out" 2>&1 |
+    grep --line-buffered -v "it/s\]" | tee "$out/acceptance.log" || rc=1
+  echo "== acceptance in $((SECONDS - t0)) s"
+  return $rc
+}
+
 measure() {
   local rc=0
   exact || rc=1
@@ -227,9 +239,10 @@ for phase in "${phases[@]}"; do
     train) train ;;
     exact) exact ;;
     speed) speed ;;
+    acceptance) acceptance ;;
     measure) measure ;;
     tp) tensor_parallel ;;
     all) train && measure ;;
-    *) die "unknown phase '$phase' (stage receive train exact speed measure tp all)" ;;
+    *) die "unknown phase '$phase' (stage receive train exact speed acceptance measure tp all)" ;;
   esac || exit 1
 done

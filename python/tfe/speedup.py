@@ -22,6 +22,11 @@ bf16 a difference can only come from a near-tie (tfe-check-exact judges those).
 Writes into --out: speedup.json (after every configuration), speedup.png (tokens/s against S),
 split.png (the round split as stacked bars), and prints the tables last.
 
+With --acceptance it measures acceptance alone, on every held-out prompt (tfe.prompts.evaluation_prompts:
+3 in each of 10 classes, none trained on) at each S of --steps: tokens per round by class and S, the mean over
+classes, the weakest class, and the share of rounds that keep at least j drafts; acceptance.json. Greedy
+acceptance does not depend on the batch, so the prompts run 15 at a time.
+
 With --windows (e.g. 128,511) it also measures acceptance on prompts longer than the largest window
 (prompts.long_prompts): the head converted at each window and run by tfe, against its PyTorch port at the
 largest window and over the whole context; windows.json.
@@ -154,6 +159,53 @@ def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int]
                 tfe_row(PORT, best, drafters[PORT])
 
 
+def acceptance(target: Target, drafter, steps: list[int], new: int, batch: int = 15) -> dict:
+    """Acceptance on every held-out prompt at each S: by class, tokens per round and, per window position j,
+    the share of rounds that kept at least j drafts (the accept log's rate by position)."""
+    evaluation = prompt_sets.evaluation_prompts()
+    if any(p.history for p in evaluation):
+        raise ValueError("an evaluation prompt has earlier turns; encode_chat takes one user turn")
+    prompts = [target.encode_chat(p.text) for p in evaluation]
+    classes = sorted({p.cls for p in evaluation})
+    report: dict = {"prompts": len(prompts), "classes": classes, "max_new_tokens": new, "by_steps": {}}
+    for s in steps:
+        decoder = CapturedDecoder(target, drafter, steps=s, rivals=False)
+        rounds: dict[str, list[int]] = {c: [] for c in classes}
+        for a in range(0, len(prompts), batch):
+            result = decoder.generate(prompts[a : a + batch], new)
+            for p, accepted in zip(evaluation[a : a + batch], result.accepted_by_sequence):
+                rounds[p.cls].extend(accepted)
+        per_class = {
+            c: {"rounds": len(k), "tokens_per_round": 1 + sum(k) / len(k),
+                "kept_at_least": [sum(x >= j for x in k) / len(k) for j in range(1, s + 1)]}
+            for c, k in rounds.items() if k
+        }
+        mean = sum(r["tokens_per_round"] for r in per_class.values()) / len(per_class)
+        weakest = min(per_class, key=lambda c: per_class[c]["tokens_per_round"])
+        first = sum(r["kept_at_least"][0] for r in per_class.values()) / len(per_class)
+        report["by_steps"][str(s)] = {"by_class": per_class, "mean_tokens_per_round": mean,
+                                      "mean_kept_at_position_1": first, "weakest_class": weakest}
+        print(f"acceptance S={s}: {mean:.2f} tokens a round (mean of {len(per_class)} classes), position 1 kept "
+              f"{first:.2f}, weakest {weakest} {per_class[weakest]['tokens_per_round']:.2f}", flush=True)
+    return report
+
+
+def print_acceptance(report: dict) -> None:
+    steps = list(report["by_steps"])
+    print(f"\nheld-out acceptance: tokens per round by class and S ({report['prompts']} prompts, "
+          f"{report['max_new_tokens']} new tokens each, greedy)")
+    print(f"{'class':<12}" + "".join(f"{'S=' + s:>7}" for s in steps))
+    for c in report["classes"]:
+        cells = [report["by_steps"][s]["by_class"].get(c, {}).get("tokens_per_round") for s in steps]
+        print(f"{c:<12}" + "".join(f"{x:7.2f}" if x is not None else f"{'':>7}" for x in cells))
+    print(f"{'mean':<12}" + "".join(f"{report['by_steps'][s]['mean_tokens_per_round']:7.2f}" for s in steps))
+    last = report["by_steps"][steps[-1]]
+    print(f"\nshare of rounds keeping at least j drafts at S={steps[-1]}, by class")
+    print(f"{'class':<12}" + "".join(f"{'j=' + str(j):>7}" for j in range(1, int(steps[-1]) + 1)))
+    for c, r in last["by_class"].items():
+        print(f"{c:<12}" + "".join(f"{x:7.2f}" for x in r["kept_at_least"]))
+
+
 def _rate(entry: dict, name: str) -> float:
     return entry["alone"].get(name, {}).get("tokens_per_second", float("nan"))
 
@@ -225,6 +277,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--device", default="cuda", help="cpu runs it too (a check of the script, not a measurement)")
+    ap.add_argument("--acceptance", action="store_true", help="acceptance on every held-out prompt at each S of "
+                    "--steps, by class (acceptance.json)")
     ap.add_argument("--windows", default="", help="e.g. 128,511: acceptance on long prompts at these windows "
                     "against the PyTorch port over the whole context (needs --checkpoint)")
     ap.add_argument("--window-steps", type=int, default=4, help="draft steps S of the window study")
@@ -255,8 +309,15 @@ def main(argv=None) -> int:
     def save():
         (out / "speedup.json").write_text(json.dumps(report, indent=1) + "\n")
 
+    max_steps = max([8, *steps])
+    if a.acceptance:
+        drafter = make_drafter(a.drafter, a.head, max_slots=16, max_steps=max_steps, artifact=a.artifact)
+        study = acceptance(target, drafter, steps, a.max_new_tokens)
+        study.update(head=a.head, dtype=a.dtype, device=device, drafter=a.drafter)
+        (out / "acceptance.json").write_text(json.dumps(study, indent=1) + "\n")
+        print_acceptance(study)
+        del drafter
     if sequences:
-        max_steps = max(8, *steps)
         drafters = {TFE: make_drafter(a.drafter, a.head, max_slots=16, max_steps=max_steps, artifact=a.artifact)}
         if a.checkpoint:
             try:

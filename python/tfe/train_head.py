@@ -86,7 +86,7 @@ class Settings:
     lr: float = 6e-4
     warmup: float = 0.03
     label_top: int = 64
-    cache_gib: float = 24.0
+    cache_gib: float = 48.0
     max_updates: int = 1_000_000
     min_updates: int = 1  # even where the data phase took the whole budget
     gen_batch: int = 256
