@@ -105,7 +105,9 @@ class CapturedDecoder:
     round); a CPU run is always split, by the host's clock.
     `prefill_chunk`: the prompts go through the target and into the head in pieces of this many columns.
     `rivals`: keep the target's next best tokens beside each emitted one (Result.rivals, which the exactness
-    checks read); a timed run leaves them out, as an engine would."""
+    checks read); a timed run leaves them out, as an engine would.
+    `columns`: the least KV cache columns to allocate, so that calls of different lengths share one shape
+    (its cache, graphs and compiled layer) instead of growing it."""
 
     def __init__(
         self,
@@ -121,8 +123,10 @@ class CapturedDecoder:
         timing: bool = False,
         prefill_chunk: int | None = None,
         rivals: bool = True,
+        columns: int = 0,
     ):
         self.target = target
+        self.min_columns = columns
         self.prefill_chunk = prefill_chunk
         self.rivals = rivals
         self.drafter = drafter
@@ -244,7 +248,7 @@ class CapturedDecoder:
         if B == 0 or max_new_tokens < 1 or any(len(p) == 0 for p in prompts):
             raise ValueError("generate needs at least one non-empty prompt and max_new_tokens >= 1")
         needed = max(len(p) for p in prompts) + max_new_tokens + S + 1
-        columns = -(-needed // COLUMN_STEP) * COLUMN_STEP
+        columns = -(-max(needed, self.min_columns) // COLUMN_STEP) * COLUMN_STEP
         sh = self._shape_for(B, columns)
         if self.graphs and not sh.graphs:
             sh.max_new.fill_(0)  # nothing is active while capturing

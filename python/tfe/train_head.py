@@ -9,8 +9,10 @@ shapes and numerics contract of docs/head.md, with the defaults of SpecForge's r
   the target first writes itself (self-instruct); plus chunks of the standard library's sources (training
   files only). EAGLE-3 regenerates its data with the target in the same way, so the head learns the target's
   own continuations. The loss covers the answers and all of the text. Generation runs in batches of
-  `gen_batch`, left-padded, greedy and sampled answers in separate calls; the phase stops at its bound
-  between batches (greedy answers of every source first, then the sampled rounds) and says what it made.
+  `gen_batch` through tfe.captured's loop with drafts off (the target's forward over a static cache, one
+  CUDA graph a token: several times transformers' generate at this batch), greedy and sampled answers in
+  separate calls; the phase stops at its bound between batches (greedy answers of every source first, then
+  the sampled rounds) and says what it made.
 - held-out: the target's greedy answers to tfe.prompts.evaluation_prompts (and held-out conversations),
   never trained on; top-1 agreement by draft step on them is logged against training time.
 - sequence packing: sequences share rows of `seq_len` tokens, each at its own positions and attending
@@ -57,6 +59,8 @@ import torch
 import torch.nn.functional as F
 
 from . import prompts as prompt_sets
+from .captured import CapturedDecoder
+from .speculative import Sampling
 from .target import Target, load_target
 from .torch_head import Eagle3Head, read_checkpoint
 
@@ -69,10 +73,10 @@ class Settings:
 
     minutes: float = 7.0  # data + training
     data_share: float = 0.4  # the data phase's bound, a share of `minutes`
-    prompts_per_class: int = 150  # templated training prompts of each class (fewer where a class has fewer)
-    self_instruct: int = 800  # requests the target writes itself
-    chitchat: int = 800  # human conversations
-    sampled_answers: int = 2  # per prompt, beside the greedy one
+    prompts_per_class: int = 300  # templated training prompts of each class (fewer where a class has fewer)
+    self_instruct: int = 2000  # requests the target writes itself
+    chitchat: int = 3000  # human conversations
+    sampled_answers: int = 3  # per prompt, beside the greedy one
     answer_tokens: int = 256
     request_tokens: int = 96  # self-instruct: the most a request the target writes may take
     stdlib_chunks: int = 600
@@ -90,6 +94,7 @@ class Settings:
     max_updates: int = 1_000_000
     min_updates: int = 1  # even where the data phase took the whole budget
     gen_batch: int = 256
+    data_loop: str = "captured"  # "captured" (tfe.captured, drafts off) or "generate" (transformers')
     seed: int = 0
 
     @staticmethod
@@ -154,10 +159,13 @@ class DataClock:
         self.slowest = max(self.slowest, seconds)
 
 
-def generate(target: Target, jobs: list, settings: Settings, clock: DataClock | None, log, *, tokens: int, sample: bool):
-    """The target's continuations of jobs [(prompt ids, anything)], gen_batch at a time, left-padded: a list
-    of (prompt ids, anything, answer ids) in order, shorter where the clock stopped it."""
-    tok = target.tokenizer
+def generate(target: Target, jobs: list, settings: Settings, clock: DataClock | None, log, *, tokens: int, sample: bool, seed: int = 0):
+    """The target's continuations of jobs [(prompt ids, anything)], gen_batch at a time: a list of (prompt
+    ids, anything, answer ids) in order, each answer cut after its first end-of-text, shorter where the clock
+    stopped it. Sampled: temperature 0.8, top-p 0.95, batches drawn from seed + their first index."""
+    sampling = Sampling(temperature=0.8, top_p=0.95) if sample else Sampling()
+    run = _captured_batches(target, settings, tokens, sampling, seed) if settings.data_loop == "captured" else _hf_batches(target, tokens, sample)
+    eos = target.tokenizer.eos_token_id
     out = []
     for a in range(0, len(jobs), settings.gen_batch):
         if a > 0 and clock is not None and not clock.allows():
@@ -165,13 +173,45 @@ def generate(target: Target, jobs: list, settings: Settings, clock: DataClock | 
             break
         t0 = time.perf_counter()
         group = jobs[a : a + settings.gen_batch]
-        width = max(len(ids) for ids, _ in group)
-        ids = torch.full((len(group), width), tok.eos_token_id, dtype=torch.long)
+        for (p, tag), answer in zip(group, run([p for p, _ in group], a)):
+            if eos in answer:
+                answer = answer[: answer.index(eos) + 1]
+            out.append((p, tag, answer))
+        if clock is not None:
+            clock.took(time.perf_counter() - t0)
+        log(f"generated {len(out)}/{len(jobs)} ({'sampled' if sample else 'greedy'}, {time.perf_counter() - t0:.1f} s a batch)")
+    return out
+
+
+def _captured_batches(target: Target, settings: Settings, tokens: int, sampling: Sampling, seed: int):
+    """Batches through tfe.captured's loop with drafts off: the target's forward over a static cache,
+    replayed as a CUDA graph a token (on a GPU). Every batch has gen_batch rows (a short last one is
+    filled with copies of its first prompt) and the cache is sized for the longest prompt a row can hold,
+    so that one shape, captured and compiled once, serves the whole phase."""
+    decoder = CapturedDecoder(target, sampling=sampling, rivals=False, columns=settings.seq_len + tokens + 1)
+
+    def run(prompts: list[list[int]], first_index: int) -> list[list[int]]:
+        n = len(prompts)
+        prompts = prompts + [prompts[0]] * (settings.gen_batch - n)
+        decoder.sampling = Sampling(sampling.temperature, sampling.top_p, seed=seed + first_index)
+        return decoder.generate(prompts, tokens).tokens[:n]
+
+    return run
+
+
+def _hf_batches(target: Target, tokens: int, sample: bool):
+    """Batches through transformers' generate (left-padded, its dynamic cache): the slower way, kept as
+    the comparison point for the captured loop's data."""
+    tok = target.tokenizer
+    sampling = dict(do_sample=True, temperature=0.8, top_p=0.95) if sample else dict(do_sample=False)
+
+    def run(prompts: list[list[int]], first_index: int) -> list[list[int]]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), tok.eos_token_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
-        for i, (p, _) in enumerate(group):
+        for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
-        sampling = dict(do_sample=True, temperature=0.8, top_p=0.95) if sample else dict(do_sample=False)
         with torch.inference_mode():
             done = target.model.generate(
                 ids.to(target.device),
@@ -180,15 +220,9 @@ def generate(target: Target, jobs: list, settings: Settings, clock: DataClock | 
                 pad_token_id=tok.eos_token_id,
                 **sampling,
             )
-        for i, (p, tag) in enumerate(group):
-            answer = done[i, width:].tolist()
-            if tok.eos_token_id in answer:
-                answer = answer[: answer.index(tok.eos_token_id) + 1]
-            out.append((p, tag, answer))
-        if clock is not None:
-            clock.took(time.perf_counter() - t0)
-        log(f"generated {len(out)}/{len(jobs)} ({'sampled' if sample else 'greedy'}, {time.perf_counter() - t0:.1f} s a batch)")
-    return out
+        return [done[i, width:].tolist() for i in range(len(prompts))]
+
+    return run
 
 
 def self_instruct_prompts(target: Target, settings: Settings, clock: DataClock, log) -> list[prompt_sets.Prompt]:
@@ -196,7 +230,7 @@ def self_instruct_prompts(target: Target, settings: Settings, clock: DataClock, 
     asks = prompt_sets.self_instruct_requests(settings.self_instruct, settings.seed)
     jobs = [(target.encode_chat(p.text), p.cls) for p in asks]
     out = []
-    for _, cls, answer in generate(target, jobs, settings, clock, log, tokens=settings.request_tokens, sample=True):
+    for _, cls, answer in generate(target, jobs, settings, clock, log, tokens=settings.request_tokens, sample=True, seed=settings.seed):
         text = target.tokenizer.decode(answer, skip_special_tokens=True).strip().strip('"').strip()
         if len(text) >= 12:
             out.append(prompt_sets.Prompt(cls, text))
@@ -252,7 +286,8 @@ def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], 
     report["prompts"] = {src: len(ps) for src, ps in sources.items()}
     made = []
     for round in range(1 + settings.sampled_answers):
-        made += generate(target, jobs, settings, clock, log, tokens=settings.answer_tokens, sample=round > 0)
+        made += generate(target, jobs, settings, clock, log, tokens=settings.answer_tokens, sample=round > 0,
+                         seed=settings.seed + (round << 20))
     seqs = [Sequence((p + a)[: settings.seq_len], len(p), cls, src) for p, (cls, src), a in made]
     seqs += stdlib_text(target, settings)
     seqs = [s for s in seqs if len(s.ids) >= 4]
@@ -630,6 +665,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, help="packed rows an update")
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--gen-batch", type=int, help="prompts a generate call")
+    p.add_argument("--data-loop", choices=["captured", "generate"], help="how the target writes the data: tfe's captured loop with drafts off (default) or transformers' generate")
     p.add_argument("--answer-tokens", type=int, help="tokens the target generates per prompt")
     p.add_argument("--max-updates", type=int, help="stop after this many updates, if the time lasts")
     p.add_argument("--seed", type=int, default=0)
@@ -651,6 +687,8 @@ def main(argv=None) -> int:
             p.error(f"--{name.replace('_', '-')} {v} is outside {lo}..{hi}")
         setattr(s, name, v)
     s.seed = a.seed
+    if a.data_loop:
+        s.data_loop = a.data_loop
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True

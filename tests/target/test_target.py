@@ -240,6 +240,27 @@ def test_captured_loop_keeps_the_targets_tokens(target, smoke, chats):
     assert lean.tokens == alone[2:] and lean.rivals == [[], []]
 
 
+def test_training_data_loops_write_the_same_answers(target, chats):
+    """The trainer's data through tfe's captured loop (its default) is the target's own text: greedy, the
+    same answers as transformers' generate, cut after end-of-text, for a batch with a short last part; sampled,
+    the same answers again for the same seed and other answers for another."""
+    from tfe.train_head import Settings, generate
+
+    settings = Settings.smoke()
+    settings.gen_batch = 3  # 4 prompts: one full batch and one padded with copies
+    jobs = [(p, i) for i, p in enumerate(chats)]
+    quiet = lambda m: None  # noqa: E731
+    greedy = generate(target, jobs, settings, None, quiet, tokens=8, sample=False)
+    settings.data_loop = "generate"
+    assert generate(target, jobs, settings, None, quiet, tokens=8, sample=False) == greedy
+    assert [tag for _, tag, _ in greedy] == [0, 1, 2, 3]
+    eos = target.tokenizer.eos_token_id
+    assert all(eos not in a[:-1] for _, _, a in greedy)
+    settings.data_loop = "captured"
+    sampled = [generate(target, jobs, settings, None, quiet, tokens=8, sample=True, seed=s) for s in (5, 5, 6)]
+    assert sampled[0] == sampled[1] and sampled[0] != sampled[2]
+
+
 def test_trained_shards_restore_the_checkpoint_bit_for_bit(target, smoke, tmp_path):
     """write_trained_shards drops the target's embedding and splits the rest under a size limit; the head
     loads from the shards (taking the target's embedding), and restore_checkpoint writes the original
