@@ -14,7 +14,8 @@ shapes and numerics contract of docs/head.md, with the defaults of SpecForge's r
   separate calls; the phase stops at its bound between batches (greedy answers of every source first, then
   the sampled rounds) and says what it made.
 - held-out: the target's greedy answers to tfe.prompts.evaluation_prompts (and held-out conversations),
-  never trained on; top-1 agreement by draft step on them is logged against training time.
+  never trained on; top-1 agreement by draft step on them, and the greedy loop's tokens a round simulated
+  from the same drafts (`loop_rounds`), are logged against training time.
 - sequence packing: sequences share rows of `seq_len` tokens, each at its own positions and attending
   only itself (in the target's pass and in the head's), so no compute goes to padding.
 - the target's taps and labels once per row: before training, the target runs once over every row; its
@@ -415,42 +416,84 @@ def ahead(t: torch.Tensor, by: int, fill=0) -> torch.Tensor:
     return F.pad(t[:, by:], (0, 0) * (t.dim() - 2) + (0, by), value=fill)
 
 
-def ttt_loss(head: Eagle3Head, batch, settings: Settings, autocast):
-    """The weighted training-time-test loss, and per step the top-1 agreement and the positions scored."""
+def step_mask(scored, draftable, doc, k: int) -> torch.Tensor:
+    """Where step k's draft at index i is scored: the target's distribution at index i + k + 1 labels it,
+    within one sequence, inside the scored text, with its argmax in the draft vocabulary."""
+    return ahead(scored, k + 1) & ahead(draftable, k + 1) & (ahead(doc, k + 1, -1) == doc) & (doc >= 0)
+
+
+def ttt_loss(head: Eagle3Head, batch, settings: Settings, autocast, hits: list | None = None):
+    """The weighted training-time-test loss, and per step the top-1 agreement and the positions scored.
+    With `hits`, each step's [B, N] bool of scored, agreeing drafts is appended to it."""
     ids, positions, doc, scored, taps, p, idx, draftable = batch
     with autocast:
         outs = head.ttt(taps if taps.device.type == "cuda" else taps.float(), ids, settings.ttt_steps, window=settings.seq_len - 1, positions=positions, doc=doc)
     loss = torch.zeros((), device=ids.device)
     agree, counted = [], []
     for k, draft_logits in enumerate(outs):
-        # The target's distribution at index i + k + 1 labels step k at index i, within one sequence.
-        mask = ahead(scored, k + 1) & ahead(draftable, k + 1) & (ahead(doc, k + 1, -1) == doc) & (doc >= 0)
+        mask = step_mask(scored, draftable, doc, k)
         logq = torch.log_softmax(draft_logits.float(), dim=-1)
         per_pos = -(ahead(p, k + 1).float() * logq.gather(-1, ahead(idx, k + 1))).sum(-1)
         n = mask.sum()
         loss = loss + (0.8**k) * (per_pos * mask).sum() / n.clamp_min(1)
-        agree.append(((draft_logits.argmax(-1) == ahead(idx, k + 1)[..., 0]) & mask).sum().detach())
+        hit = (draft_logits.argmax(-1) == ahead(idx, k + 1)[..., 0]) & mask
+        agree.append(hit.sum().detach())
         counted.append(n.detach())
+        if hits is not None:
+            hits.append(hit.detach())
     return loss, agree, counted
+
+
+def loop_rounds(hits: list[list[bool]], start: int, end: int, steps: int) -> list[int]:
+    """Drafts kept in each round of the greedy loop over one sequence whose text is the target's greedy
+    answer: hits[k][i] says whether step k's draft at index i (teacher-forced) agrees with the target. A
+    round at index i keeps the leading agreeing steps, up to `steps` (where all earlier steps agree, the
+    true tokens fed to a step are the drafts, so the teacher-forced step is the loop's); the next round
+    starts at i + kept + 1. The first round is at `start`, the prompt's last index (the target's first token
+    comes from the prefill; the round's first draft is the token after it), the last where index + 2 < end."""
+    kept, i = [], start
+    while i + 2 < end:
+        k = 0
+        while k < steps and i + k + 2 < end and hits[k][i]:
+            k += 1
+        kept.append(k)
+        i += k + 1
+    return kept
 
 
 @torch.no_grad()
 def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, autocast) -> dict:
-    """Top-1 agreement by draft step over the held-out rows, overall and by class."""
+    """Over the held-out rows (one sequence each: a prompt and the target's greedy answer): top-1 agreement
+    by draft step, overall and by class, and the greedy loop's tokens a round at S = 1..ttt_steps, simulated
+    from the same drafts (`loop_rounds`) and averaged over classes, each class weighing the same."""
     classes = labels.rows.cls
-    total = torch.zeros(settings.ttt_steps)
-    seen = torch.zeros(settings.ttt_steps)
+    steps = settings.ttt_steps
+    total = torch.zeros(steps)
+    seen = torch.zeros(steps)
     by_class: dict[str, list[torch.Tensor]] = {}
+    rounds: dict[str, list[list[int]]] = {}
     for i in range(len(classes)):  # a row at a time: held-out rows hold one sequence each, of one class
-        _, agree, counted = ttt_loss(head, labels.take(torch.tensor([i])), settings, autocast)
+        batch = labels.take(torch.tensor([i]))
+        hits: list[torch.Tensor] = []
+        _, agree, counted = ttt_loss(head, batch, settings, autocast, hits)
         agree, counted = torch.stack(agree).float().cpu(), torch.stack(counted).float().cpu()
         total += agree
         seen += counted
-        c = by_class.setdefault(classes[i], [torch.zeros(settings.ttt_steps), torch.zeros(settings.ttt_steps)])
+        c = by_class.setdefault(classes[i], [torch.zeros(steps), torch.zeros(steps)])
         c[0] += agree
         c[1] += counted
+        scored, doc = batch[3][0].cpu(), batch[2][0].cpu()
+        # The first scored index is the prompt's last (scored_from - 1).
+        start = int(scored.nonzero()[0]) if scored.any() else int((doc >= 0).sum())
+        flat = [h[0].cpu().tolist() for h in hits]
+        per_s = rounds.setdefault(classes[i], [[] for _ in range(steps)])
+        for S in range(1, steps + 1):
+            per_s[S - 1] += loop_rounds(flat, start, int((doc >= 0).sum()), S)
     rate = lambda a, n: [float(x) for x in a / n.clamp_min(1)]  # noqa: E731
-    return {"acc": rate(total, seen), "by_class": {c: rate(a, n) for c, (a, n) in sorted(by_class.items())}, "positions": int(seen[0])}
+    loop_by_class = {c: [1 + sum(r) / len(r) if r else 0.0 for r in per_s] for c, per_s in sorted(rounds.items())}
+    loop_mean = [sum(v[S] for v in loop_by_class.values()) / max(len(loop_by_class), 1) for S in range(steps)]
+    return {"acc": rate(total, seen), "by_class": {c: rate(a, n) for c, (a, n) in sorted(by_class.items())},
+            "positions": int(seen[0]), "loop_tokens_per_round": loop_mean, "loop_tokens_per_round_by_class": loop_by_class}
 
 
 def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print) -> dict:
@@ -495,7 +538,9 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print) 
         head.train()
         held_curve.append({"update": update, "seconds": at, **got})
         paused += time.perf_counter() - t
-        log(f"held-out at {held_curve[-1]['seconds']:.0f} s (update {update}): top-1 agreement by step " + " ".join(f"{a:.2f}" for a in got["acc"]))
+        log(f"held-out at {held_curve[-1]['seconds']:.0f} s (update {update}): top-1 agreement by step " + " ".join(f"{a:.2f}" for a in got["acc"])
+            + "; the loop's tokens a round at S = 1.." + str(len(got["loop_tokens_per_round"])) + ": "
+            + " ".join(f"{x:.2f}" for x in got["loop_tokens_per_round"]))
 
     def point(loss, agree, counted, lr) -> None:
         accs = [float(a) / max(float(n), 1.0) for a, n in zip(agree, counted)]
@@ -559,18 +604,24 @@ def plot(curve: list[dict], held: list[dict], path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot([c["seconds"] for c in curve], [c["loss"] for c in curve])
-    a.set_xlabel("training time (s)")
-    a.set_ylabel("weighted TTT loss")
-    a.set_title("training loss")
+    fig, (loss, agree, loop) = plt.subplots(1, 3, figsize=(15, 4))
+    loss.plot([c["seconds"] for c in curve], [c["loss"] for c in curve])
+    loss.set_xlabel("training time (s)")
+    loss.set_ylabel("weighted TTT loss")
+    loss.set_title("training loss")
     x = [h["seconds"] for h in held]
     for k in range(len(held[0]["acc"])):
-        b.plot(x, [h["acc"][k] for h in held], marker="o", label=f"step {k + 1}")
-    b.set_xlabel("training time (s)")
-    b.set_ylabel("top-1 agreement with the target")
-    b.set_title("held-out prompts, by draft step")
-    b.legend(fontsize=8)
+        agree.plot(x, [h["acc"][k] for h in held], marker="o", label=f"step {k + 1}")
+    agree.set_xlabel("training time (s)")
+    agree.set_ylabel("top-1 agreement with the target")
+    agree.set_title("held-out prompts, by draft step")
+    agree.legend(fontsize=8)
+    for S in range(len(held[0].get("loop_tokens_per_round", []))):
+        loop.plot(x, [h["loop_tokens_per_round"][S] for h in held], marker="o", label=f"S = {S + 1}")
+    loop.set_xlabel("training time (s)")
+    loop.set_ylabel("tokens a round (mean over classes)")
+    loop.set_title("the greedy loop on held-out prompts, simulated")
+    loop.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -702,6 +753,8 @@ def main(argv=None) -> int:
         f"wrote {a.out}: {summary['updates']} updates, data {summary['data_seconds']:.1f} s, training "
         f"{summary['train_seconds']:.1f} s; held-out top-1 agreement by step "
         + " ".join(f"{x:.2f}" for x in summary["held_out"]["acc"])
+        + "; the loop's tokens a round at S = 1.." + str(len(summary["held_out"]["loop_tokens_per_round"])) + ": "
+        + " ".join(f"{x:.2f}" for x in summary["held_out"]["loop_tokens_per_round"])
         + (" (a smoke run: agreement near 0 is expected)" if a.smoke else "")
     )
     return 0

@@ -388,3 +388,16 @@ def test_commands_refuse_bad_arguments_before_loading_the_target(command, argv, 
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert message in err[-1], err
+
+
+def test_loop_rounds_follow_the_greedy_loop():
+    """The held-out simulation of the greedy loop: a round keeps the leading agreeing steps up to S and the
+    next starts after the target's own token; rounds stop where the sequence ends."""
+    from tfe.train_head import loop_rounds
+
+    # steps 0..2 at indices 0..9: index 0 agrees at steps 0 and 1, index 3 at every step, the rest never.
+    hits = [[i in (0, 3) for i in range(10)], [i in (0, 3) for i in range(10)], [i == 3 for i in range(10)]]
+    assert loop_rounds(hits, 0, 10, 3) == [2, 3, 0]  # rounds at 0, 3 and 7 (at 8, 8 + 2 is past the end)
+    assert loop_rounds(hits, 0, 10, 1) == [1, 0, 1, 0, 0, 0]  # at 0, 2, 3, 5, 6, 7
+    assert loop_rounds(hits, 0, 6, 3) == [2, 1]  # at 3 the sequence has room for one draft
+    assert loop_rounds(hits, 8, 10, 3) == []
