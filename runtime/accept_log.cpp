@@ -54,8 +54,9 @@ AcceptLog::~AcceptLog() {
 }
 
 void AcceptLog::record(std::span<const int> kept, int steps) {
-  if (steps < 1) fail("accept log: steps {} must be at least 1", steps);
-  if (kept.empty()) fail("accept log: a round of no sequences");
+  if (steps < 1 || steps > kMaxAcceptSteps)
+    fail("accept log: steps {} is outside 1..{} (kMaxAcceptSteps)", steps, kMaxAcceptSteps);
+  if (kept.empty()) fail("accept log: kept is empty, a round of no sequences");
   for (size_t i = 0; i < kept.size(); ++i)
     if (kept[i] < 0 || kept[i] > steps)
       fail("accept log: kept[{}] = {} is outside 0..{} (the round's steps)", i, kept[i], steps);

@@ -17,8 +17,8 @@ class AcceptLog {
   ~AcceptLog();  // flush(); a failure is reported to stderr
 
   // One round: kept[i] of sequence i's `steps` drafts were accepted by the target (0..steps). A refused
-  // round (steps < 1, no sequence, a value outside 0..steps) records nothing. Writes a line every `every`
-  // rounds.
+  // round (steps outside 1..kMaxAcceptSteps, no sequence, a value outside 0..steps) records nothing. Writes
+  // a line every `every` rounds.
   void record(std::span<const int> kept, int steps);
   // Writes a line for the rounds recorded since the last line, if any.
   void flush();

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -134,7 +135,10 @@ TEST_CASE("accept log: a refused round records nothing") {
   };
   refused({1, 3}, 2, "kept[1] = 3 is outside 0..2");
   refused({-1}, 2, "kept[0] = -1 is outside 0..2");
-  refused({0}, 0, "steps 0 must be at least 1");
+  refused({0}, 0, "steps 0 is outside 1..256");
+  // The counts are sized by steps: a huge one is refused, not a resize to gigabytes.
+  refused({0}, kMaxAcceptSteps + 1, "steps 257 is outside 1..256");
+  refused({0}, std::numeric_limits<int>::max(), "steps 2147483647 is outside 1..256");
   refused({}, 2, "no sequences");
   log.flush();
   CHECK(read_lines(path).size() == 1);  // only the good round's line

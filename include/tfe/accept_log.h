@@ -8,6 +8,10 @@
 
 namespace tfe {
 
+// The most steps a round may report: the counts hold an entry per window position, sized by the longest
+// round seen (a plan drafts at most 16 steps; this leaves room for other drafters, not for a count gone wrong).
+inline constexpr int kMaxAcceptSteps = 256;
+
 struct AcceptLogOptions {
   int every = 0;      // one JSON line every `every` rounds; 0: no lines (the totals are kept regardless)
   std::string path;   // appended to; empty: stderr

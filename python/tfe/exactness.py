@@ -32,6 +32,7 @@ import torch
 
 from . import prompts as prompt_sets
 from .captured import LOOPS, make_decoder
+from .outputs import check_output_file, write_atomic
 from .speculative import Drafter, Result, Sampling, check_common_arguments, hf_greedy, make_drafter, target_probs, token_sha256
 from .target import Target, load_target
 
@@ -267,6 +268,11 @@ def main(argv=None) -> int:
     ap.add_argument("-o", "--out", help="write the report here (JSON)")
     a = ap.parse_args(argv)
     check_common_arguments(ap, a)  # before the target loads
+    if a.out:
+        try:
+            check_output_file(a.out, "--out", inputs=[a.head, a.gguf])
+        except ValueError as e:
+            ap.error(str(e))
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if a.samples is None:
         a.samples = 2000 if device.startswith("cuda") else 300
@@ -322,8 +328,7 @@ def main(argv=None) -> int:
         del target, drafter
     report["passed"] = bool(ok)
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(report, f, indent=1)
+        write_atomic(a.out, json.dumps(report, indent=1))
     print("exactness: " + ("passed" if ok else "FAILED"))
     return 0 if ok else 1
 

@@ -46,6 +46,7 @@ import torch
 
 from . import prompts as prompt_sets
 from .captured import CapturedDecoder
+from .outputs import check_output_dir, replacing
 from .speculative import TorchDrafter, hf_generate, make_drafter
 from .target import Target, load_target
 
@@ -299,6 +300,11 @@ def main(argv=None) -> int:
         ap.error("--windows compares against the PyTorch port: pass --checkpoint")
     if not pathlib.Path(a.head).is_file():
         ap.error(f"--head {a.head}: no such file")
+    try:
+        check_output_dir(a.out, "--out", inputs=[a.head],
+                         files=("speedup.json", "speedup.png", "split.png", "acceptance.json", "windows.json"))
+    except ValueError as e:
+        ap.error(str(e))
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     target = load_target(a.gguf, device=a.device, dtype=getattr(torch, a.dtype))
@@ -408,7 +414,8 @@ def plot(report: dict, path: pathlib.Path) -> None:
     ax.set_title(f"{report['device']}, {report['dtype']}")
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -433,7 +440,8 @@ def plot_split(report: dict, path: pathlib.Path) -> None:
     ax.set_title(f"where a round goes, {report['device']}, {report['dtype']}")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
 

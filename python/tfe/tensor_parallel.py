@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from . import exactness
 from . import prompts as prompt_sets
+from .outputs import check_output_file, write_atomic
 from .speculative import Decoder, Drafter, RuntimeDrafter, make_drafter
 from .target import Target, load_target
 
@@ -211,6 +212,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error(f"--max-new-tokens {a.max_new_tokens}: at least 1")
     if not os.path.isfile(a.head):
         ap.error(f"--head {a.head}: no such file")
+    if a.out:
+        try:
+            check_output_file(a.out, "--out", inputs=[a.head, a.gguf])
+        except ValueError as e:
+            ap.error(str(e))
     return a
 
 
@@ -349,8 +355,7 @@ def run(
             "passed": ok,
         }
         if a.out:
-            with open(a.out, "w") as f:
-                json.dump(out, f, indent=1)
+            write_atomic(a.out, json.dumps(out, indent=1))
         print(f"== greedy, {out['dtype']}, {tp}, drafter {kind}, broadcast {broadcast}: "
               f"{len(report.differences)} difference(s), {len(failures)} failing")
         for d in report.differences:

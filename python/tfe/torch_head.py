@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .outputs import replacing, write_atomic
+
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
@@ -249,9 +251,9 @@ class Eagle3Head(nn.Module):
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [t - 1 for t in target.tap_layers]},
         }
         out_dir.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(out_dir / "model.safetensors"))
-        readable(out_dir / "model.safetensors")
-        (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        with replacing(out_dir / "model.safetensors") as tmp:  # the temporary gets a new file's mode, not 0600
+            save_file(tensors, str(tmp))
+        write_atomic(out_dir / "config.json", json.dumps(config, indent=2) + "\n")
 
 
 def readable(path) -> None:

