@@ -46,7 +46,7 @@ import torch
 
 from . import prompts as prompt_sets
 from .captured import CapturedDecoder
-from .outputs import check_output_dir, replacing
+from .outputs import check_output_dir, replacing, write_atomic
 from .speculative import TorchDrafter, hf_generate, make_drafter
 from .target import Target, load_target
 
@@ -313,14 +313,14 @@ def main(argv=None) -> int:
               "drafter": a.drafter, "runs": {}}
 
     def save():
-        (out / "speedup.json").write_text(json.dumps(report, indent=1) + "\n")
+        write_atomic(out / "speedup.json", json.dumps(report, indent=1) + "\n")
 
     max_steps = max([8, *steps])
     if a.acceptance:
         drafter = make_drafter(a.drafter, a.head, max_slots=16, max_steps=max_steps, artifact=a.artifact)
         study = acceptance(target, drafter, steps, a.max_new_tokens)
         study.update(head=a.head, dtype=a.dtype, device=device, drafter=a.drafter)
-        (out / "acceptance.json").write_text(json.dumps(study, indent=1) + "\n")
+        write_atomic(out / "acceptance.json", json.dumps(study, indent=1) + "\n")
         print_acceptance(study)
         del drafter
     if sequences:
@@ -342,7 +342,7 @@ def main(argv=None) -> int:
             study = windows_study(
                 target, a.checkpoint, windows, a.drafter, a.window_steps, min(a.max_new_tokens, 128), pathlib.Path(work)
             )
-        (out / "windows.json").write_text(json.dumps(study, indent=1) + "\n")
+        write_atomic(out / "windows.json", json.dumps(study, indent=1) + "\n")
         if not all(r["equals_drafts_off"] for r in study["runs"].values()) and a.dtype == "float32":
             print("windows: a run's tokens differ from the target alone", file=sys.stderr)
             return 1

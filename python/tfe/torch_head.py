@@ -256,16 +256,6 @@ class Eagle3Head(nn.Module):
         write_atomic(out_dir / "config.json", json.dumps(config, indent=2) + "\n")
 
 
-def readable(path) -> None:
-    """Gives a file safetensors wrote (mode 0600) the mode any new file gets here (0666 less the umask), as
-    config.json beside it has."""
-    import os
-
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
 class DraftRing:
     """The head drafting as tfe's engine does (docs/head.md "Engine contract"), for `max_slots` sequences:
     per slot a ring of W + 1 + max_steps K/V rows (position p in row p mod R), its first and last real

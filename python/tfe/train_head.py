@@ -61,6 +61,7 @@ import torch.nn.functional as F
 
 from . import prompts as prompt_sets
 from .captured import CapturedDecoder
+from .outputs import replacing, write_atomic
 from .speculative import Sampling
 from .target import Target, load_target
 from .torch_head import Eagle3Head, read_checkpoint
@@ -591,7 +592,7 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print) 
         "curve": curve,
         "held_out_curve": held_curve,
     }
-    (out_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_atomic(out_dir / "training.json", json.dumps(summary, indent=1) + "\n")
     plot(curve, held_curve, out_dir / "training.png")
     return summary
 
@@ -623,7 +624,8 @@ def plot(curve: list[dict], held: list[dict], path: pathlib.Path) -> None:
     loop.set_title("the greedy loop on held-out prompts, simulated")
     loop.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
 
 
@@ -640,8 +642,6 @@ def write_trained_shards(ckpt_dir: str | pathlib.Path, out_dir: str | pathlib.Pa
     embedding. Small enough to move where a whole checkpoint (the embedding is most of it) cannot go.
     Returns the files written."""
     from safetensors.torch import save_file
-
-    from .torch_head import readable
 
     src, out = pathlib.Path(ckpt_dir), pathlib.Path(out_dir)
     tensors = {n: t for n, t in read_checkpoint(src).items() if n != "embed_tokens.weight"}
@@ -660,12 +660,12 @@ def write_trained_shards(ckpt_dir: str | pathlib.Path, out_dir: str | pathlib.Pa
     written, weight_map = [], {}
     for k, shard in enumerate(shards, 1):
         name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(out / name))
-        readable(out / name)
+        with replacing(out / name) as tmp:
+            save_file(shard, str(tmp))
         weight_map.update({t: name for t in shard})
         written.append(out / name)
     index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": dict(sorted(weight_map.items()))}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
+    write_atomic(out / "model.safetensors.index.json", json.dumps(index, indent=1) + "\n")
     # training.json says which run made the head.
     return [*written, out / "model.safetensors.index.json", *_copy_texts(src, out, ("config.json", "training.json"))]
 
@@ -674,7 +674,7 @@ def _copy_texts(src: pathlib.Path, out: pathlib.Path, names) -> list[pathlib.Pat
     """The files of `names` that src holds, copied to out. Returns the copies."""
     copies = [out / n for n in names if (src / n).exists()]
     for f in copies:
-        f.write_text((src / f.name).read_text())
+        write_atomic(f, (src / f.name).read_text())
     return copies
 
 
