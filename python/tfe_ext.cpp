@@ -36,7 +36,7 @@
 #include "core/error.h"
 #include "core/limits.h"
 #include "plan/plan.h"
-#include "reference/reference.h"
+#include <tfe/reference.h>
 #include "runtime/accept_log.h"
 #include "runtime/self_check.h"
 #include "runtime/tap_dump.h"
