@@ -1,7 +1,7 @@
 // The CPU reference of a draft head: extend and draft exactly as docs/head.md states them, op by op
-// through reference/ops.h (tfe::reference implements it). It defines the expected bits of every GPU output (up to the
-// order of sums) and keeps the same per-slot state as the GPU runtime: a K/V ring of ring_rows(W, max_steps) rows, and
-// the last real row's g and token, with the same SlotTable checks.
+// through reference/ops.h (tfe::reference implements it). It defines the expected bits of every GPU
+// output (up to the order of sums) and keeps the same per-slot state as the GPU runtime: a K/V ring of
+// ring_rows(W, max_steps) rows, and the last real row's g and token, with the same SlotTable checks.
 #pragma once
 #include <cstdint>
 #include <span>
