@@ -59,7 +59,8 @@
 #include "core/numeric.h"
 #include "device/cuda_check.h"
 #include "device/handles.h"
-#include "reference/reference.h"
+#include "reference/ops.h"
+#include <tfe/reference.h>
 #include <tfe/runtime.h>
 #include "runtime/testing.h"
 

@@ -1,4 +1,5 @@
-// tfe::fail: throws the project's one exception type (<tfe/error.h>) with a formatted message.
+// tfe::fail: throws the project's one exception type (<tfe/error.h>) with a formatted message, its text
+// arguments as printable() (<tfe/error.h>) shows them.
 #pragma once
 #include <string>
 #include <string_view>
@@ -10,12 +11,6 @@
 #include <tfe/error.h>
 
 namespace tfe {
-
-// `text` as a message shows it: every byte that is not printable text (C0 controls, DEL, the C1 controls,
-// bytes that are not UTF-8) written as \xNN, valid UTF-8 beyond ASCII kept. A name read from a file (a
-// tensor name, a key) then cannot move the cursor, recolor or clear the terminal a message is printed on,
-// nor start a line of its own. Backslashes are kept, so printable(printable(s)) == printable(s).
-std::string printable(std::string_view text);
 
 // Text the program wrote itself, line breaks and all (a compiler's log), that fail() passes on as it is.
 struct Verbatim {

@@ -149,11 +149,6 @@ struct Plan {
 Plan make_plan(const HeadHeader& header, const PlanOptions& options, const Tuning& tuning = {},
                std::string head_sha256 = "");
 
-// Checks options against their limits (buckets ascending, unique, 1..16; max_steps 1..16; max_slots
-// 1..4096; extend_rows 16..8192; cand_k 0..512; arch sm_<digits>); throws naming the option, its value and
-// the limit.
-void validate(const PlanOptions& options);
-
 // The candidates a two_stage plan of `header` rescores: options.cand_k, or the header's where it is 0.
 // Throws naming cand_k where the head is dense and it is nonzero, or where it exceeds draft_vocab.
 int plan_cand_k(const HeadHeader& header, const PlanOptions& options);

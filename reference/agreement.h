@@ -16,7 +16,7 @@
 #include <tfe/draft.h>
 #include <tfe/header.h>
 
-#include "reference/reference.h"
+#include <tfe/reference.h>
 
 namespace tfe {
 

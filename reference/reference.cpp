@@ -1,4 +1,4 @@
-#include "reference/reference.h"
+#include <tfe/reference.h>
 
 #include <algorithm>
 
@@ -8,6 +8,7 @@
 #include "core/limits.h"
 #include "core/extend_check.h"
 #include "head/numerics.h"
+#include "reference/ops.h"
 #include "reference/parallel.h"
 
 namespace tfe {
@@ -18,12 +19,7 @@ namespace {
 constexpr int kMaxSteps = 16;
 
 SlotLimits slot_limits(const HeadHeader& h, const ReferenceOptions& o) {
-  // Checked before the slot table and the per-slot state are allocated.
-  if (o.max_slots < 1 || o.max_slots > kMaxSlots)
-    fail("reference: max_slots = {} is outside 1..{}", o.max_slots, kMaxSlots);
-  check_threads(o.threads, "reference");
-  if (o.max_steps < 1 || o.max_steps > kMaxSteps)
-    fail("reference: max_steps = {} is outside 1..{}", o.max_steps, kMaxSteps);
+  validate(o);  // before the slot table and the per-slot state are allocated
   SlotLimits l;
   l.max_slots = o.max_slots;
   l.ring_rows = ring_rows(h.window, o.max_steps);
@@ -44,6 +40,15 @@ std::span<T> row(std::vector<T>& all, int64_t i, int64_t width) {
 }
 
 }  // namespace
+
+void validate(const ReferenceOptions& o) {
+  if (o.max_slots < 1 || o.max_slots > kMaxSlots) fail("max_slots: {} is outside 1..{}", o.max_slots, kMaxSlots);
+  if (o.max_steps < 1 || o.max_steps > kMaxSteps) fail("max_steps: {} is outside 1..{}", o.max_steps, kMaxSteps);
+  check_threads(o.threads, "Reference");
+}
+
+Reference::Reference(Reference&&) noexcept = default;
+Reference::~Reference() = default;
 
 Reference::Reference(const HeadFile& file, const ReferenceOptions& options)
     : file_(file),

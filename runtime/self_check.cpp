@@ -10,7 +10,8 @@
 #include "core/error.h"
 #include "core/numeric.h"
 #include "reference/agreement.h"
-#include "reference/reference.h"
+#include "reference/ops.h"
+#include <tfe/reference.h>
 
 namespace tfe {
 

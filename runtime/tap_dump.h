@@ -14,7 +14,7 @@ namespace tfe {
 
 class TapDump {
  public:
-  // Refused as check_tap_dump_options refuses, and for taps or target_hidden below 1.
+  // Refused as check_tap_dump_options (<tfe/tap_dump.h>) refuses, and for taps or target_hidden below 1.
   TapDump(TapDumpOptions options, int taps, int64_t target_hidden, std::string head_sha256 = {});
   TapDump(const TapDump&) = delete;
   TapDump& operator=(const TapDump&) = delete;
@@ -48,11 +48,6 @@ class TapDump {
   int64_t calls_ = 0;
   int64_t dropped_ = 0;
 };
-
-// Refuses, naming the field and the value: an empty path, max_rows outside 1..2^31-1, a path that is a
-// directory, and a directory that does not exist or cannot be written (checked at open, so that a run does
-// not learn at its close that its rows cannot be written).
-void check_tap_dump_options(const TapDumpOptions& o);
 
 // `o` with TFE_TAP_DUMP=FILE applied where it is set (the path; it turns the dump on).
 TapDumpOptions tap_dump_options_from_environment(TapDumpOptions o);

@@ -13,7 +13,8 @@
 #include "core/error.h"
 #include <tfe/head_file.h>
 #include "head/presets.h"
-#include "reference/reference.h"
+#include "reference/ops.h"
+#include <tfe/reference.h>
 #include "test_util.h"
 
 using namespace tfe;
@@ -728,7 +729,7 @@ TEST_CASE("reference: with check_taps, a NaN or infinite tap is refused naming s
   CHECK_NOTHROW(unchecked.extend(req));
   // Counts a caller gives are bounded before anything is allocated.
   CHECK_THROWS_WITH_AS(Reference(file, {.max_slots = 1 << 26}),
-                       doctest::Contains("max_slots = 67108864 is outside 1..4096"), Error);
+                       doctest::Contains("max_slots: 67108864 is outside 1..4096"), Error);
   CHECK_THROWS_WITH_AS(Reference(file, {.threads = -5}), doctest::Contains("threads = -5 is outside 0..1024"), Error);
 }
 

@@ -7,7 +7,8 @@
 
 #include "head/presets.h"
 #include "reference/agreement.h"
-#include "reference/reference.h"
+#include "reference/ops.h"
+#include <tfe/reference.h>
 #include "runtime/self_check.h"
 #include "test_util.h"
 

@@ -14,7 +14,8 @@
 #include "core/error.h"
 #include "core/files.h"
 #include <tfe/head_file.h>
-#include "reference/reference.h"
+#include "reference/ops.h"
+#include <tfe/reference.h>
 
 namespace tfe::cli {
 

@@ -1,8 +1,10 @@
 // The accept log: how many of each round's drafts the target kept, by window position (docs/runtime.md
-// "The accept log"). Runtime::record_accepted feeds it; OpenOptions::accept_log (or TFE_ACCEPT_LOG) turns the
-// JSON lines on.
+// "The accept log"). Runtime::record_accepted feeds the runtime's own; OpenOptions::accept_log (or
+// TFE_ACCEPT_LOG) turns its JSON lines on. An engine that drafts otherwise keeps a tfe::AcceptLog itself.
 #pragma once
 #include <cstdint>
+#include <cstdio>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,33 @@ struct AcceptCounts {
   uint64_t kept_tokens = 0;  // drafts kept, summed over the sequences
   std::vector<uint64_t> asked, kept;
   double mean_kept() const { return sequences ? static_cast<double>(kept_tokens) / sequences : 0.0; }
+};
+
+class AcceptLog {
+ public:
+  // Opens `path` for appending when lines are on (every > 0); refused, naming the path, when it cannot be.
+  explicit AcceptLog(AcceptLogOptions options = {});
+  AcceptLog(const AcceptLog&) = delete;
+  AcceptLog& operator=(const AcceptLog&) = delete;
+  ~AcceptLog();  // flush(); a failure is reported to stderr
+
+  // One round: kept[i] of sequence i's `steps` drafts were accepted by the target (0..steps). A refused
+  // round (steps outside 1..kMaxAcceptSteps, no sequence, a value outside 0..steps) records nothing. Writes
+  // a line every `every` rounds.
+  void record(std::span<const int> kept, int steps);
+  // Writes a line for the rounds recorded since the last line, if any.
+  void flush();
+
+  const AcceptCounts& totals() const { return totals_; }
+  const AcceptLogOptions& options() const { return options_; }
+
+ private:
+  void write_line();
+
+  AcceptLogOptions options_;
+  std::FILE* out_ = nullptr;  // owned unless it is stderr
+  AcceptCounts totals_;
+  AcceptCounts pending_;  // since the last line
 };
 
 }  // namespace tfe

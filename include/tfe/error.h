@@ -4,6 +4,7 @@
 #pragma once
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace tfe {
 
@@ -16,5 +17,11 @@ class CudaError : public Error {
  public:
   explicit CudaError(const std::string& what) : Error(what) {}
 };
+
+// `text` as a message shows it: every byte that is not printable text (C0 controls, DEL, the C1 controls,
+// bytes that are not UTF-8) written as \xNN, valid UTF-8 beyond ASCII kept. A name read from a file (a
+// tensor name, a key) then cannot move the cursor, recolor or clear the terminal a message is printed on,
+// nor start a line of its own. Backslashes are kept, so printable(printable(s)) == printable(s).
+std::string printable(std::string_view text);
 
 }  // namespace tfe

@@ -35,4 +35,9 @@ struct PlanOptions {
   bool operator==(const PlanOptions&) const = default;
 };
 
+// Checks options against their limits (buckets ascending, unique, 1..16; max_steps 1..16; max_slots
+// 1..4096; extend_rows 16..8192; cand_k 0..512; arch sm_<digits>); throws naming the option, its value and
+// the limit. The planner checks the same (plan/plan.cpp).
+void validate(const PlanOptions& options);
+
 }  // namespace tfe

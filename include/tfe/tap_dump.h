@@ -15,4 +15,9 @@ struct TapDumpOptions {
   int64_t max_rows = int64_t{1} << 16;
 };
 
+// Refuses, naming the field and the value: an empty path, max_rows outside 1..2^31-1, a path that is a
+// directory, and a directory that does not exist or cannot be written (checked at open, so that a run does
+// not learn at its close that its rows cannot be written).
+void check_tap_dump_options(const TapDumpOptions& o);
+
 }  // namespace tfe

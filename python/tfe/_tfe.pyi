@@ -1,4 +1,4 @@
-"""Types of tfe._tfe, the extension module (python/tfe_ext.cpp). The package re-exports every name."""
+"""Types of tfe._tfe, the extension module (python/binding/). The package re-exports every name."""
 
 import os
 from collections.abc import Callable, Sequence

@@ -14,7 +14,8 @@
 #include "device/handles.h"
 #include "plan/plan.h"
 #include "reference/agreement.h"
-#include "reference/reference.h"
+#include "reference/ops.h"
+#include <tfe/reference.h>
 #include <tfe/runtime.h>
 #include "runtime/testing.h"
 

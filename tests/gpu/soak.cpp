@@ -31,7 +31,8 @@
 #include <string>
 #include <vector>
 
-#include "reference/reference.h"
+#include "reference/ops.h"
+#include <tfe/reference.h>
 #include "tests/gpu/fixture.h"
 #include "tests/gpu/gpu_test.h"
 

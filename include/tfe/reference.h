@@ -1,20 +1,23 @@
 // The CPU reference of a draft head: extend and draft exactly as docs/head.md states them, op by op
-// through reference/ops.h. It defines the expected bits of every GPU output (up to the order of
-// sums) and keeps the same per-slot state as the GPU runtime: a K/V ring of ring_rows(W, max_steps)
-// rows, and the last real row's g and token, with the same SlotTable checks.
+// through reference/ops.h (tfe::reference implements it). It defines the expected bits of every GPU
+// output (up to the order of sums) and keeps the same per-slot state as the GPU runtime: a K/V ring of
+// ring_rows(W, max_steps) rows, and the last real row's g and token, with the same SlotTable checks.
 #pragma once
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
+#include <tfe/draft.h>
 #include <tfe/head_file.h>
 #include <tfe/options.h>
-#include <tfe/draft.h>
-#include "reference/ops.h"
 #include <tfe/slots.h>
 
 namespace tfe {
+
+namespace ref {
+struct Linear;  // reference/ops.h
+}
 
 struct ReferenceOptions {
   int max_slots = 16;
@@ -24,6 +27,10 @@ struct ReferenceOptions {
   int cand_k = 0;           // two_stage: the candidates rescored per row; 0: the header's (as PlanOptions::cand_k)
   bool check_taps = false;  // refuse NaN or infinite taps (check_finite_taps); off costs nothing
 };
+
+// Refuses, naming the field, the value and the limit: max_slots outside 1..4096, max_steps outside 1..16,
+// threads outside 0..1024. The constructor checks the same; a caller checks before it reads a head.
+void validate(const ReferenceOptions& options);
 
 // What extend computed for each row, in request order (rows of all requests concatenated).
 struct ExtendTrace {
@@ -73,6 +80,8 @@ class Reference {
   // Reads its weights in place from `file`, which must outlive the Reference. Throws naming the linear
   // when options.fp8 is `require` and the file lacks that linear's FP8 form, or an option out of range.
   Reference(const HeadFile& file, const ReferenceOptions& options);
+  Reference(Reference&&) noexcept;
+  ~Reference();
 
   const HeadHeader& header() const { return header_; }
   const ReferenceOptions& options() const { return options_; }
