@@ -31,9 +31,19 @@ nb::dict accept_counts_dict(const tfe::AcceptCounts& c) {
 
 // record_accepted's kept: a list, tuple or range of ints (or anything iterable of ints, e.g. a numpy array).
 std::vector<int> accepted_arg(nb::handle h) {
+  nb::object items = nb::steal(PyObject_GetIter(h.ptr()));
+  if (!items.is_valid()) {
+    PyErr_Clear();
+    type_error(fmt::format("kept: expected a sequence of ints, got {}", py_type(h)));
+  }
   std::vector<int> out;
   size_t i = 0;
-  for (nb::handle item : h) out.push_back(as_int32(item, fmt::format("kept[{}]", i++)));
+  for (;;) {
+    nb::object item = nb::steal(PyIter_Next(items.ptr()));
+    if (!item.is_valid()) break;  // the end, or an error the iterator raised
+    out.push_back(as_int32(item, fmt::format("kept[{}]", i++)));
+  }
+  if (PyErr_Occurred()) throw nb::python_error();
   return out;
 }
 

@@ -33,7 +33,10 @@ int64_t as_int(nb::handle h, const std::string& name, int64_t lo, int64_t hi) {
   if (PyBool_Check(h.ptr()) || !PyIndex_Check(h.ptr()))
     type_error(fmt::format("{}: expected an int, got {}", name, py_type(h)));
   nb::object index = nb::steal(PyNumber_Index(h.ptr()));
-  if (!index.is_valid()) throw nb::python_error();
+  if (!index.is_valid()) {  // e.g. a numpy array of one int, whose __index__ refuses in its own words
+    PyErr_Clear();
+    type_error(fmt::format("{}: expected an int, got {}", name, py_type(h)));
+  }
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
   if (overflow != 0 || v < lo || v > hi) fail("{}: {} is outside {}..{}", name, nb::str(index).c_str(), lo, hi);
