@@ -161,12 +161,20 @@ class DataClock:
         self.slowest = max(self.slowest, seconds)
 
 
-def generate(target: Target, jobs: list, settings: Settings, clock: DataClock | None, log, *, tokens: int, sample: bool, seed: int = 0):
+def generate(
+    target: Target, jobs: list, settings: Settings, clock: DataClock | None, log, *, tokens: int, sample: bool, seed: int = 0,
+    loops: dict | None = None,
+):
     """The target's continuations of jobs [(prompt ids, anything)], gen_batch at a time: a list of (prompt
     ids, anything, answer ids) in order, each answer cut after its first end-of-text, shorter where the clock
-    stopped it. Sampled: temperature 0.8, top-p 0.95, batches drawn from seed + their first index."""
+    stopped it. Sampled: temperature 0.8, top-p 0.95, batches drawn from seed + their first index. `loops`
+    keeps the captured loops (a greedy and a sampled one) from call to call: make_data passes one for the
+    phase, so that each is captured and compiled once."""
     sampling = Sampling(temperature=0.8, top_p=0.95) if sample else Sampling()
-    run = _captured_batches(target, settings, tokens, sampling, seed) if settings.data_loop == "captured" else _hf_batches(target, tokens, sample)
+    if settings.data_loop == "captured":
+        run = _captured_batches(target, settings, tokens, sampling, seed, {} if loops is None else loops)
+    else:
+        run = _hf_batches(target, tokens, sample)
     eos = target.tokenizer.eos_token_id
     out = []
     for a in range(0, len(jobs), settings.gen_batch):
@@ -185,12 +193,16 @@ def generate(target: Target, jobs: list, settings: Settings, clock: DataClock | 
     return out
 
 
-def _captured_batches(target: Target, settings: Settings, tokens: int, sampling: Sampling, seed: int):
+def _captured_batches(target: Target, settings: Settings, tokens: int, sampling: Sampling, seed: int, loops: dict):
     """Batches through tfe.captured's loop with drafts off: the target's forward over a static cache,
     replayed as a CUDA graph a token (on a GPU). Every batch has gen_batch rows (a short last one is
-    filled with copies of its first prompt) and the cache is sized for the longest prompt a row can hold,
-    so that one shape, captured and compiled once, serves the whole phase."""
-    decoder = CapturedDecoder(target, sampling=sampling, rivals=False, columns=settings.seq_len + tokens + 1)
+    filled with copies of its first prompt) and the cache is sized for the longest prompt a row can hold
+    and the longest answer, so that one shape, captured and compiled once, serves the whole phase."""
+    key = "greedy" if sampling.greedy else "sampled"  # their accept graphs differ
+    if key not in loops:
+        columns = settings.seq_len + max(settings.answer_tokens, settings.request_tokens) + 1
+        loops[key] = CapturedDecoder(target, sampling=sampling, rivals=False, columns=columns)
+    decoder = loops[key]
 
     def run(prompts: list[list[int]], first_index: int) -> list[list[int]]:
         n = len(prompts)
@@ -227,12 +239,12 @@ def _hf_batches(target: Target, tokens: int, sample: bool):
     return run
 
 
-def self_instruct_prompts(target: Target, settings: Settings, clock: DataClock, log) -> list[prompt_sets.Prompt]:
+def self_instruct_prompts(target: Target, settings: Settings, clock: DataClock, log, loops: dict) -> list[prompt_sets.Prompt]:
     """Requests the target writes itself (sampled, at most request_tokens), kept where they read as a request."""
     asks = prompt_sets.self_instruct_requests(settings.self_instruct, settings.seed)
     jobs = [(target.encode_chat(p.text), p.cls) for p in asks]
     out = []
-    for _, cls, answer in generate(target, jobs, settings, clock, log, tokens=settings.request_tokens, sample=True, seed=settings.seed):
+    for _, cls, answer in generate(target, jobs, settings, clock, log, tokens=settings.request_tokens, sample=True, seed=settings.seed, loops=loops):
         text = target.tokenizer.decode(answer, skip_special_tokens=True).strip().strip('"').strip()
         if len(text) >= 12:
             out.append(prompt_sets.Prompt(cls, text))
@@ -264,6 +276,7 @@ def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], 
     """(training sequences, held-out sequences, the phase's report), within the data bound."""
     clock = DataClock(settings.minutes * 60 * settings.data_share)
     report: dict = {}
+    loops: dict = {}  # the captured loops (greedy, sampled), kept for the phase
     # Held-out first: every figure needs it, and it is small.
     held = [(p, "template") for p in prompt_sets.evaluation_prompts(per_class=settings.eval_per_class)]
     talks, why = prompt_sets.chitchat_prompts(settings.eval_chitchat, settings.seed, split="eval")
@@ -274,12 +287,12 @@ def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], 
     jobs = [(encode(target, p), (p.cls, src)) for p, src in held]
     evaluation = [
         Sequence((p + a)[: settings.seq_len], len(p), cls, src)
-        for p, (cls, src), a in generate(target, jobs, settings, None, log, tokens=settings.answer_tokens, sample=False)
+        for p, (cls, src), a in generate(target, jobs, settings, None, log, tokens=settings.answer_tokens, sample=False, loops=loops)
     ]
     # Training prompts: templated, conversations, then the target's own requests.
     sources = {"template": prompt_sets.training_prompts(settings.prompts_per_class, settings.seed)}
     sources["chitchat"], _ = prompt_sets.chitchat_prompts(settings.chitchat, settings.seed, split="train")
-    sources["self-instruct"] = self_instruct_prompts(target, settings, clock, log)
+    sources["self-instruct"] = self_instruct_prompts(target, settings, clock, log, loops)
     rng = random.Random(settings.seed)
     prompts = [(p, src) for src, ps in sources.items() for p in ps]
     rng.shuffle(prompts)
@@ -289,7 +302,10 @@ def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], 
     made = []
     for round in range(1 + settings.sampled_answers):
         made += generate(target, jobs, settings, clock, log, tokens=settings.answer_tokens, sample=round > 0,
-                         seed=settings.seed + (round << 20))
+                         seed=settings.seed + (round << 20), loops=loops)
+    loops.clear()  # their caches and graphs: the training's taps and labels take the memory next
+    if target.device.type == "cuda":
+        torch.cuda.empty_cache()
     seqs = [Sequence((p + a)[: settings.seq_len], len(p), cls, src) for p, (cls, src), a in made]
     seqs += stdlib_text(target, settings)
     seqs = [s for s in seqs if len(s.ids) >= 4]

@@ -250,7 +250,10 @@ def test_training_data_loops_write_the_same_answers(target, chats):
     settings.gen_batch = 3  # 4 prompts: one full batch and one padded with copies
     jobs = [(p, i) for i, p in enumerate(chats)]
     quiet = lambda m: None  # noqa: E731
-    greedy = generate(target, jobs, settings, None, quiet, tokens=8, sample=False)
+    loops: dict = {}
+    greedy = generate(target, jobs, settings, None, quiet, tokens=8, sample=False, loops=loops)
+    assert generate(target, jobs, settings, None, quiet, tokens=8, sample=False, loops=loops) == greedy
+    assert list(loops) == ["greedy"]  # kept for the next call
     settings.data_loop = "generate"
     assert generate(target, jobs, settings, None, quiet, tokens=8, sample=False) == greedy
     assert [tag for _, tag, _ in greedy] == [0, 1, 2, 3]
