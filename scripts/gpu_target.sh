@@ -15,7 +15,8 @@
 #                                    head was trained before, .target/head: keeps them in /tmp
 #   scripts/gpu_target.sh train      there, the very next call, carrying .target/gguf.2 .target/wheels .deps:
 #                                    joins and checks the GGUF, builds the module, trains (TRAIN_MINUTES of
-#                                    data and training, default 6.5; TRAIN_ARGS: more tfe.train_head flags),
+#                                    data and training, default 6.5; TRAIN_ARGS: more tfe.train_head flags;
+#                                    TRAIN_REUSE_DATA=1: the last train's data again, all the time training),
 #                                    converts, compiles; about 2 minutes more than TRAIN_MINUTES. $OUT/head/
 #                                    holds the head's own weights (about 20 MB in shards; the embedding is the
 #                                    target's) and training.json: copy that folder to .target/head here, so that
@@ -117,8 +118,12 @@ train() {
   build_module
   echo "== module built ($((SECONDS - t0)) s)"
   rm -rf "$state/eagle3"  # a checkpoint left by an earlier run must not pass for this one's
+  # The data phase's sequences stay in $state/data.json: TRAIN_REUSE_DATA=1 trains on them again (the whole
+  # of TRAIN_MINUTES then trains), so that runs on one warm machine compare training settings alone.
+  [ "${TRAIN_REUSE_DATA:-0}" = 1 ] || rm -f "$state/data.json"
   # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags
-  python3 -m tfe.train_head -o "$state/eagle3" --minutes "${TRAIN_MINUTES:-6.5}" ${TRAIN_ARGS:-} 2>&1 | grep --line-buffered -v "it/s\]" | tee "$out/train.log"
+  python3 -m tfe.train_head -o "$state/eagle3" --minutes "${TRAIN_MINUTES:-6.5}" --data "$state/data.json" ${TRAIN_ARGS:-} 2>&1 |
+    grep --line-buffered -v "it/s\]" | tee "$out/train.log"
   [ -f "$state/eagle3/model.safetensors" ] || die "training wrote no checkpoint"
   cp "$state/eagle3/training.png" "$out/"  # training.json goes with the head's shards
   # $OUT takes at most 8 files of 16 MiB: the head's own weights in 15 MiB shards.

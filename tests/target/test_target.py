@@ -244,7 +244,8 @@ def test_training_data_loops_write_the_same_answers(target, chats):
     """The trainer's data through tfe's captured loop (its default) is the target's own text: greedy, the
     same answers as transformers' generate, cut after end-of-text, for a batch with a short last part; sampled,
     the same answers again for the same seed and other answers for another."""
-    from tfe.train_head import Settings, generate
+    from tfe.train_data import generate
+    from tfe.train_head import Settings
 
     settings = Settings.smoke()
     settings.gen_batch = 3  # 4 prompts: one full batch and one padded with copies
@@ -404,3 +405,23 @@ def test_loop_rounds_follow_the_greedy_loop():
     assert loop_rounds(hits, 0, 10, 1) == [1, 0, 1, 0, 0, 0]  # at 0, 2, 3, 5, 6, 7
     assert loop_rounds(hits, 0, 6, 3) == [2, 1]  # at 3 the sequence has room for one draft
     assert loop_rounds(hits, 8, 10, 3) == []
+
+
+def test_training_data_file_round_trips_and_refuses_another(tmp_path):
+    """--data: the phase's sequences come back as they were written; a file of another kind, or made for rows
+    of another length, is refused naming --data."""
+    from tfe.train_data import Sequence, load_data, save_data
+    from tfe.train_head import Settings
+
+    settings = Settings.smoke()
+    seqs = [Sequence([1, 2, 3], 2, "prose", "template"), Sequence([4, 5], 0, "stdlib", "stdlib")]
+    held = [Sequence([6, 7, 8, 9], 3, "code", "template")]
+    path = tmp_path / "data.json"
+    save_data(path, seqs, held, {"answers": 1}, settings)
+    assert load_data(path, settings) == (seqs, held, {"answers": 1})
+    settings.seq_len += 1
+    with pytest.raises(ValueError, match="--data .*rows of 96 tokens, this run packs 97"):
+        load_data(path, settings)
+    (tmp_path / "other.json").write_text('{"format": "something else"}')
+    with pytest.raises(ValueError, match="--data .*not a file tfe-train-head wrote"):
+        load_data(tmp_path / "other.json", settings)

@@ -1,0 +1,251 @@
+"""The training data of tfe-train-head: the target's own answers to requests of every class, within a bound.
+
+- sources: tfe.prompts' training split (templated prompts of ten classes), human conversations
+  (chitchat-dataset, where installed), requests the target first writes itself (self-instruct), and chunks
+  of the standard library's sources; held out: tfe.prompts.evaluation_prompts and held-out conversations.
+- answers: one greedy and `sampled_answers` sampled (temperature 0.8, top-p 0.95), as EAGLE-3 regenerates
+  its data with the target, so the head learns the target's own continuations. They are written in batches of
+  `gen_batch` through tfe.captured's loop with drafts off (the target's forward over a static cache, one CUDA
+  graph a token), or transformers' generate (`data_loop`). The phase stops at its bound between batches
+  (greedy answers of every source first, then the sampled rounds) and says what it made.
+- `save_data` / `load_data`: the phase's sequences as one file, so that runs compare training settings on
+  the same data.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import random
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from . import prompts as prompt_sets
+from .captured import CapturedDecoder
+from .outputs import write_atomic
+from .speculative import Sampling
+from .target import Target
+
+if TYPE_CHECKING:
+    from .train_head import Settings
+
+
+@dataclass
+class Sequence:
+    ids: list[int]
+    scored_from: int  # predictions at positions >= scored_from - 1 are scored (the answer, or all text)
+    cls: str
+    source: str  # template, self-instruct, chitchat, stdlib
+
+
+
+def encode(target: Target, p: prompt_sets.Prompt) -> list[int]:
+    """A prompt with its earlier turns in the model's chat template, ready for the assistant's answer."""
+    if not p.history:
+        return target.encode_chat(p.text)
+    messages = [{"role": r, "content": t} for r, t in p.history] + [{"role": "user", "content": p.text}]
+    ids = target.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+class DataClock:
+    """The data phase's bound: past a generate call's first batch (so that every source and round has some),
+    a batch starts only if one more like the slowest so far still fits."""
+
+    def __init__(self, seconds: float):
+        self.start, self.seconds, self.slowest, self.stopped = time.perf_counter(), seconds, 0.0, 0
+
+    def allows(self) -> bool:
+        return time.perf_counter() - self.start + self.slowest <= self.seconds
+
+    def took(self, seconds: float) -> None:
+        self.slowest = max(self.slowest, seconds)
+
+
+def generate(
+    target: Target, jobs: list, settings: Settings, clock: DataClock | None, log, *, tokens: int, sample: bool, seed: int = 0,
+    loops: dict | None = None,
+):
+    """The target's continuations of jobs [(prompt ids, anything)], gen_batch at a time: a list of (prompt
+    ids, anything, answer ids) in order, each answer cut after its first end-of-text, shorter where the clock
+    stopped it. Sampled: temperature 0.8, top-p 0.95, batches drawn from seed + their first index. `loops`
+    keeps the captured loops (a greedy and a sampled one) from call to call: make_data passes one for the
+    phase, so that each is captured and compiled once."""
+    sampling = Sampling(temperature=0.8, top_p=0.95) if sample else Sampling()
+    if settings.data_loop == "captured":
+        run = _captured_batches(target, settings, tokens, sampling, seed, {} if loops is None else loops)
+    else:
+        run = _hf_batches(target, tokens, sample)
+    eos = target.tokenizer.eos_token_id
+    out = []
+    for a in range(0, len(jobs), settings.gen_batch):
+        if a > 0 and clock is not None and not clock.allows():
+            clock.stopped += len(jobs) - a
+            break
+        t0 = time.perf_counter()
+        group = jobs[a : a + settings.gen_batch]
+        for (p, tag), answer in zip(group, run([p for p, _ in group], a)):
+            if eos in answer:
+                answer = answer[: answer.index(eos) + 1]
+            out.append((p, tag, answer))
+        if clock is not None:
+            clock.took(time.perf_counter() - t0)
+        log(f"generated {len(out)}/{len(jobs)} ({'sampled' if sample else 'greedy'}, {time.perf_counter() - t0:.1f} s a batch)")
+    return out
+
+
+def _captured_batches(target: Target, settings: Settings, tokens: int, sampling: Sampling, seed: int, loops: dict):
+    """Batches through tfe.captured's loop with drafts off: the target's forward over a static cache,
+    replayed as a CUDA graph a token (on a GPU). Every batch has gen_batch rows (a short last one is
+    filled with copies of its first prompt) and the cache is sized for the longest prompt a row can hold
+    and the longest answer, so that one shape, captured and compiled once, serves the whole phase."""
+    key = "greedy" if sampling.greedy else "sampled"  # their accept graphs differ
+    if key not in loops:
+        columns = settings.seq_len + max(settings.answer_tokens, settings.request_tokens) + 1
+        loops[key] = CapturedDecoder(target, sampling=sampling, rivals=False, columns=columns)
+    decoder = loops[key]
+
+    def run(prompts: list[list[int]], first_index: int) -> list[list[int]]:
+        n = len(prompts)
+        prompts = prompts + [prompts[0]] * (settings.gen_batch - n)
+        decoder.sampling = Sampling(sampling.temperature, sampling.top_p, seed=seed + first_index)
+        return decoder.generate(prompts, tokens).tokens[:n]
+
+    return run
+
+
+def _hf_batches(target: Target, tokens: int, sample: bool):
+    """Batches through transformers' generate (left-padded, its dynamic cache): the slower way, kept as
+    the comparison point for the captured loop's data."""
+    tok = target.tokenizer
+    sampling = dict(do_sample=True, temperature=0.8, top_p=0.95) if sample else dict(do_sample=False)
+
+    def run(prompts: list[list[int]], first_index: int) -> list[list[int]]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), tok.eos_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        with torch.inference_mode():
+            done = target.model.generate(
+                ids.to(target.device),
+                attention_mask=mask.to(target.device),
+                max_new_tokens=tokens,
+                pad_token_id=tok.eos_token_id,
+                **sampling,
+            )
+        return [done[i, width:].tolist() for i in range(len(prompts))]
+
+    return run
+
+
+def self_instruct_prompts(target: Target, settings: Settings, clock: DataClock, log, loops: dict) -> list[prompt_sets.Prompt]:
+    """Requests the target writes itself (sampled, at most request_tokens), kept where they read as a request."""
+    asks = prompt_sets.self_instruct_requests(settings.self_instruct, settings.seed)
+    jobs = [(target.encode_chat(p.text), p.cls) for p in asks]
+    out = []
+    for _, cls, answer in generate(target, jobs, settings, clock, log, tokens=settings.request_tokens, sample=True, seed=settings.seed, loops=loops):
+        text = target.tokenizer.decode(answer, skip_special_tokens=True).strip().strip('"').strip()
+        if len(text) >= 12:
+            out.append(prompt_sets.Prompt(cls, text))
+    return out
+
+
+def stdlib_text(target: Target, settings: Settings) -> list[Sequence]:
+    """Chunks of seq_len tokens from the training split's standard-library sources, files in a fixed
+    shuffled order."""
+    files = prompt_sets.stdlib_files("train")
+    random.Random(settings.seed).shuffle(files)
+    out: list[Sequence] = []
+    for path in files:
+        if len(out) >= settings.stdlib_chunks:
+            break
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        ids = target.tokenizer(text, add_special_tokens=False)["input_ids"]
+        for a in range(0, max(len(ids) - settings.seq_len // 2, 1), settings.seq_len):
+            out.append(Sequence(ids[a : a + settings.seq_len], 0, "stdlib", "stdlib"))
+            if len(out) >= settings.stdlib_chunks:
+                break
+    return out
+
+
+def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], list[Sequence], dict]:
+    """(training sequences, held-out sequences, the phase's report), within the data bound."""
+    clock = DataClock(settings.minutes * 60 * settings.data_share)
+    report: dict = {}
+    loops: dict = {}  # the captured loops (greedy, sampled), kept for the phase
+    # Held-out first: every figure needs it, and it is small.
+    held = [(p, "template") for p in prompt_sets.evaluation_prompts(per_class=settings.eval_per_class)]
+    talks, why = prompt_sets.chitchat_prompts(settings.eval_chitchat, settings.seed, split="eval")
+    held += [(p, "chitchat") for p in talks]
+    if why:
+        report["chitchat"] = why
+        log(f"chitchat: {why}; its conversations are left out")
+    jobs = [(encode(target, p), (p.cls, src)) for p, src in held]
+    evaluation = [
+        Sequence((p + a)[: settings.seq_len], len(p), cls, src)
+        for p, (cls, src), a in generate(target, jobs, settings, None, log, tokens=settings.answer_tokens, sample=False, loops=loops)
+    ]
+    # Training prompts: templated, conversations, then the target's own requests.
+    sources = {"template": prompt_sets.training_prompts(settings.prompts_per_class, settings.seed)}
+    sources["chitchat"], _ = prompt_sets.chitchat_prompts(settings.chitchat, settings.seed, split="train")
+    sources["self-instruct"] = self_instruct_prompts(target, settings, clock, log, loops)
+    rng = random.Random(settings.seed)
+    prompts = [(p, src) for src, ps in sources.items() for p in ps]
+    rng.shuffle(prompts)
+    jobs = [(encode(target, p), (p.cls, src)) for p, src in prompts]
+    jobs = [j for j in jobs if len(j[0]) < settings.seq_len - 8]
+    report["prompts"] = {src: len(ps) for src, ps in sources.items()}
+    made = []
+    for round in range(1 + settings.sampled_answers):
+        made += generate(target, jobs, settings, clock, log, tokens=settings.answer_tokens, sample=round > 0,
+                         seed=settings.seed + (round << 20), loops=loops)
+    loops.clear()  # their caches and graphs: the training's taps and labels take the memory next
+    if target.device.type == "cuda":
+        torch.cuda.empty_cache()
+    seqs = [Sequence((p + a)[: settings.seq_len], len(p), cls, src) for p, (cls, src), a in made]
+    seqs += stdlib_text(target, settings)
+    seqs = [s for s in seqs if len(s.ids) >= 4]
+    report.update(
+        {
+            "answers": len(made),
+            "answers_asked": len(jobs) * (1 + settings.sampled_answers),
+            "answers_left_at_the_bound": clock.stopped,
+            "sequences_by_source": {s: sum(q.source == s for q in seqs) for s in sorted({q.source for q in seqs})},
+            "sequences_by_class": {c: sum(q.cls == c for q in seqs) for c in sorted({q.cls for q in seqs})},
+            "held_out_sequences": len(evaluation),
+            "bound_seconds": clock.seconds,
+        }
+    )
+    return seqs, evaluation, report
+
+
+DATA_FORMAT = "tfe-train-head data 1"
+
+
+def save_data(path: pathlib.Path, seqs: list[Sequence], evaluation: list[Sequence], report: dict, settings: Settings) -> None:
+    """The data phase's sequences and report as one JSON file, for `load_data`."""
+    out = {"format": DATA_FORMAT, "seq_len": settings.seq_len, "report": report,
+           "training": [asdict(q) for q in seqs], "held_out": [asdict(q) for q in evaluation]}
+    write_atomic(path, json.dumps(out, separators=(",", ":")) + "\n")
+
+
+def load_data(path: pathlib.Path, settings: Settings) -> tuple[list[Sequence], list[Sequence], dict]:
+    """What `save_data` wrote: (training sequences, held-out sequences, the report of the run that made
+    them); refused where the file is another kind or was made for other rows."""
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--data {path}: cannot be read as training data ({e})") from None
+    if not isinstance(got, dict) or got.get("format") != DATA_FORMAT:
+        raise ValueError(f"--data {path}: not a file tfe-train-head wrote (format {DATA_FORMAT!r})")
+    if got["seq_len"] != settings.seq_len:
+        raise ValueError(f"--data {path}: made for rows of {got['seq_len']} tokens, this run packs {settings.seq_len}")
+    return [Sequence(**q) for q in got["training"]], [Sequence(**q) for q in got["held_out"]], got["report"]
