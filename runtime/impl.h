@@ -20,7 +20,7 @@
 #include "device/kernels.h"
 #include "graphs/graph_cache.h"
 #include "plan/plan.h"
-#include "runtime/accept_log.h"
+#include "runtime/environment.h"
 #include "runtime/self_check.h"
 #include "runtime/tap_dump.h"
 

@@ -305,10 +305,13 @@ void check_device(int device) {
   if (device < 0 || device >= count) fail("runtime: device {} is outside 0..{}", device, count - 1);
 }
 
-// What open can refuse before it reads or plans anything: the device, and the tap dump's file.
-void check_open_options(const OpenOptions& o) {
+// The options as the environment overrides them (its one reading on the way to an open), and what open can
+// refuse before it reads or plans anything: the tap dump's file, then the device.
+OpenOptions prepared(const OpenOptions& options) {
+  OpenOptions o = open_options_from_environment(options);
   if (!o.tap_dump.path.empty()) check_tap_dump_options(o.tap_dump);
   check_device(o.device);
+  return o;
 }
 
 // testing::Hooks::Faults::negate_weight: the sign of every bf16 value of one weight buffer flipped on the device.
@@ -323,22 +326,13 @@ void negate_weight(RuntimeAccess::Impl& r, const std::string& name) {
 }
 }  // namespace
 
-OpenOptions open_options_from_environment(OpenOptions o) {
-  o.graphs = o.graphs && graphs_enabled_by_environment();
-  o.accept_log = accept_log_options_from_environment(o.accept_log);
-  o.tap_dump = tap_dump_options_from_environment(o.tap_dump);
-  o.self_check = self_check_from_environment(o.self_check);
-  return o;
-}
-
 namespace {
-// The open itself, with the options as the environment has set them and checked (check_open_options).
+// The open itself, with the options prepared (the environment applied, checked).
 Runtime open_with(const HeadFile& file, const OpenOptions& o, const TestHooks& hooks);
 }  // namespace
 
 Runtime Runtime::open(const std::string& head_path, const OpenOptions& options) {
-  const OpenOptions o = open_options_from_environment(options);
-  check_open_options(o);
+  const OpenOptions o = prepared(options);
   HeadFile::Options fo;
   fo.verify_sha256 = o.verify_sha256;
   return open_with(HeadFile::open(head_path, fo), o, TestHooks{});
@@ -347,9 +341,7 @@ Runtime Runtime::open(const std::string& head_path, const OpenOptions& options) 
 Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) { return open_runtime(file, o, TestHooks{}); }
 
 Runtime open_runtime(const HeadFile& file, const OpenOptions& options, const TestHooks& hooks) {
-  const OpenOptions o = open_options_from_environment(options);
-  check_open_options(o);
-  return open_with(file, o, hooks);
+  return open_with(file, prepared(options), hooks);
 }
 
 namespace {

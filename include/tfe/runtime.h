@@ -47,6 +47,8 @@
 
 namespace tfe {
 
+// Runtime::open applies the environment's overrides named below (TFE_*) to these once, before anything else
+// (docs/runtime.md "Open").
 struct OpenOptions {
   // A deploy artifact (tfe-plan compile -o DIR). Empty: plan now and compile through the kernel cache.
   std::string artifact_dir;
@@ -87,12 +89,6 @@ struct OpenOptions {
   // in the environment overrides it.
   bool self_check = false;
 };
-
-// `o` as the environment overrides it: TFE_GRAPHS=0 turns `graphs` off, TFE_ACCEPT_LOG=N and
-// TFE_ACCEPT_LOG_FILE=PATH set `accept_log`, TFE_TAP_DUMP=FILE `tap_dump.path`, TFE_CHECK=1 or 0
-// `self_check`. Runtime::open reads the environment once, through this. Throws tfe::Error naming the
-// variable for a value it cannot read.
-OpenOptions open_options_from_environment(OpenOptions o);
 
 struct RuntimeStats {
   uint64_t replays = 0;        // draft passes run as a graph replay

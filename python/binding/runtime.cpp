@@ -171,20 +171,21 @@ void bind_runtime(nb::module_& m) {
             o.tap_dump.max_rows =
                 as_int(tap_dump_max_rows, "tap_dump_max_rows", 1, std::numeric_limits<int32_t>::max());
             o.self_check = as_bool(self_check, "self_check");
-            // Refused before the device is looked for, as Runtime::open refuses them before it plans anything.
-            if (const tfe::OpenOptions e = tfe::open_options_from_environment(o); !e.tap_dump.path.empty())
-              tfe::check_tap_dump_options(e.tap_dump);
             std::shared_ptr<const tfe::HeadFile> file;
             std::string path;
             if (nb::isinstance<PyHead>(head))
               file = nb::cast<PyHead&>(head).file;
             else
               path = as_path(head, "head").string();
-            require_cuda_device(o.device);
             std::unique_ptr<tfe::Runtime> rt;
-            {
+            try {
               nb::gil_scoped_release release;
               rt = std::make_unique<tfe::Runtime>(file ? tfe::Runtime::open(*file, o) : tfe::Runtime::open(path, o));
+            } catch (const tfe::CudaError&) {
+              // Runtime::open applies the environment and refuses the options before it looks for the
+              // device; a device it did not find is then said the Python way.
+              require_cuda_device(o.device);
+              throw;
             }
             new (self) PyRuntime{std::move(rt), {}, {}};
           },
