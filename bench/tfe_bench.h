@@ -38,7 +38,7 @@ struct Options {
   tfe::PlanOptions plan;               // when planning here (no --artifact): its attention split; fp8 from --fp8
   tfe::Tuning tuning;                  // when planning here (testing::Hooks::tuning)
   std::vector<std::string> knock_out;  // draft nodes left out (testing::Hooks::knock_out): timing only
-  int l2_resident_mb = 0;              // OpenOptions::l2_resident_weight_bytes, in MiB
+  int l2_resident_mb = 0;              // testing::Hooks::l2_resident_weight_bytes, in MiB
   std::string streams = "1,2,4,8,16";
   std::string steps = "1..8";
   int iters = 50;

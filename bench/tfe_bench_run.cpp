@@ -103,15 +103,15 @@ int run(const Options& o) {
     p.fp8 = tfe::fp8_mode_from_name(o.fp8);
     open.plan = p;
   }
-  open.capture = tfe::OpenOptions::Capture::lazy;
   tfe::testing::Hooks hooks;
+  hooks.capture = tfe::testing::Hooks::Capture::lazy;
   using Dependent = tfe::testing::Hooks::DependentLaunch;
   hooks.dependent_launch = o.dependent_launch == "all"   ? Dependent::all
                            : o.dependent_launch == "off" ? Dependent::off
                                                          : Dependent::plan;
   hooks.knock_out = o.knock_out;
   hooks.tuning = o.tuning;
-  open.l2_resident_weight_bytes = static_cast<size_t>(o.l2_resident_mb) << 20;
+  hooks.l2_resident_weight_bytes = static_cast<size_t>(o.l2_resident_mb) << 20;
   if (!o.knock_out.empty())
     fmt::print(
         "knock-out: {} left out of every draft pass; the drafts are wrong, the times are what the rest "

@@ -176,7 +176,7 @@ void Runtime::Impl::load_kernels(const std::map<std::string, KernelImage>& image
 void Runtime::Impl::prepare_nodes() {
   const cuda::ArenaBases bases{&plan, weights, arena, host_device};
   if (plan.cublaslt_workspace > 0) gemm = cuda::GemmRunner(workspace, static_cast<size_t>(plan.cublaslt_workspace));
-  // L2-resident weights (OpenOptions::l2_resident_weight_bytes): every draft GEMV launches with its weight
+  // L2-resident weights (TestHooks::l2_resident_weight_bytes): every draft GEMV launches with its weight
   // matrix as an access-policy window whose hit ratio is the set-aside over the weight bytes of one step's
   // GEMVs, so that about that many bytes of each step's weights are still in L2 when the next step reads
   // them, and the rest stream without evicting the rings and activations.
@@ -391,8 +391,8 @@ Runtime open_with(const HeadFile& file, const OpenOptions& o, const TestHooks& h
   r.b_ring_v = table(p, "ring_v", BufferRole::state);
 
   r.open_device(o);
-  if (o.l2_resident_weight_bytes > 0) {
-    r.l2 = L2Reservation(o.l2_resident_weight_bytes, o.device);
+  if (hooks.l2_resident_weight_bytes > 0) {
+    r.l2 = L2Reservation(hooks.l2_resident_weight_bytes, o.device);
     r.stats.l2_set_aside = r.l2.bytes();
   }
   r.upload_weights(file);
@@ -404,10 +404,10 @@ Runtime open_with(const HeadFile& file, const OpenOptions& o, const TestHooks& h
   if (o.graphs) {
     // Room for every pass in both forms: blocking (draft) and enqueued (draft_async, captured lazily).
     const size_t capacity =
-        o.graph_capacity ? o.graph_capacity : 2 * p.buckets.size() * static_cast<size_t>(p.options.max_steps);
+        hooks.graph_capacity ? hooks.graph_capacity : 2 * p.buckets.size() * static_cast<size_t>(p.options.max_steps);
     r.graphs.emplace(r.stream, capacity, hooks.check_bindings);
     if (hooks.faults.instantiate != cudaSuccess) r.graphs->inject_instantiate_error(hooks.faults.instantiate);
-    if (o.capture == OpenOptions::Capture::at_open) r.capture_all();
+    if (hooks.capture == TestHooks::Capture::at_open) r.capture_all();
   }
   Runtime rt = RuntimeAccess::make(std::move(impl));
   r.check_taps = o.self_check;
