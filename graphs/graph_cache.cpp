@@ -1,17 +1,10 @@
 #include "graphs/graph_cache.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "core/error.h"
 
 namespace tfe {
-
-bool graphs_enabled_by_environment() {
-  const char* v = std::getenv("TFE_GRAPHS");
-  return !(v && std::strcmp(v, "0") == 0);
-}
 
 GraphCache::GraphCache(cudaStream_t stream, size_t capacity, bool check_bindings)
     : stream_(stream), capacity_(capacity), check_bindings_(check_bindings) {

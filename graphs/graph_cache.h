@@ -91,7 +91,4 @@ class GraphCache {
   GraphCounters counters_;
 };
 
-// Whether graphs are on: false when the environment sets TFE_GRAPHS=0 (every pass then runs eagerly).
-bool graphs_enabled_by_environment();
-
 }  // namespace tfe

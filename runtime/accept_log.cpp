@@ -1,8 +1,6 @@
-#include "runtime/accept_log.h"
+#include <tfe/accept_log.h>
 
 #include <cerrno>
-#include <charconv>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string_view>
@@ -87,19 +85,6 @@ void AcceptLog::write_line() {
   const std::string_view where = out_ == stderr ? std::string_view("stderr") : std::string_view(options_.path);
   if (std::fputs(text.c_str(), out_) < 0 || std::fflush(out_) != 0)
     fail("accept log: cannot write to {} ({})", where, std::strerror(errno));
-}
-
-AcceptLogOptions accept_log_options_from_environment(AcceptLogOptions o) {
-  if (const char* v = std::getenv("TFE_ACCEPT_LOG"); v && *v) {
-    const std::string_view s(v);
-    int n = 0;
-    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
-    if (ec != std::errc() || end != s.data() + s.size() || n < 0)
-      fail("TFE_ACCEPT_LOG: `{}` is not a number of rounds (0: no lines, N: a line every N rounds)", s);
-    o.every = n;
-  }
-  if (const char* v = std::getenv("TFE_ACCEPT_LOG_FILE"); v && *v) o.path = v;
-  return o;
 }
 
 }  // namespace tfe

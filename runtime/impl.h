@@ -20,7 +20,7 @@
 #include "device/kernels.h"
 #include "graphs/graph_cache.h"
 #include "plan/plan.h"
-#include "runtime/accept_log.h"
+#include "runtime/environment.h"
 #include "runtime/self_check.h"
 #include "runtime/tap_dump.h"
 
@@ -41,6 +41,20 @@ struct TestHooks {
   std::vector<std::string> knock_out;
   // The tuning the runtime plans with (none of it is the engine's to choose); an artifact's plan keeps its own.
   Tuning tuning;
+  // When the draft graphs are captured (with OpenOptions::graphs): at open, the product's way, or lazily,
+  // each at its first replay, so that open and capture are timed apart (tfe-bench) and a capture meets a draft.
+  enum class Capture : uint8_t { at_open, lazy };
+  Capture capture = Capture::at_open;
+  size_t graph_capacity = 0;  // executors kept; 0: room for every pass in both forms (2 x buckets x max_steps)
+  // Bytes of L2 set aside so that part of the draft GEMVs' weights stays in L2 from one step to the next
+  // (each GEMV's weight matrix launches as an L2 access-policy window whose hit ratio is the set-aside over
+  // a step's GEMV weight bytes; its other lines stream). 0: none, the default. Clamped to the device's
+  // cudaDevAttrMaxPersistingL2CacheSize; refused where that is 0. The persisting-L2 limit is the process's
+  // (cudaLimitPersistingL2CacheSize): the runtime sets it at open, and at close resets the persisting lines
+  // (cudaCtxResetPersistingL2Cache) and puts back the limit it found. While it is open, the set-aside part
+  // of L2 holds the head's weights between calls too, which the target model's passes then do without
+  // (tfe-bench --l2-resident-mb, BENCHMARKS.md "L2 set-aside").
+  size_t l2_resident_weight_bytes = 0;
   // Faults injected where the GPU side can fail, each through the path a real failure takes, so that tests
   // see what it leaves behind. capture: each capture of a draft pass makes a call that capture forbids
   // (cudaMalloc), so the capture is invalidated. instantiate: the next instantiation of a graph fails with
@@ -71,7 +85,7 @@ inline std::string device_arch(int device) {
 }
 
 // The device's persisting-L2 set-aside while a runtime that asked for one is open
-// (OpenOptions::l2_resident_weight_bytes). The limit is the process's, so the one found at open comes back
+// (TestHooks::l2_resident_weight_bytes). The limit is the process's, so the one found at open comes back
 // at close, and the lines made persisting are made normal again.
 class L2Reservation {
  public:

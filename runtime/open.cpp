@@ -176,7 +176,7 @@ void Runtime::Impl::load_kernels(const std::map<std::string, KernelImage>& image
 void Runtime::Impl::prepare_nodes() {
   const cuda::ArenaBases bases{&plan, weights, arena, host_device};
   if (plan.cublaslt_workspace > 0) gemm = cuda::GemmRunner(workspace, static_cast<size_t>(plan.cublaslt_workspace));
-  // L2-resident weights (OpenOptions::l2_resident_weight_bytes): every draft GEMV launches with its weight
+  // L2-resident weights (TestHooks::l2_resident_weight_bytes): every draft GEMV launches with its weight
   // matrix as an access-policy window whose hit ratio is the set-aside over the weight bytes of one step's
   // GEMVs, so that about that many bytes of each step's weights are still in L2 when the next step reads
   // them, and the rest stream without evicting the rings and activations.
@@ -305,10 +305,13 @@ void check_device(int device) {
   if (device < 0 || device >= count) fail("runtime: device {} is outside 0..{}", device, count - 1);
 }
 
-// What open can refuse before it reads or plans anything: the device, and the tap dump's file.
-void check_open_options(const OpenOptions& o) {
+// The options as the environment overrides them (its one reading on the way to an open), and what open can
+// refuse before it reads or plans anything: the tap dump's file, then the device.
+OpenOptions prepared(const OpenOptions& options) {
+  OpenOptions o = open_options_from_environment(options);
   if (!o.tap_dump.path.empty()) check_tap_dump_options(o.tap_dump);
   check_device(o.device);
+  return o;
 }
 
 // testing::Hooks::Faults::negate_weight: the sign of every bf16 value of one weight buffer flipped on the device.
@@ -323,22 +326,13 @@ void negate_weight(RuntimeAccess::Impl& r, const std::string& name) {
 }
 }  // namespace
 
-OpenOptions open_options_from_environment(OpenOptions o) {
-  o.graphs = o.graphs && graphs_enabled_by_environment();
-  o.accept_log = accept_log_options_from_environment(o.accept_log);
-  o.tap_dump = tap_dump_options_from_environment(o.tap_dump);
-  o.self_check = self_check_from_environment(o.self_check);
-  return o;
-}
-
 namespace {
-// The open itself, with the options as the environment has set them and checked (check_open_options).
+// The open itself, with the options prepared (the environment applied, checked).
 Runtime open_with(const HeadFile& file, const OpenOptions& o, const TestHooks& hooks);
 }  // namespace
 
 Runtime Runtime::open(const std::string& head_path, const OpenOptions& options) {
-  const OpenOptions o = open_options_from_environment(options);
-  check_open_options(o);
+  const OpenOptions o = prepared(options);
   HeadFile::Options fo;
   fo.verify_sha256 = o.verify_sha256;
   return open_with(HeadFile::open(head_path, fo), o, TestHooks{});
@@ -347,9 +341,7 @@ Runtime Runtime::open(const std::string& head_path, const OpenOptions& options) 
 Runtime Runtime::open(const HeadFile& file, const OpenOptions& o) { return open_runtime(file, o, TestHooks{}); }
 
 Runtime open_runtime(const HeadFile& file, const OpenOptions& options, const TestHooks& hooks) {
-  const OpenOptions o = open_options_from_environment(options);
-  check_open_options(o);
-  return open_with(file, o, hooks);
+  return open_with(file, prepared(options), hooks);
 }
 
 namespace {
@@ -399,8 +391,8 @@ Runtime open_with(const HeadFile& file, const OpenOptions& o, const TestHooks& h
   r.b_ring_v = table(p, "ring_v", BufferRole::state);
 
   r.open_device(o);
-  if (o.l2_resident_weight_bytes > 0) {
-    r.l2 = L2Reservation(o.l2_resident_weight_bytes, o.device);
+  if (hooks.l2_resident_weight_bytes > 0) {
+    r.l2 = L2Reservation(hooks.l2_resident_weight_bytes, o.device);
     r.stats.l2_set_aside = r.l2.bytes();
   }
   r.upload_weights(file);
@@ -412,10 +404,10 @@ Runtime open_with(const HeadFile& file, const OpenOptions& o, const TestHooks& h
   if (o.graphs) {
     // Room for every pass in both forms: blocking (draft) and enqueued (draft_async, captured lazily).
     const size_t capacity =
-        o.graph_capacity ? o.graph_capacity : 2 * p.buckets.size() * static_cast<size_t>(p.options.max_steps);
+        hooks.graph_capacity ? hooks.graph_capacity : 2 * p.buckets.size() * static_cast<size_t>(p.options.max_steps);
     r.graphs.emplace(r.stream, capacity, hooks.check_bindings);
     if (hooks.faults.instantiate != cudaSuccess) r.graphs->inject_instantiate_error(hooks.faults.instantiate);
-    if (o.capture == OpenOptions::Capture::at_open) r.capture_all();
+    if (hooks.capture == TestHooks::Capture::at_open) r.capture_all();
   }
   Runtime rt = RuntimeAccess::make(std::move(impl));
   r.check_taps = o.self_check;

@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <random>
-#include <string_view>
 #include <vector>
 
 #include "core/error.h"
@@ -56,15 +54,6 @@ CaseRows case_rows(const HeadHeader& h, int slots, int ring_rows, uint64_t seed)
 }
 
 }  // namespace
-
-bool self_check_from_environment(bool asked) {
-  const char* v = std::getenv("TFE_CHECK");
-  if (!v || !*v) return asked;
-  const std::string_view s(v);
-  if (s == "1") return true;
-  if (s == "0") return false;
-  fail("TFE_CHECK: `{}` is not 0 or 1 (1: draft a fixed case against the CPU reference at open)", s);
-}
 
 SelfCheckReport run_self_check(Runtime& rt, const HeadFile& file) {
   const PlanOptions& po = rt.plan_options();

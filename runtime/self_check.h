@@ -22,7 +22,4 @@ struct SelfCheckReport {
 SelfCheckReport run_self_check(Runtime& rt, const HeadFile& file);
 inline constexpr int kSelfCheckCases = 4;
 
-// `asked` unless TFE_CHECK is set: 1 on, 0 off; any other value is refused naming the variable.
-bool self_check_from_environment(bool asked);
-
 }  // namespace tfe

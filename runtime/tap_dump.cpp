@@ -5,7 +5,6 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -37,11 +36,6 @@ void check_tap_dump_options(const TapDumpOptions& o) {
   if (o.max_rows < 1 || o.max_rows > INT32_MAX)
     fail("tap dump: max_rows = {} is outside 1..{} (rows kept in memory)", o.max_rows, INT32_MAX);
   files::check_output(fs::path(o.path), "tap dump: path");
-}
-
-TapDumpOptions tap_dump_options_from_environment(TapDumpOptions o) {
-  if (const char* v = std::getenv("TFE_TAP_DUMP"); v && *v) o.path = v;
-  return o;
 }
 
 TapDump::TapDump(TapDumpOptions options, int taps, int64_t target_hidden, std::string head_sha256)

@@ -49,7 +49,4 @@ class TapDump {
   int64_t dropped_ = 0;
 };
 
-// `o` with TFE_TAP_DUMP=FILE applied where it is set (the path; it turns the dump on).
-TapDumpOptions tap_dump_options_from_environment(TapDumpOptions o);
-
 }  // namespace tfe

@@ -1,6 +1,7 @@
 // Hooks for tests and measurement, apart from the engine's API (<tfe/runtime.h> does not include this):
-// opening with test hooks (knock-out, forced dependent launch, binding checks), the plan a runtime runs,
-// and peeks into its buffers. Not installed.
+// opening with test hooks (knock-out, forced dependent launch, binding checks, the tuning, lazy capture, the
+// graph cache's capacity, the L2 set-aside, injected faults; TestHooks in runtime/impl.h), the plan a runtime
+// runs, and peeks into its buffers. Not installed.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -1,6 +1,5 @@
 #include <doctest/doctest.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -8,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/accept_log.h"
+#include <tfe/accept_log.h>
 #include "test_util.h"
 
 using namespace tfe;
@@ -150,25 +149,4 @@ TEST_CASE("accept log: an unwritable path is refused by name") {
   CHECK_THROWS_WITH_AS(AcceptLog(options(path, 1)), doctest::Contains(path.string().c_str()), Error);
   // Off (every 0): no file is opened, so nothing is refused.
   CHECK_NOTHROW(AcceptLog(options(path, 0)));
-}
-
-TEST_CASE("accept log: TFE_ACCEPT_LOG and TFE_ACCEPT_LOG_FILE") {
-  AcceptLogOptions o;
-  o.every = 3;
-  o.path = "asked.jsonl";
-  ::unsetenv("TFE_ACCEPT_LOG");
-  ::unsetenv("TFE_ACCEPT_LOG_FILE");
-  CHECK(accept_log_options_from_environment(o).every == 3);
-  ::setenv("TFE_ACCEPT_LOG", "10", 1);
-  ::setenv("TFE_ACCEPT_LOG_FILE", "env.jsonl", 1);
-  const AcceptLogOptions e = accept_log_options_from_environment(o);
-  CHECK(e.every == 10);
-  CHECK(e.path == "env.jsonl");
-  for (const char* bad : {"x", "10x", "-1", " 5"}) {
-    CAPTURE(bad);
-    ::setenv("TFE_ACCEPT_LOG", bad, 1);
-    CHECK_THROWS_WITH_AS(accept_log_options_from_environment(o), doctest::Contains("TFE_ACCEPT_LOG"), Error);
-  }
-  ::unsetenv("TFE_ACCEPT_LOG");
-  ::unsetenv("TFE_ACCEPT_LOG_FILE");
 }

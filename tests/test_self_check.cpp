@@ -2,7 +2,6 @@
 // drafts (the CPU reference against itself, then against drafts altered at one step) and TFE_CHECK.
 #include <doctest/doctest.h>
 
-#include <cstdlib>
 #include <random>
 
 #include "head/presets.h"
@@ -105,20 +104,4 @@ TEST_CASE("agreement: drafts of another shape are refused") {
   shorter.steps = 2;
   CHECK_THROWS_WITH_AS(compare_with_reference(file.header(), shorter, d.result, d.trace),
                        doctest::Contains("2 slots x 2 steps against the reference's 2 x 3"), Error);
-}
-
-TEST_CASE("self-check: TFE_CHECK is 0 or 1, and overrides the option") {
-  ::unsetenv("TFE_CHECK");
-  CHECK(self_check_from_environment(true));
-  CHECK_FALSE(self_check_from_environment(false));
-  ::setenv("TFE_CHECK", "1", 1);
-  CHECK(self_check_from_environment(false));
-  ::setenv("TFE_CHECK", "0", 1);
-  CHECK_FALSE(self_check_from_environment(true));
-  for (const char* bad : {"yes", "2", "1 ", "true"}) {
-    CAPTURE(bad);
-    ::setenv("TFE_CHECK", bad, 1);
-    CHECK_THROWS_WITH_AS(self_check_from_environment(false), doctest::Contains("TFE_CHECK"), Error);
-  }
-  ::unsetenv("TFE_CHECK");
 }

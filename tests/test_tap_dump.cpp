@@ -250,18 +250,6 @@ TEST_CASE("tap dump: a write that fails names the path and leaves the file as it
   CHECK(left == std::vector<std::string>{"taps.safetensors"});
 }
 
-TEST_CASE("tap dump: TFE_TAP_DUMP sets the path") {
-  ::unsetenv("TFE_TAP_DUMP");
-  CHECK(tap_dump_options_from_environment(options("a.safetensors")).path == "a.safetensors");
-  ::setenv("TFE_TAP_DUMP", "env.safetensors", 1);
-  TapDumpOptions o = tap_dump_options_from_environment(options("a.safetensors", 5));
-  CHECK(o.path == "env.safetensors");
-  CHECK(o.max_rows == 5);
-  CHECK(tap_dump_options_from_environment(TapDumpOptions{}).path == "env.safetensors");
-  ::unsetenv("TFE_TAP_DUMP");
-  CHECK(tap_dump_options_from_environment(TapDumpOptions{}).path.empty());
-}
-
 // Refused before the head is planned or a device is looked for, with or without a GPU.
 TEST_CASE("tap dump: Runtime::open refuses a file it could not write, and a malformed TFE_CHECK, first") {
   test::TempDir dir;

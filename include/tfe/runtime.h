@@ -47,6 +47,8 @@
 
 namespace tfe {
 
+// Runtime::open applies the environment's overrides named below (TFE_*) to these once, before anything else
+// (docs/runtime.md "Open").
 struct OpenOptions {
   // A deploy artifact (tfe-plan compile -o DIR). Empty: plan now and compile through the kernel cache.
   std::string artifact_dir;
@@ -62,19 +64,10 @@ struct OpenOptions {
   // arch is always the device's. With an artifact, when set they must equal the artifact's (else refused or
   // recompiled).
   std::optional<PlanOptions> plan;
-  enum class Capture : uint8_t { at_open, lazy };  // lazy: a graph is captured at its first replay
-  Capture capture = Capture::at_open;
-  bool graphs = true;          // false, or TFE_GRAPHS=0 in the environment: every pass runs eagerly
-  size_t graph_capacity = 0;   // executors kept; 0: one per (bucket, steps)
+  // Draft passes replay CUDA graphs, captured at open. false, or TFE_GRAPHS=0 in the environment: every pass
+  // runs eagerly (for A/B runs).
+  bool graphs = true;
   bool verify_sha256 = false;  // hash every tensor of the head file against its recorded sha256
-  // Bytes of L2 set aside so that part of the draft GEMVs' weights stays in L2 from one step to the next
-  // (each GEMV's weight matrix launches as an L2 access-policy window whose hit ratio is the set-aside over
-  // a step's GEMV weight bytes; its other lines stream). 0: none, the default. Clamped to the device's
-  // cudaDevAttrMaxPersistingL2CacheSize; refused where that is 0. The persisting-L2 limit is the process's
-  // (cudaLimitPersistingL2CacheSize): the runtime sets it at open, and at close resets the persisting lines
-  // (cudaCtxResetPersistingL2Cache) and puts back the limit it found. While it is open, the set-aside part
-  // of L2 holds the head's weights between calls too, which the target model's passes then do without.
-  size_t l2_resident_weight_bytes = 0;
   // One JSON line every `every` rounds of record_accepted (docs/runtime.md "The accept log"). TFE_ACCEPT_LOG=N
   // and TFE_ACCEPT_LOG_FILE=PATH in the environment override `every` and `path`.
   AcceptLogOptions accept_log;
@@ -88,12 +81,6 @@ struct OpenOptions {
   bool self_check = false;
 };
 
-// `o` as the environment overrides it: TFE_GRAPHS=0 turns `graphs` off, TFE_ACCEPT_LOG=N and
-// TFE_ACCEPT_LOG_FILE=PATH set `accept_log`, TFE_TAP_DUMP=FILE `tap_dump.path`, TFE_CHECK=1 or 0
-// `self_check`. Runtime::open reads the environment once, through this. Throws tfe::Error naming the
-// variable for a value it cannot read.
-OpenOptions open_options_from_environment(OpenOptions o);
-
 struct RuntimeStats {
   uint64_t replays = 0;        // draft passes run as a graph replay
   uint64_t eager_passes = 0;   // draft passes launched node by node
@@ -104,7 +91,7 @@ struct RuntimeStats {
   uint64_t bytes_uploaded = 0;    // host -> device, weights excluded
   uint64_t bytes_downloaded = 0;  // device -> host
   uint64_t weight_bytes = 0;      // uploaded at open
-  uint64_t l2_set_aside = 0;      // L2 bytes set aside for resident weights (OpenOptions::l2_resident_weight_bytes)
+  uint64_t l2_set_aside = 0;      // L2 bytes set aside for resident weights (runtime/testing.h; else 0)
 };
 
 // Device addresses of the draft outputs, for engines that consume them on the device. Row r (the r-th

@@ -144,10 +144,9 @@ void bind_runtime(nb::module_& m) {
       .def(
           "__init__",
           [](PyRuntime* self, nb::handle head, nb::handle artifact, nb::handle stream, nb::handle device,
-             nb::handle plan, nb::handle graphs, nb::handle capture, nb::handle verify, nb::handle recompile,
-             nb::handle graph_capacity, nb::handle l2_bytes, nb::handle log_every, nb::handle log_path,
-             nb::handle log_label, nb::handle tap_dump, nb::handle tap_dump_max_rows, nb::handle self_check,
-             const nb::kwargs& kw) {
+             nb::handle plan, nb::handle graphs, nb::handle verify, nb::handle recompile, nb::handle log_every,
+             nb::handle log_path, nb::handle log_label, nb::handle tap_dump, nb::handle tap_dump_max_rows,
+             nb::handle self_check, const nb::kwargs& kw) {
             tfe::OpenOptions o;
             if (kw.contains("arch"))
               type_error("Runtime() takes no arch: the runtime plans for its device's architecture");
@@ -156,13 +155,8 @@ void bind_runtime(nb::module_& m) {
             o.device = as_int32(device, "device");
             o.stream = stream_arg(stream, o.device);
             o.graphs = as_bool(graphs, "graphs");
-            const std::string cap = as_str(capture, "capture");
-            if (cap != "at_open" && cap != "lazy") fail("capture: `{}` is not one of at_open, lazy", cap);
-            o.capture = cap == "lazy" ? tfe::OpenOptions::Capture::lazy : tfe::OpenOptions::Capture::at_open;
             o.verify_sha256 = as_bool(verify, "verify");
             o.recompile_mismatched_artifact = as_bool(recompile, "recompile_mismatched_artifact");
-            o.graph_capacity = static_cast<size_t>(as_int(graph_capacity, "graph_capacity", 0));
-            o.l2_resident_weight_bytes = static_cast<size_t>(as_int(l2_bytes, "l2_resident_weight_bytes", 0));
             o.accept_log.every =
                 static_cast<int>(as_int(log_every, "accept_log_every", 0, std::numeric_limits<int>::max()));
             o.accept_log.path = log_path.is_none() ? std::string() : as_path(log_path, "accept_log_path").string();
@@ -171,34 +165,33 @@ void bind_runtime(nb::module_& m) {
             o.tap_dump.max_rows =
                 as_int(tap_dump_max_rows, "tap_dump_max_rows", 1, std::numeric_limits<int32_t>::max());
             o.self_check = as_bool(self_check, "self_check");
-            // Refused before the device is looked for, as Runtime::open refuses them before it plans anything.
-            if (const tfe::OpenOptions e = tfe::open_options_from_environment(o); !e.tap_dump.path.empty())
-              tfe::check_tap_dump_options(e.tap_dump);
             std::shared_ptr<const tfe::HeadFile> file;
             std::string path;
             if (nb::isinstance<PyHead>(head))
               file = nb::cast<PyHead&>(head).file;
             else
               path = as_path(head, "head").string();
-            require_cuda_device(o.device);
             std::unique_ptr<tfe::Runtime> rt;
-            {
+            try {
               nb::gil_scoped_release release;
               rt = std::make_unique<tfe::Runtime>(file ? tfe::Runtime::open(*file, o) : tfe::Runtime::open(path, o));
+            } catch (const tfe::CudaError&) {
+              // Runtime::open applies the environment and refuses the options before it looks for the
+              // device; a device it did not find is then said the Python way.
+              require_cuda_device(o.device);
+              throw;
             }
             new (self) PyRuntime{std::move(rt), {}, {}};
           },
           "head"_a.none(), "artifact"_a.none() = nb::none(), nb::kw_only(), "stream"_a.none() = nb::none(),
-          "device"_a.none() = 0, "plan"_a.none() = nb::none(), "graphs"_a.none() = true, "capture"_a.none() = "at_open",
-          "verify"_a.none() = false, "recompile_mismatched_artifact"_a.none() = false, "graph_capacity"_a.none() = 0,
-          "l2_resident_weight_bytes"_a.none() = 0, "accept_log_every"_a.none() = 0, "accept_log_path"_a.none() = "",
-          "accept_log_label"_a.none() = "", "tap_dump"_a.none() = "",
+          "device"_a.none() = 0, "plan"_a.none() = nb::none(), "graphs"_a.none() = true, "verify"_a.none() = false,
+          "recompile_mismatched_artifact"_a.none() = false, "accept_log_every"_a.none() = 0,
+          "accept_log_path"_a.none() = "", "accept_log_label"_a.none() = "", "tap_dump"_a.none() = "",
           "tap_dump_max_rows"_a.none() = tfe::TapDumpOptions{}.max_rows, "self_check"_a.none() = false, "options"_a,
           nb::sig("def __init__(self, head: str | os.PathLike[str] | HeadFile, artifact: str | os.PathLike[str] | None "
                   "= None, *, stream: object = None, device: int = 0, plan: PlanOptions | None = None, "
-                  "graphs: bool = True, capture: str = 'at_open', verify: bool = False, "
-                  "recompile_mismatched_artifact: bool = False, graph_capacity: int = 0, "
-                  "l2_resident_weight_bytes: int = 0, accept_log_every: int = 0, "
+                  "graphs: bool = True, verify: bool = False, recompile_mismatched_artifact: bool = False, "
+                  "accept_log_every: int = 0, "
                   "accept_log_path: str | os.PathLike[str] = '', accept_log_label: str = '', "
                   "tap_dump: str | os.PathLike[str] = '', tap_dump_max_rows: int = 65536, self_check: bool = False, "
                   "max_slots: int = ..., max_steps: int = ..., **options: object) -> None"),

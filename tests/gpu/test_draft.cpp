@@ -270,7 +270,7 @@ TFE_GPU_TEST_CASE("draft: knock_out leaves top1 out of every pass, graph and eag
                        doctest::Contains("no draft node is named `s1.top1`"), Error);
 }
 
-// OpenOptions::l2_resident_weight_bytes changes only where weight lines sit in L2: the drafts of every
+// testing::Hooks::l2_resident_weight_bytes changes only where weight lines sit in L2: the drafts of every
 // bucket, graph and eager, equal those of a runtime without it bit for bit; the set-aside is what was asked
 // (within the device's most), and closing the runtime puts back the process's persisting-L2 limit.
 TFE_GPU_TEST_CASE("draft: L2-resident weights change no draft, graph and eager, and the L2 limit comes back") {
@@ -285,9 +285,9 @@ TFE_GPU_TEST_CASE("draft: L2-resident weights change no draft, graph and eager, 
     size_t limit_before = 0;
     TFE_CUDA(cudaDeviceGetLimit(&limit_before, cudaLimitPersistingL2CacheSize));
     const auto run = [&](bool graphs, size_t l2_bytes) {
-      OpenOptions o = test_open_options(po, graphs);
-      o.l2_resident_weight_bytes = l2_bytes;
-      Runtime rt = Runtime::open(head->file, o);
+      testing::Hooks hooks;
+      hooks.l2_resident_weight_bytes = l2_bytes;
+      Runtime rt = testing::open(head->file, test_open_options(po, graphs), hooks);
       if (l2_bytes > 0) {
         CHECK(rt.stats().l2_set_aside > 0);
         CHECK(rt.stats().l2_set_aside <= l2_bytes);

@@ -54,9 +54,8 @@ TFE_GPU_TEST_CASE("faults: a failed capture at the first replay fails that draft
   const HeadHeader& h = o.head->file.header();
   testing::Hooks hooks;
   hooks.faults.capture = true;
-  OpenOptions opt = test_open_options(o.po);
-  opt.capture = OpenOptions::Capture::lazy;
-  Runtime rt = testing::open(o.head->file, opt, hooks);
+  hooks.capture = testing::Hooks::Capture::lazy;
+  Runtime rt = testing::open(o.head->file, test_open_options(o.po), hooks);
   rt.extend(requests({random_rows(o.rng, h, 0, 0, 5)}));
   CHECK_THROWS_WITH_AS(rt.draft(std::vector<int>{0}, 2),
                        doctest::Contains("capturing the draft pass (streams 1, steps 2)"), CudaError);
@@ -70,9 +69,8 @@ TFE_GPU_TEST_CASE("faults: a failed graph instantiation fails the open, naming t
   CHECK_THROWS_WITH_AS(testing::open(o.head->file, test_open_options(o.po), hooks),
                        doctest::Contains("instantiating the graph of the draft pass"), CudaError);
   // At the first replay: that draft fails, naming it, and so does every later call.
-  OpenOptions opt = test_open_options(o.po);
-  opt.capture = OpenOptions::Capture::lazy;
-  Runtime rt = testing::open(o.head->file, opt, hooks);
+  hooks.capture = testing::Hooks::Capture::lazy;
+  Runtime rt = testing::open(o.head->file, test_open_options(o.po), hooks);
   const HeadHeader& h = o.head->file.header();
   rt.extend(requests({random_rows(o.rng, h, 0, 0, 5)}));
   CHECK_THROWS_WITH_AS(rt.draft(std::vector<int>{0}, 1), doctest::Contains("cudaErrorMemoryAllocation"), CudaError);

@@ -118,9 +118,9 @@ TFE_GPU_TEST_CASE("graphs: replay on the legacy default stream equals eager bit 
 
 TFE_GPU_TEST_CASE("graphs: lazy capture captures each key once, at its first replay") {
   auto head = random_head_image("tiny", 3, false);
-  OpenOptions o = test_open_options(test_plan_options());
-  o.capture = OpenOptions::Capture::lazy;
-  Runtime rt = Runtime::open(head->file, o);
+  testing::Hooks hooks;
+  hooks.capture = testing::Hooks::Capture::lazy;
+  Runtime rt = testing::open(head->file, test_open_options(test_plan_options()), hooks);
   CHECK(rt.stats().captures == 0);
   std::mt19937_64 rng(1);
   auto rows = random_rows(rng, head->file.header(), 0, 0, 9);
