@@ -53,16 +53,18 @@ def encode(target: Target, p: prompt_sets.Prompt) -> list[int]:
 
 class DataClock:
     """The data phase's bound: past a generate call's first batch (so that every source and round has some),
-    a batch starts only if one more like the slowest so far still fits."""
+    a batch starts only if one more like the last still fits. The last, not the slowest: a loop's first
+    batch also captures and compiles it, and batches are otherwise alike (gen_batch prompts, the same
+    answer length)."""
 
     def __init__(self, seconds: float):
-        self.start, self.seconds, self.slowest, self.stopped = time.perf_counter(), seconds, 0.0, 0
+        self.start, self.seconds, self.last, self.stopped = time.perf_counter(), seconds, 0.0, 0
 
     def allows(self) -> bool:
-        return time.perf_counter() - self.start + self.slowest <= self.seconds
+        return time.perf_counter() - self.start + self.last <= self.seconds
 
     def took(self, seconds: float) -> None:
-        self.slowest = max(self.slowest, seconds)
+        self.last = seconds
 
 
 def generate(
