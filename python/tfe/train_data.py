@@ -206,9 +206,14 @@ def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], 
     jobs = [j for j in jobs if len(j[0]) < settings.seq_len - 8]
     report["prompts"] = {src: len(ps) for src, ps in sources.items()}
     made = []
+    t0 = time.perf_counter()
     for round in range(1 + settings.sampled_answers):
         made += generate(target, jobs, settings, clock, log, tokens=settings.answer_tokens, sample=round > 0,
                          seed=settings.seed + (round << 20), loops=loops)
+    answer_tokens = sum(len(a) for _, _, a in made)
+    rate = answer_tokens / max(time.perf_counter() - t0, 1e-9)
+    log(f"answers: {len(made)} of {len(jobs) * (1 + settings.sampled_answers)}, {answer_tokens} tokens, "
+        f"{rate:.0f} tokens/s ({settings.data_loop}, batches of {settings.gen_batch})")
     loops.clear()  # their caches and graphs: the training's taps and labels take the memory next
     if target.device.type == "cuda":
         torch.cuda.empty_cache()
@@ -218,6 +223,8 @@ def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], 
     report.update(
         {
             "answers": len(made),
+            "answer_tokens": answer_tokens,
+            "answer_tokens_per_second": rate,
             "answers_asked": len(jobs) * (1 + settings.sampled_answers),
             "answers_left_at_the_bound": clock.stopped,
             "sequences_by_source": {s: sum(q.source == s for q in seqs) for s in sorted({q.source for q in seqs})},
