@@ -522,6 +522,18 @@ class Decoder:
         return first, lengths.clone(), valid
 
 
+def left_padded(target: Target, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts as transformers' generate takes a batch: ids [B, width] padded on the left with end-of-text,
+    and the attention mask that hides the padding, on the target's device."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), target.tokenizer.eos_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(list(p))
+        mask[i, width - len(p) :] = 1
+    return ids.to(target.device), mask.to(target.device)
+
+
 def hf_generate(target: Target, ids: torch.Tensor, attention_mask: torch.Tensor, new: int, **options):
     """transformers' greedy `generate` for exactly `new` tokens a sequence: like the loop, end-of-text does not
     stop it (min_new_tokens would instead forbid end-of-text, and so change the tokens) and no logits

@@ -47,7 +47,7 @@ import torch
 from . import prompts as prompt_sets
 from .captured import CapturedDecoder
 from .outputs import check_output_dir, replacing, write_atomic
-from .speculative import TorchDrafter, hf_generate, make_drafter
+from .speculative import TorchDrafter, hf_generate, left_padded, make_drafter
 from .target import Target, load_target
 
 ALONE = "captured, drafts off"
@@ -76,14 +76,7 @@ def _timed(fn):
 def hf_batch_generate(target: Target, prompts: list[list[int]], new: int, **options) -> None:
     """transformers' generate over the prompts, left-padded; options go to generate (a static cache, prompt
     lookup)."""
-    tok = target.tokenizer
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), tok.eos_token_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
-    hf_generate(target, ids.to(target.device), mask.to(target.device), new, **options)
+    hf_generate(target, *left_padded(target, prompts), new, **options)
 
 
 def _error(e: Exception) -> dict:

@@ -26,7 +26,7 @@ import torch
 from . import prompts as prompt_sets
 from .captured import CapturedDecoder
 from .outputs import write_atomic
-from .speculative import Sampling
+from .speculative import Sampling, left_padded
 from .target import Target
 
 if TYPE_CHECKING:
@@ -126,20 +126,10 @@ def _hf_batches(target: Target, tokens: int, sample: bool):
     sampling = dict(do_sample=True, temperature=0.8, top_p=0.95) if sample else dict(do_sample=False)
 
     def run(prompts: list[list[int]], first_index: int) -> list[list[int]]:
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), tok.eos_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
+        ids, mask = left_padded(target, prompts)
         with torch.inference_mode():
-            done = target.model.generate(
-                ids.to(target.device),
-                attention_mask=mask.to(target.device),
-                max_new_tokens=tokens,
-                pad_token_id=tok.eos_token_id,
-                **sampling,
-            )
+            done = target.model.generate(ids, attention_mask=mask, max_new_tokens=tokens, pad_token_id=tok.eos_token_id, **sampling)
+        width = ids.shape[1]
         return [done[i, width:].tolist() for i in range(len(prompts))]
 
     return run

@@ -425,3 +425,22 @@ def test_training_data_file_round_trips_and_refuses_another(tmp_path):
     (tmp_path / "other.json").write_text('{"format": "something else"}')
     with pytest.raises(ValueError, match="--data .*not a file tfe-train-head wrote"):
         load_data(tmp_path / "other.json", settings)
+
+
+def test_acceptance_study_counts_every_held_out_prompt(target, smoke):
+    """tfe-speedup --acceptance: every class of the held-out prompts has rounds at each S, tokens a round
+    are 1 + the drafts kept, the share keeping at least j drafts falls with j, and the mean is over classes."""
+    from tfe import prompts
+    from tfe.speedup import acceptance
+
+    study = acceptance(target, ReferenceDrafter(smoke[1], max_slots=16, max_steps=8), [1, 3], 3)
+    classes = sorted({p.cls for p in prompts.evaluation_prompts()})
+    assert study["classes"] == classes and study["prompts"] == len(prompts.evaluation_prompts())
+    for s, row in study["by_steps"].items():
+        assert sorted(row["by_class"]) == classes
+        for c in row["by_class"].values():
+            kept = c["kept_at_least"]
+            assert len(kept) == int(s) and all(a >= b for a, b in zip(kept, kept[1:])) and 0 <= kept[-1] <= kept[0] <= 1
+            assert c["rounds"] > 0 and c["tokens_per_round"] == pytest.approx(1 + sum(kept))
+        mean = sum(c["tokens_per_round"] for c in row["by_class"].values()) / len(classes)
+        assert row["mean_tokens_per_round"] == pytest.approx(mean)
