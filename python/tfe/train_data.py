@@ -8,6 +8,7 @@
   `gen_batch` through tfe.captured's loop with drafts off (the target's forward over a static cache, one CUDA
   graph a token), or transformers' generate (`data_loop`). The phase stops at its bound between batches
   (greedy answers of every source first, then the sampled rounds) and says what it made.
+- `Settings`: what a training run uses, its data and its training (tfe.train_head reads the rest).
 - `save_data` / `load_data`: the phase's sequences as one file, so that runs compare training settings on
   the same data.
 """
@@ -19,7 +20,6 @@ import pathlib
 import random
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,8 +29,63 @@ from .outputs import write_atomic
 from .speculative import Sampling, left_padded
 from .target import Target
 
-if TYPE_CHECKING:
-    from .train_head import Settings
+
+@dataclass
+class Settings:
+    """What a run uses; the defaults are the GPU run, `smoke()` the CPU run of a few minutes."""
+
+    minutes: float = 7.0  # data + training
+    data_share: float = 0.4  # the data phase's bound, a share of `minutes`
+    prompts_per_class: int = 300  # templated training prompts of each class (fewer where a class has fewer)
+    self_instruct: int = 2000  # requests the target writes itself
+    chitchat: int = 3000  # human conversations
+    sampled_answers: int = 3  # per prompt, beside the greedy one
+    answer_tokens: int = 256
+    request_tokens: int = 96  # self-instruct: the most a request the target writes may take
+    stdlib_chunks: int = 600
+    eval_per_class: int = 3  # held-out prompts of each class (tfe.prompts.evaluation_prompts)
+    eval_chitchat: int = 30
+    eval_points: int = 8  # held-out evaluations, spread over the training time
+    seq_len: int = 512  # at most the head's window + 1, so that training attends what a draft attends
+    draft_vocab: int = 8192
+    ttt_steps: int = 7
+    batch: int = 16  # packed rows an update
+    lr: float = 6e-4
+    warmup: float = 0.03
+    label_top: int = 64
+    cache_gib: float = 48.0
+    max_updates: int = 1_000_000
+    min_updates: int = 1  # even where the data phase took the whole budget
+    gen_batch: int = 256
+    data_loop: str = "captured"  # "captured" (tfe.captured, drafts off) or "generate" (transformers')
+    seed: int = 0
+
+    @staticmethod
+    def smoke() -> "Settings":
+        return Settings(
+            minutes=1.5,
+            data_share=0.7,
+            prompts_per_class=1,
+            self_instruct=1,
+            chitchat=1,
+            sampled_answers=1,
+            answer_tokens=12,
+            request_tokens=16,
+            stdlib_chunks=4,
+            eval_per_class=1,
+            eval_chitchat=1,
+            eval_points=2,
+            seq_len=96,
+            draft_vocab=2048,
+            ttt_steps=3,
+            batch=4,
+            lr=1e-3,
+            label_top=16,
+            cache_gib=1.0,
+            max_updates=20,
+            min_updates=20,  # the same head on a slow machine as on a fast one: the tests compare its drafts
+            gen_batch=16,
+        )
 
 
 @dataclass
