@@ -28,7 +28,9 @@
 #                                    split it over calls;
 #                                    SPEED_NEW_TOKENS (128) a sequence
 #   scripts/gpu_target.sh acceptance there: tokens per round by class and S = 1..8 on all 30 held-out prompts
-#                                    (tfe-speedup --acceptance); SPEED_NEW_TOKENS (128) a sequence
+#                                    (tfe-speedup --acceptance); SPEED_NEW_TOKENS (128) a sequence. Its one
+#                                    file, acceptance.json, keeps "train acceptance" in one call within the
+#                                    8 files $OUT brings back
 #   scripts/gpu_target.sh measure    exact, speed, and on a machine with 2 GPUs also tp
 #   scripts/gpu_target.sh tp         there: the loop with the target split over 2 GPUs
 #                                    (tfe.tensor_parallel, docs/distributed.md); skipped, saying so, with
@@ -202,7 +204,7 @@ acceptance() {
   local t0=$SECONDS rc=0
   python3 -m tfe.speedup --head "$state/head.tfe" --artifact "$state/deploy" --sequences "" --acceptance \
     --steps "${SPEED_STEPS:-1,2,3,4,5,6,7,8}" --max-new-tokens "${SPEED_NEW_TOKENS:-128}" -o "$out" 2>&1 |
-    grep --line-buffered -v "it/s\]" | tee "$out/acceptance.log" || rc=1
+    grep --line-buffered -v "it/s\]" || rc=1
   echo "== acceptance in $((SECONDS - t0)) s"
   return $rc
 }

