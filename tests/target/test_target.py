@@ -501,3 +501,14 @@ def test_acceptance_study_counts_every_held_out_prompt(target, smoke):
             assert c["rounds"] > 0 and c["tokens_per_round"] == pytest.approx(1 + sum(kept))
         mean = sum(c["tokens_per_round"] for c in row["by_class"].values()) / len(classes)
         assert row["mean_tokens_per_round"] == pytest.approx(mean)
+
+
+def test_profile_logs_where_an_update_goes(target, tmp_path):
+    """tfe-train-head --profile: the log gets the profiled updates' time and the operators that took it."""
+    from tfe.train_head import PROFILED, Settings, train
+
+    lines = []
+    train(target, Settings.smoke(), tmp_path / "head", log=lines.append, profile=True)
+    report = [m for m in lines if m.startswith("profile:")]
+    assert len(report) == 1 and f"over {len(PROFILED)} updates" in report[0], report
+    assert "aten::" in report[0] and "Self CPU" in report[0]
