@@ -31,6 +31,9 @@
 #                                    (tfe-speedup --acceptance); SPEED_NEW_TOKENS (128) a sequence. Its one
 #                                    file, acceptance.json, keeps "train acceptance" in one call within the
 #                                    8 files $OUT brings back
+#   scripts/gpu_target.sh tests      there, after receive, carrying .target/gguf.2 .target/wheels .deps: tests/target
+#                                    with a GPU present, so that the tests that compare with the GPU runtime run
+#                                    (elsewhere they skip); no head needed
 #   scripts/gpu_target.sh measure    exact, speed, and on a machine with 2 GPUs also tp
 #   scripts/gpu_target.sh tp         there: the loop with the target split over 2 GPUs
 #                                    (tfe.tensor_parallel, docs/distributed.md); skipped, saying so, with
@@ -209,6 +212,16 @@ acceptance() {
   return $rc
 }
 
+target_tests() {
+  local t0=$SECONDS rc=0
+  assemble
+  build_module
+  python3 -X faulthandler -m pytest -q -rs -p no:cacheprovider tests/target 2>&1 | grep --line-buffered -v "it/s\]" |
+    tee "$out/target_tests.log" | tail -15 || rc=1
+  echo "== tests/target in $((SECONDS - t0)) s"
+  return $rc
+}
+
 measure() {
   local rc=0
   exact || rc=1
@@ -248,9 +261,10 @@ for phase in "${phases[@]}"; do
     exact) exact ;;
     speed) speed ;;
     acceptance) acceptance ;;
+    tests) target_tests ;;
     measure) measure ;;
     tp) tensor_parallel ;;
     all) train && measure ;;
-    *) die "unknown phase '$phase' (stage receive train exact speed acceptance measure tp all)" ;;
+    *) die "unknown phase '$phase' (stage receive train exact speed acceptance tests measure tp all)" ;;
   esac || exit 1
 done
