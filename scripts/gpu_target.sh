@@ -33,7 +33,8 @@
 #                                    8 files $OUT brings back
 #   scripts/gpu_target.sh tests      there, after receive, carrying .target/gguf.2 .target/wheels .deps: tests/target
 #                                    with a GPU present, so that the tests that compare with the GPU runtime run
-#                                    (elsewhere they skip); no head needed
+#                                    (elsewhere they skip); no head needed. About 5 minutes on 2 CPU cores
+#                                    here; TESTS_K (pytest -k) picks fewer where a call has less time
 #   scripts/gpu_target.sh measure    exact, speed, and on a machine with 2 GPUs also tp
 #   scripts/gpu_target.sh tp         there: the loop with the target split over 2 GPUs
 #                                    (tfe.tensor_parallel, docs/distributed.md); skipped, saying so, with
@@ -216,7 +217,8 @@ target_tests() {
   local t0=$SECONDS rc=0
   assemble
   build_module
-  python3 -X faulthandler -m pytest -q -rs -p no:cacheprovider tests/target 2>&1 | grep --line-buffered -v "it/s\]" |
+  python3 -X faulthandler -m pytest -q -rs -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} tests/target 2>&1 |
+    grep --line-buffered -v "it/s\]" |
     tee "$out/target_tests.log" | tail -15 || rc=1
   echo "== tests/target in $((SECONDS - t0)) s"
   return $rc

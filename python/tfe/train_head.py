@@ -213,7 +213,8 @@ NOT_SCORED = 1 << 30  # a rank no draft tree reaches
 # likely tokens each node of the level before expands (the last width repeats to the last step). A tree
 # keeps the target's path while each of its tokens lies within its level's width, and the training-time
 # test is teacher-forced on exactly that path, so the figure is exact, not a model of the tree.
-TREES = {"chain": (1,), "4 then chains": (4, 1), "4, 2 then chains": (4, 2, 1), "2 everywhere": (2,), "3 everywhere": (3,)}
+TREES = {"chain": (1,), "2 then chains": (2, 1), "4 then chains": (4, 1), "4, 2 then chains": (4, 2, 1),
+         "2 everywhere": (2,), "3 everywhere": (3,)}
 
 
 def tree_widths(name: str, steps: int) -> list[int]:
@@ -250,8 +251,9 @@ def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, aut
     answer's first eval_new_tokens, simulated from the same drafts (`loop_rounds`). A group is the prompt's
     class for the evaluation prompts and the source for the rest (the conversations: "chitchat"). The
     headline, `loop_tokens_per_round`, is the mean over the classes, each weighing the same: the work and
-    the figure of `tfe-speedup --acceptance`, which it predicts. With `trees`, also each step's top-k
-    agreement (k = 1..4) over the classes' rows and the headline figure for each of TREES."""
+    the figure of `tfe-speedup --acceptance`, which it predicts. The `by_class` keys hold the groups. With
+    `trees`, also each step's top-k agreement (k = 1..4) over the classes' rows and the headline figure for
+    each of TREES."""
     groups = [c if src == "template" else src for c, src in zip(labels.rows.cls, labels.rows.source)]
     steps = settings.ttt_steps
     total = torch.zeros(steps)
@@ -289,7 +291,8 @@ def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, aut
 
     def per_round(by: dict[str, list[list[int]]]) -> tuple[list[float], dict[str, list[float]]]:
         per_group = {g: [1 + sum(r) / len(r) if r else 0.0 for r in per_s] for g, per_s in sorted(by.items())}
-        classes = [g for g in per_group if g in prompt_sets.CLASSES] or list(per_group)
+        # The classes with rounds, as tfe-speedup --acceptance averages them; the rest where no class has any.
+        classes = [g for g in per_group if g in prompt_sets.CLASSES and any(by[g])] or list(per_group)
         return [sum(per_group[g][S] for g in classes) / max(len(classes), 1) for S in range(steps)], per_group
 
     loop_mean, loop_by_group = per_round(rounds["chain"])
@@ -302,7 +305,7 @@ def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, aut
     return out
 
 
-PROFILED = range(10, 15)  # the updates `train(profile=True)` profiles: past the first ones' warm-up
+PROFILED = range(10, 15)  # `train(profile=True)` profiles the 11th to 15th updates: past the first ones' warm-up
 
 
 class Profiler:
@@ -312,7 +315,7 @@ class Profiler:
         from torch.profiler import ProfilerActivity, profile
 
         self.dev = dev
-        self.sort = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+        self.sort = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
         self.prof = profile(activities=activities)
         self.prof.__enter__()
@@ -323,9 +326,12 @@ class Profiler:
             torch.cuda.synchronize(self.dev)
         return time.perf_counter()
 
+    def stop(self) -> None:
+        self.prof.__exit__(None, None, None)
+
     def report(self, updates: int) -> str:
         seconds = self.now() - self.t0
-        self.prof.__exit__(None, None, None)
+        self.stop()
         table = self.prof.key_averages().table(sort_by=self.sort, row_limit=25)
         return f"profile: {seconds / updates * 1e3:.1f} ms an update over {updates} updates (profiled, so slower)\n{table}"
 
@@ -339,9 +345,12 @@ def evaluate_head(target: Target, ckpt: str | pathlib.Path, settings: Settings, 
     """`held_out_agreement` with TREES for a trained head, on held-out data the target writes now: the
     training's held-out figures for any checkpoint, on a CPU too."""
     head = Eagle3Head.load(ckpt, target).eval()
-    # One batch of the held-out prompts, not gen_batch rows: a CPU has memory for the cache of this many.
+    # Rows as the head was trained on (its window + 1); one batch of the held-out prompts, not gen_batch
+    # rows: a CPU has memory for the cache of this many.
+    window = json.loads((pathlib.Path(ckpt) / "config.json").read_text())["max_position_embeddings"] - 1
     held = settings.eval_per_class * len(prompt_sets.CLASSES) + settings.eval_chitchat
-    evaluation, _ = held_out_data(target, replace(settings, gen_batch=min(settings.gen_batch, held)), log)
+    settings = replace(settings, seq_len=window + 1, gen_batch=min(settings.gen_batch, held))
+    evaluation, _ = held_out_data(target, settings, log)
     labels = Labels(target, pack(evaluation, settings.seq_len, packed=False), head.draft_ids, settings, log, "held-out")
     return {"checkpoint": str(ckpt), "held_out_sequences": len(evaluation),
             **held_out_agreement(head, labels, settings, head_autocast(target.device), trees=True)}
@@ -357,7 +366,7 @@ def evaluation_table(got: dict) -> str:
     lines.append(f"{'tree':18}" + "".join(f"{f'S={S}':>12}" for S in range(1, steps + 1)))
     for name, t in got["trees"].items():
         lines.append(f"{name:18}" + "".join(f"{f'{x:.2f} ({n})':>12}" for x, n in zip(t["tokens_per_round"], t["nodes"])))
-    lines.append("the chain by class: " + ", ".join(f"{g} {v[-1]:.2f}" for g, v in got["loop_tokens_per_round_by_class"].items())
+    lines.append("the chain by class (chitchat: the held-out conversations): " + ", ".join(f"{g} {v[-1]:.2f}" for g, v in got["loop_tokens_per_round_by_class"].items())
                  + f" at S = {steps}")
     return "\n".join(lines)
 
@@ -367,8 +376,8 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
     """The whole run: data, draft vocabulary, training, checkpoint, curves. Returns the summary. With `data`,
     the data phase's sequences are read from that file where it exists (the whole budget then trains), else
     written there after the phase, so that later runs on the same data compare training settings alone.
-    With `profile`, updates PROFILED (after ten warm ones) run under torch.profiler, and the log gets their
-    time an update and the operators that took it."""
+    With `profile`, updates PROFILED (after ten warm ones) run under torch.profiler, no held-out evaluation
+    among them, and the log gets their time an update and the operators that took it."""
     torch.manual_seed(settings.seed)
     dev = target.device
     t0 = time.perf_counter()
@@ -426,7 +435,8 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
         log(f"update {update} at {clock():.0f} s: loss {float(loss.detach()):.3f}, acc by step " + " ".join(f"{a:.2f}" for a in accs))
 
     while update < settings.min_updates or (update < settings.max_updates and clock() < budget):
-        if next_eval < settings.eval_points and clock() >= next_eval * budget / settings.eval_points:
+        profiling = profile and update in PROFILED and update != PROFILED.start
+        if not profiling and next_eval < settings.eval_points and clock() >= next_eval * budget / settings.eval_points:
             evaluate()
             next_eval += 1
         if cursor + settings.batch > R:
@@ -455,6 +465,8 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
             point(*last)
     t_train = clock()
     if profile and update < PROFILED.stop:
+        if update > PROFILED.start:
+            profiler.stop()
         log(f"profile: none, the run made {update} updates and the profile needs {PROFILED.stop}")
     if update and curve[-1]["update"] != update:
         point(*last)
@@ -585,7 +597,8 @@ def main(argv=None) -> int:
         "requests of many classes plus the Python standard library's sources, within one time budget; writes a "
         "Hugging Face EAGLE-3 checkpoint for tfe-plan convert.",
     )
-    p.add_argument("-o", "--out", required=True, help="output directory (config.json, model.safetensors, training.json, training.png)")
+    p.add_argument("-o", "--out", required=True, help="output directory (config.json, model.safetensors, training.json, "
+                   "training.png; with --evaluate, evaluation.json)")
     p.add_argument("--smoke", action="store_true", help="a tiny run of a few minutes on a CPU: it checks the code paths; its head agrees with the target hardly at all")
     p.add_argument("--minutes", type=float, help="data + training, in minutes (default 7; smoke 1.5)")
     p.add_argument("--data-share", type=float, help="the data phase's bound, a share of --minutes (default 0.4)")
@@ -608,7 +621,7 @@ def main(argv=None) -> int:
     p.add_argument("--data", help="a file of the data phase's sequences: read where it exists (the whole of --minutes "
                    "then trains), else written after the phase; runs on one file compare training settings alone")
     p.add_argument("--profile", action="store_true", help="log where a training update's time goes (torch.profiler "
-                   "over updates 10-14)")
+                   "over the 11th to 15th updates)")
     p.add_argument("--evaluate", metavar="DIR", help="train nothing: score the checkpoint in DIR on held-out data the "
                    "target writes now (agreement by step and top k, the loop's tokens a round by draft tree) and write "
                    "evaluation.json into --out")
@@ -620,6 +633,8 @@ def main(argv=None) -> int:
         check_output_dir(a.out, "--out", files=written, inputs=[a.gguf])
         if a.data:
             check_output_file(a.data, "--data", inputs=[a.gguf])
+        if a.evaluate and (a.data or a.profile or a.minutes is not None):
+            raise ValueError("--evaluate trains nothing: --data, --profile and --minutes do not go with it")
         if a.evaluate and not (pathlib.Path(a.evaluate) / "config.json").is_file():
             raise ValueError(f"--evaluate {a.evaluate}: no config.json there (a checkpoint tfe-train-head wrote)")
     except ValueError as e:

@@ -17,12 +17,15 @@ def target():
 
 @pytest.fixture(scope="session")
 def smoke(target, tmp_path_factory):
-    """(checkpoint dir, .tfe head) from a smoke training run (a few minutes on a CPU)."""
+    """(checkpoint dir, .tfe head) from a smoke training run (a few minutes on a CPU), profiled: its log is
+    train.log beside the checkpoint dir."""
     import tfe
     from tfe.train_head import Settings, train
 
     root = tmp_path_factory.mktemp("head")
-    train(target, Settings.smoke(), root / "eagle3", log=lambda m: None)
+    lines = []
+    train(target, Settings.smoke(), root / "eagle3", log=lines.append, profile=True)
+    (root / "train.log").write_text("\n".join(lines) + "\n")
     head = tfe.convert(root / "eagle3", root / "smoke.tfe")
     return root / "eagle3", head
 

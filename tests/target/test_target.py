@@ -373,6 +373,7 @@ def test_transformers_generate_runs_past_end_of_text(target, monkeypatch):
         ("speedup", ["--head", "{head}", "-o", "{out}", "--sequences", "1,17"], "--sequences: each 1..16"),
         ("speedup", ["--head", "{head}", "-o", "{out}", "--steps", "x"], "comma-separated integers"),
         ("train_head", ["-o", "{out}", "--evaluate", "{out}"], "no config.json there"),
+        ("train_head", ["-o", "{out}", "--evaluate", "{out}", "--profile"], "--evaluate trains nothing"),
     ],
 )
 def test_commands_refuse_bad_arguments_before_loading_the_target(command, argv, message, tmp_path, monkeypatch, capsys):
@@ -409,42 +410,55 @@ def test_loop_rounds_follow_the_greedy_loop():
     assert loop_rounds(hits, 8, 10, 3) == []
 
 
-def test_held_out_loop_figure_is_the_acceptance_studys(target, smoke, chats):
+def test_held_out_loop_figure_is_the_acceptance_studys(monkeypatch):
     """The training's headline of the simulated loop averages the evaluation prompts' classes alone, as
     tfe-speedup --acceptance does: held-out conversations are a group of their own, outside the mean. It
-    covers eval_new_tokens of each answer: with 2, one round a sequence, of one draft at most."""
-    from tfe.train_data import Sequence
-    from tfe.train_head import Labels, Settings, held_out_agreement, pack
+    covers eval_new_tokens of each answer; a draft tree keeps a step where the target's token ranks within
+    the level's width. The drafts' ranks are set here, so every figure is known."""
+    from tfe import train_head
+    from tfe.train_head import NOT_SCORED, Rows, Settings, held_out_agreement
 
-    ckpt, _ = smoke
-    head = Eagle3Head.load(ckpt, target).eval()
-    answer = Decoder(target).generate(chats[:2], 24).tokens
-    held = [Sequence(chats[0] + answer[0], len(chats[0]), "prose", "template"),
-            Sequence(chats[1] + answer[1], len(chats[1]), "code", "template"),
-            Sequence(chats[1] + answer[1], len(chats[1]), "chat", "chitchat")]
     settings = Settings.smoke()
-    settings.seq_len = max(len(s.ids) for s in held)
-    labels = Labels(target, pack(held, settings.seq_len, packed=False), head.draft_ids.cpu(), settings, lambda m: None, "held-out")
-    off = torch.autocast("cpu", enabled=False)
-    got = held_out_agreement(head, labels, settings, off)
+    steps, N, start = settings.ttt_steps, 40, 9  # the prompt's last index is 9; its answer, 10..39
+    # Per row, the target's token's rank at every index and step: prose always the draft's top 1, code
+    # always its second, the conversation always its top 1.
+    rank_of = {"prose": 0, "code": 1, "chat": 0}
+    rows = Rows(torch.zeros(3, N, dtype=torch.long), torch.arange(N).expand(3, N), torch.zeros(3, N, dtype=torch.long),
+                torch.arange(N).expand(3, N) >= start, ["prose", "code", "chat"], ["template", "template", "chitchat"])
+
+    class Held:
+        def __init__(self):
+            self.rows = rows
+
+        def take(self, which):
+            i = int(which[0])
+            return (rows.ids[which], rows.positions[which], rows.doc[which], rows.scored[which], None, None, None, i)
+
+    def fake_loss(head, batch, settings, autocast, ranks):
+        i = batch[-1]
+        rank = torch.full((1, N), rank_of[rows.cls[i]])
+        rank[:, :start] = NOT_SCORED
+        ranks.extend(rank.clone() for _ in range(steps))
+        n = torch.tensor(float(N - start))
+        return None, [n * (rank_of[rows.cls[i]] == 0)] * steps, [n] * steps
+
+    monkeypatch.setattr(train_head, "ttt_loss", fake_loss)
+    settings.eval_new_tokens = 20  # answer indices 10..29: rounds while index + 2 < 30
+    got = held_out_agreement(None, Held(), settings, None, trees=True)
     loop = got["loop_tokens_per_round_by_class"]
     assert sorted(loop) == ["chitchat", "code", "prose"] and sorted(got["by_class"]) == sorted(loop)
-    assert loop["chitchat"] == loop["code"]  # the same text, the same drafts
-    for S, mean in enumerate(got["loop_tokens_per_round"]):
-        assert mean == pytest.approx((loop["prose"][S] + loop["code"][S]) / 2)
-    # Draft trees: the chain is the loop's figure; a tree keeps at least what the chain keeps.
-    trees = held_out_agreement(head, labels, settings, off, trees=True)
-    assert trees["trees"]["chain"]["tokens_per_round"] == got["loop_tokens_per_round"]
-    for name, t in trees["trees"].items():
-        assert all(x >= c for x, c in zip(t["tokens_per_round"], got["loop_tokens_per_round"])), name
-    assert trees["trees"]["4, 2 then chains"]["nodes"][:3] == [4, 12, 20]
-    for row in trees["top_k_agreement"]:
-        assert row == sorted(row) and 0 <= row[0] and row[-1] <= 1
-    settings.eval_new_tokens = 2
-    short = held_out_agreement(head, labels, settings, off)["loop_tokens_per_round_by_class"]
-    for group in short.values():
-        assert all(v in (1.0, 2.0) for v in group), short
-        assert group == [group[0]] * len(group)  # one round of at most one draft, whatever S
+    S = steps  # prose keeps every draft: rounds at 9, 9 + S + 1, ... while index + 2 < 30
+    assert loop["code"] == [1.0] * steps and loop["chitchat"] == loop["prose"] and loop["prose"][0] == 2.0
+    assert got["loop_tokens_per_round"] == [(p + c) / 2 for p, c in zip(loop["prose"], loop["code"])]
+    assert got["loop_tokens_per_round"][S - 1] != (2 * loop["prose"][S - 1] + 1) / 3  # the conversation is out
+    # Prose at S: rounds keep S while room lasts, then fewer; 20 new tokens in all.
+    kept = train_head.loop_rounds([[True] * N] * steps, start, start + 21, S)
+    assert loop["prose"][S - 1] == 1 + sum(kept) / len(kept)
+    # A tree two wide keeps code's second-ranked tokens too; the top-k rows average the classes only.
+    assert got["trees"]["2 everywhere"]["tokens_per_round"] == loop["prose"]
+    assert got["trees"]["chain"]["tokens_per_round"] == got["loop_tokens_per_round"]
+    assert got["top_k_agreement"][0] == [0.5, 1.0, 1.0, 1.0]
+    assert got["trees"]["4, 2 then chains"]["nodes"][:3] == [4, 12, 20]
 
 
 def test_evaluate_scores_a_checkpoint_on_fresh_held_out_data(target, smoke, tmp_path, monkeypatch, capsys):
@@ -457,7 +471,7 @@ def test_evaluate_scores_a_checkpoint_on_fresh_held_out_data(target, smoke, tmp_
     monkeypatch.setattr(train_head, "load_target", lambda *args, **kwargs: target)
     monkeypatch.setattr(train_head, "train", lambda *args, **kwargs: pytest.fail("--evaluate trained"))
     ckpt, _ = smoke
-    assert train_head.main(["--smoke", "--evaluate", str(ckpt), "-o", str(tmp_path / "ev")]) == 0
+    assert train_head.main(["--smoke", "--device", "cpu", "--evaluate", str(ckpt), "-o", str(tmp_path / "ev")]) == 0
     got = json.loads((tmp_path / "ev" / "evaluation.json").read_text())
     assert got["checkpoint"] == str(ckpt) and got["held_out_sequences"] >= 10
     assert set(got["trees"]) == set(train_head.TREES)
@@ -504,12 +518,12 @@ def test_acceptance_study_counts_every_held_out_prompt(target, smoke):
         assert row["mean_tokens_per_round"] == pytest.approx(mean)
 
 
-def test_profile_logs_where_an_update_goes(target, tmp_path):
-    """tfe-train-head --profile: the log gets the profiled updates' time and the operators that took it."""
-    from tfe.train_head import PROFILED, Settings, train
+def test_profile_logs_where_an_update_goes(smoke):
+    """tfe-train-head --profile (the smoke fixture trains so): the log gets the profiled updates' time and
+    the operators that took it, once."""
+    from tfe.train_head import PROFILED
 
-    lines = []
-    train(target, Settings.smoke(), tmp_path / "head", log=lines.append, profile=True)
-    report = [m for m in lines if m.startswith("profile:")]
-    assert len(report) == 1 and f"over {len(PROFILED)} updates" in report[0], report
+    log = (smoke[0].parent / "train.log").read_text()
+    report = log.split("profile: ")[1:]
+    assert len(report) == 1 and f"over {len(PROFILED)} updates" in report[0], log[-2000:]
     assert "aten::" in report[0] and "Self CPU" in report[0]
