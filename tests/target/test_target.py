@@ -527,3 +527,32 @@ def test_profile_logs_where_an_update_goes(smoke):
     report = log.split("profile: ")[1:]
     assert len(report) == 1 and f"over {len(PROFILED)} updates" in report[0], log[-2000:]
     assert "aten::" in report[0] and "Self CPU" in report[0]
+
+
+def test_compiled_training_step_is_the_eager_one(target):
+    """--compile: torch.compile's training step gives the eager step's loss, agreement and gradients on a
+    smoke-shaped batch (fp32 on a CPU: equal up to the order of its sums)."""
+    from tfe.train_head import Settings, head_autocast, ttt_loss
+
+    torch.manual_seed(0)
+    s = Settings.smoke()
+    B, N, V = s.batch, s.seq_len, s.draft_vocab
+    head = Eagle3Head(target, torch.arange(V))
+    taps = torch.randn(B, N, len(target.tap_layers) * target.model.config.hidden_size).to(torch.bfloat16)
+    batch = (torch.randint(0, V, (B, N)), torch.arange(N).expand(B, N), torch.zeros(B, N, dtype=torch.long),
+             torch.ones(B, N, dtype=torch.bool), taps, torch.softmax(torch.randn(B, N, s.label_top), -1),
+             torch.randint(0, V, (B, N, s.label_top)), torch.rand(B, N) < 0.9)
+    autocast = head_autocast(torch.device("cpu"))
+    got = []
+    for step in (ttt_loss, torch.compile(ttt_loss)):
+        loss, agree, counted = step(head, batch, s, autocast)
+        loss.backward()
+        got.append((loss.detach(), [int(a) for a in agree], [int(n) for n in counted],
+                    [p.grad.clone() for p in head.parameters() if p.grad is not None]))
+        head.zero_grad(set_to_none=True)
+    (l0, a0, n0, g0), (l1, a1, n1, g1) = got
+    assert a1 == a0 and n1 == n0 and min(n0) > 0
+    assert torch.allclose(l1, l0, rtol=1e-5)
+    assert len(g1) == len(g0) > 5
+    for x, y in zip(g1, g0):
+        assert torch.allclose(x, y, rtol=1e-4, atol=1e-6 * float(y.abs().max()))
