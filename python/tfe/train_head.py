@@ -7,12 +7,13 @@ shapes and numerics contract of docs/head.md, with the defaults of SpecForge's r
   and `sampled_answers` sampled, to requests of every class of tfe.prompts' training split, plus chunks of
   the standard library's sources. The loss covers the answers and all of the text. `--data FILE` keeps the
   phase's sequences, so that later runs train on the same data for the whole budget.
-- held-out: the target's greedy answers to tfe.prompts.evaluation_prompts (and held-out conversations),
-  never trained on; top-1 agreement by draft step on them, and the greedy loop's tokens a round simulated
-  from the same drafts (`loop_rounds`, the figure `tfe-speedup --acceptance` measures), are logged against
-  training time. `--evaluate DIR` scores a trained checkpoint the same way, with draft trees beside the chain.
-- sequence packing: sequences share rows of `seq_len` tokens, each at its own positions and attending
-  only itself (in the target's pass and in the head's), so no compute goes to padding.
+- held-out (tfe.train_eval): the target's greedy answers to tfe.prompts.evaluation_prompts (and held-out
+  conversations), never trained on; top-1 agreement by draft step on them, and the greedy loop's tokens a
+  round simulated from the same drafts (`loop_rounds`, the figure `tfe-speedup --acceptance` measures), are
+  logged against training time. `--evaluate DIR` scores a trained checkpoint the same way, with draft
+  trees beside the chain.
+- sequence packing (tfe.train_rows): sequences share rows of `seq_len` tokens, each at its own positions
+  and attending only itself (in the target's pass and in the head's), so no compute goes to padding.
 - the target's taps and labels once per row: before training, the target runs once over every row; its
   taps (bf16) and its distribution over the draft vocabulary, kept as its `label_top` most likely draft
   tokens renormalized (the mass beyond them is negligible at this size and a full [tokens, Vd] table is
@@ -48,261 +49,18 @@ import math
 import pathlib
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 
 import torch
-import torch.nn.functional as F
 
-from . import prompts as prompt_sets
 from .outputs import replacing, write_atomic
 from .target import Target, load_target
-from .train_data import Sequence, Settings, held_out_data, load_data, make_data, save_data
 from .torch_head import Eagle3Head, read_checkpoint
+from .train_data import Settings, load_data, make_data, save_data
+from .train_eval import evaluate_head, evaluation_table, held_out_agreement
+from .train_rows import Labels, draft_vocabulary, head_autocast, pack, ttt_loss
 
 __all__ = ["Eagle3Head", "Settings", "read_checkpoint", "restore_checkpoint", "train", "write_trained_shards"]
-
-
-def draft_vocabulary(seqs: list[Sequence], vocab: int, size: int) -> torch.Tensor:
-    """The `size` most frequent scored tokens (ties to the lower id), ascending by id; where the data holds
-    fewer distinct tokens, the lowest unused ids fill the rest."""
-    counts = torch.zeros(vocab, dtype=torch.long)
-    for s in seqs:
-        counts += torch.bincount(torch.tensor(s.ids[max(s.scored_from, 1) :], dtype=torch.long), minlength=vocab)
-    # Stable sort: among equal counts the lower id comes first.
-    order = torch.sort(-counts, stable=True).indices
-    return torch.sort(order[:size]).values
-
-
-@dataclass
-class Rows:
-    """Sequences laid in rows of N tokens: ids, the position of each token in its sequence, the sequence's
-    number in its row (-1: padding) and whether the target's prediction there is scored; all [R, N]."""
-
-    ids: torch.Tensor
-    positions: torch.Tensor
-    doc: torch.Tensor
-    scored: torch.Tensor
-    cls: list[str]  # per row, the class of its first sequence
-    source: list[str]  # per row, the source of its first sequence
-
-
-def pack(seqs: list[Sequence], n: int, packed: bool = True) -> Rows:
-    """Sequences into rows of n tokens in order (first fit among the open rows when packed, else one a row)."""
-    rows: list[list[Sequence]] = []
-    room: list[int] = []
-    for s in seqs:
-        length = min(len(s.ids), n)
-        slot = next((r for r in range(max(0, len(rows) - 8), len(rows)) if room[r] >= length), None) if packed else None
-        if slot is None:
-            rows.append([])
-            room.append(n)
-            slot = len(rows) - 1
-        rows[slot].append(s)
-        room[slot] -= length
-    R = len(rows)
-    ids = torch.zeros(R, n, dtype=torch.long)
-    positions = torch.zeros(R, n, dtype=torch.long)
-    doc = torch.full((R, n), -1, dtype=torch.long)
-    scored = torch.zeros(R, n, dtype=torch.bool)
-    for r, row in enumerate(rows):
-        at = 0
-        for d, s in enumerate(row):
-            t = s.ids[:n]
-            ids[r, at : at + len(t)] = torch.tensor(t)
-            positions[r, at : at + len(t)] = torch.arange(len(t))
-            doc[r, at : at + len(t)] = d
-            scored[r, at + max(s.scored_from - 1, 0) : at + len(t)] = True
-            at += len(t)
-    return Rows(ids, positions, doc, scored, [row[0].cls for row in rows], [row[0].source for row in rows])
-
-
-def target_pass(target: Target, ids: torch.Tensor, positions: torch.Tensor, doc: torch.Tensor):
-    """Taps and logits of the target over packed rows: each sequence attends itself only (no cache)."""
-    N = ids.shape[1]
-    causal = torch.ones(N, N, dtype=torch.bool, device=ids.device).tril()[None]
-    seen = causal & (doc[:, :, None] == doc[:, None, :]) & (doc >= 0)[:, None, :]
-    seen = seen | torch.eye(N, dtype=torch.bool, device=ids.device)[None]  # padding attends itself
-    out = target.forward(ids, positions, target.new_cache(), seen[:, None])
-    return out.taps, out.logits
-
-
-class Labels:
-    """The target's taps and labels per row (`take(rows)`): computed once and kept on the device while they
-    fit in cache_gib, else computed per batch."""
-
-    def __init__(self, target: Target, rows: Rows, draft_ids: torch.Tensor, settings: Settings, log, name: str):
-        self.target, self.rows, self.top = target, rows, min(settings.label_top, len(draft_ids))
-        dev = target.device
-        self.draft_ids = draft_ids.to(dev)
-        self.t2d = torch.full((target.vocab,), -1, dtype=torch.long, device=dev)
-        self.t2d[self.draft_ids] = torch.arange(len(draft_ids), device=dev)
-        R, N = rows.ids.shape
-        per_row = N * (len(target.tap_layers) * target.model.config.hidden_size * 2 + self.top * 6 + 1)
-        self.cached = None
-        if R * per_row <= settings.cache_gib * 2**30:
-            t0 = time.perf_counter()
-            parts = [self._compute(torch.arange(a, min(a + settings.batch, R))) for a in range(0, R, settings.batch)]
-            self.cached = [torch.cat(p) for p in zip(*parts)]
-            log(f"{name}: the target's taps and labels of {R} rows kept ({R * per_row / 2**30:.2f} GiB, {time.perf_counter() - t0:.1f} s)")
-        else:
-            log(f"{name}: {R} rows need {R * per_row / 2**30:.1f} GiB, more than cache_gib: the target runs per batch")
-
-    @torch.inference_mode()
-    def _compute(self, which: torch.Tensor):
-        dev = self.target.device
-        r = self.rows
-        ids, positions, doc = r.ids[which].to(dev), r.positions[which].to(dev), r.doc[which].to(dev)
-        taps, logits = target_pass(self.target, ids, positions, doc)
-        draftable = self.t2d[logits.argmax(-1)] >= 0
-        p, idx = torch.softmax(logits[..., self.draft_ids], dim=-1).topk(self.top, dim=-1)
-        p = p / p.sum(-1, keepdim=True)
-        return taps.to(torch.bfloat16), p.to(torch.bfloat16), idx.to(torch.int16 if len(self.draft_ids) < 2**15 else torch.int32), draftable
-
-    def take(self, which: torch.Tensor):
-        """(ids, positions, doc, scored, taps, label probabilities, their draft ids, draftable) of rows."""
-        dev = self.target.device
-        r = self.rows
-        got = [t[which.to(t.device)] for t in self.cached] if self.cached is not None else self._compute(which)
-        # A copy out of inference mode: autograd may save it.
-        taps, p, idx, draftable = (t.clone() for t in got)
-        return (r.ids[which].to(dev), r.positions[which].to(dev), r.doc[which].to(dev), r.scored[which].to(dev), taps, p, idx.long(), draftable)
-
-
-def ahead(t: torch.Tensor, by: int, fill=0) -> torch.Tensor:
-    """t[:, i + by] at index i along dim 1, `fill` past the end."""
-    return F.pad(t[:, by:], (0, 0) * (t.dim() - 2) + (0, by), value=fill)
-
-
-def step_mask(scored, draftable, doc, k: int) -> torch.Tensor:
-    """Where step k's draft at index i is scored: the target's distribution at index i + k + 1 labels it,
-    within one sequence, inside the scored text, with its argmax in the draft vocabulary."""
-    return ahead(scored, k + 1) & ahead(draftable, k + 1) & (ahead(doc, k + 1, -1) == doc) & (doc >= 0)
-
-
-def ttt_loss(head: Eagle3Head, batch, settings: Settings, autocast, ranks: list | None = None):
-    """The weighted training-time-test loss, and per step the top-1 agreement and the positions scored.
-    With `ranks`, each step's [B, N] rank of the target's token among the draft's logits (0: the draft's
-    top 1; NOT_SCORED where the position is not scored) is appended to it."""
-    ids, positions, doc, scored, taps, p, idx, draftable = batch
-    with autocast:
-        outs = head.ttt(taps if taps.device.type == "cuda" else taps.float(), ids, settings.ttt_steps, window=settings.seq_len - 1, positions=positions, doc=doc)
-    loss = torch.zeros((), device=ids.device)
-    agree, counted = [], []
-    for k, draft_logits in enumerate(outs):
-        mask = step_mask(scored, draftable, doc, k)
-        logq = torch.log_softmax(draft_logits.float(), dim=-1)
-        per_pos = -(ahead(p, k + 1).float() * logq.gather(-1, ahead(idx, k + 1))).sum(-1)
-        n = mask.sum()
-        loss = loss + (0.8**k) * (per_pos * mask).sum() / n.clamp_min(1)
-        label = ahead(idx, k + 1)[..., :1]
-        hit = (draft_logits.argmax(-1) == label[..., 0]) & mask
-        agree.append(hit.sum().detach())
-        counted.append(n.detach())
-        if ranks is not None:
-            # Ties go to the lower draft id, as argmax's do: bf16 logits tie often enough to count.
-            mine = draft_logits.gather(-1, label)
-            lower = torch.arange(draft_logits.shape[-1], device=label.device) < label
-            rank = ((draft_logits > mine) | ((draft_logits == mine) & lower)).sum(-1)
-            ranks.append(torch.where(mask, rank, NOT_SCORED).detach())
-    return loss, agree, counted
-
-
-NOT_SCORED = 1 << 30  # a rank no draft tree reaches
-
-# Draft trees the held-out evaluation scores beside the chain: per level, how many of the draft's most
-# likely tokens each node of the level before expands (the last width repeats to the last step). A tree
-# keeps the target's path while each of its tokens lies within its level's width, and the training-time
-# test is teacher-forced on exactly that path, so the figure is exact, not a model of the tree.
-TREES = {"chain": (1,), "2 then chains": (2, 1), "4 then chains": (4, 1), "4, 2 then chains": (4, 2, 1),
-         "2 everywhere": (2,), "3 everywhere": (3,)}
-
-
-def tree_widths(name: str, steps: int) -> list[int]:
-    w = TREES[name]
-    return [w[min(k, len(w) - 1)] for k in range(steps)]
-
-
-def tree_nodes(name: str, steps: int) -> int:
-    """The drafts a tree of `steps` levels asks the target to verify."""
-    return sum(math.prod(tree_widths(name, steps)[: d + 1]) for d in range(steps))
-
-
-def loop_rounds(hits: list[list[bool]], start: int, end: int, steps: int) -> list[int]:
-    """Drafts kept in each round of the greedy loop over one sequence whose text is the target's greedy
-    answer: hits[k][i] says whether step k's draft at index i (teacher-forced) agrees with the target. A
-    round at index i keeps the leading agreeing steps, up to `steps` (where all earlier steps agree, the
-    true tokens fed to a step are the drafts, so the teacher-forced step is the loop's); the next round
-    starts at i + kept + 1. The first round is at `start`, the prompt's last index (the target's first token
-    comes from the prefill; the round's first draft is the token after it), the last where index + 2 < end."""
-    kept, i = [], start
-    while i + 2 < end:
-        k = 0
-        while k < steps and i + k + 2 < end and hits[k][i]:
-            k += 1
-        kept.append(k)
-        i += k + 1
-    return kept
-
-
-@torch.no_grad()
-def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, autocast, trees: bool = False) -> dict:
-    """Over the held-out rows (one sequence each: a prompt and the target's greedy answer): top-1 agreement
-    by draft step, overall and by group, and the greedy loop's tokens a round at S = 1..ttt_steps over each
-    answer's first eval_new_tokens, simulated from the same drafts (`loop_rounds`). A group is the prompt's
-    class for the evaluation prompts and the source for the rest (the conversations: "chitchat"). The
-    headline, `loop_tokens_per_round`, is the mean over the classes, each weighing the same: the work and
-    the figure of `tfe-speedup --acceptance`, which it predicts. The `by_class` keys hold the groups. With
-    `trees`, also each step's top-k agreement (k = 1..4) over the classes' rows and the headline figure for
-    each of TREES."""
-    groups = [c if src == "template" else src for c, src in zip(labels.rows.cls, labels.rows.source)]
-    steps = settings.ttt_steps
-    total = torch.zeros(steps)
-    seen = torch.zeros(steps)
-    top_k, top_seen = torch.zeros(steps, 4), torch.zeros(steps)  # the classes' rows, as the headline
-    by_group: dict[str, list[torch.Tensor]] = {}
-    shapes = list(TREES) if trees else ["chain"]
-    rounds: dict[str, dict[str, list[list[int]]]] = {name: {} for name in shapes}  # tree, group, S - 1
-    for i in range(len(groups)):  # a row at a time: held-out rows hold one sequence each
-        batch = labels.take(torch.tensor([i]))
-        ranks: list[torch.Tensor] = []
-        _, agree, counted = ttt_loss(head, batch, settings, autocast, ranks)
-        agree, counted = torch.stack(agree).float().cpu(), torch.stack(counted).float().cpu()
-        total += agree
-        seen += counted
-        c = by_group.setdefault(groups[i], [torch.zeros(steps), torch.zeros(steps)])
-        c[0] += agree
-        c[1] += counted
-        rank = torch.stack(ranks)[:, 0].cpu()  # [steps, N]
-        if groups[i] in prompt_sets.CLASSES:
-            top_k += torch.stack([(rank < k).sum(-1) for k in range(1, 5)], -1).float()
-            top_seen += counted
-        scored, doc = batch[3][0].cpu(), batch[2][0].cpu()
-        # The first scored index is the prompt's last (scored_from - 1); the target's first new token
-        # follows it, from the prefill.
-        length = int((doc >= 0).sum())
-        start = int(scored.nonzero()[0]) if scored.any() else length
-        end = min(length, start + 1 + settings.eval_new_tokens)
-        for name in shapes:
-            hits = [(rank[k] < w).tolist() for k, w in enumerate(tree_widths(name, steps))]
-            per_s = rounds[name].setdefault(groups[i], [[] for _ in range(steps)])
-            for S in range(1, steps + 1):
-                per_s[S - 1] += loop_rounds(hits, start, end, S)
-    rate = lambda a, n: [float(x) for x in a / n.clamp_min(1)]  # noqa: E731
-
-    def per_round(by: dict[str, list[list[int]]]) -> tuple[list[float], dict[str, list[float]]]:
-        per_group = {g: [1 + sum(r) / len(r) if r else 0.0 for r in per_s] for g, per_s in sorted(by.items())}
-        # The classes with rounds, as tfe-speedup --acceptance averages them; the rest where no class has any.
-        classes = [g for g in per_group if g in prompt_sets.CLASSES and any(by[g])] or list(per_group)
-        return [sum(per_group[g][S] for g in classes) / max(len(classes), 1) for S in range(steps)], per_group
-
-    loop_mean, loop_by_group = per_round(rounds["chain"])
-    out = {"acc": rate(total, seen), "by_class": {g: rate(a, n) for g, (a, n) in sorted(by_group.items())},
-           "positions": int(seen[0]), "loop_tokens_per_round": loop_mean, "loop_tokens_per_round_by_class": loop_by_group}
-    if trees:
-        out["top_k_agreement"] = [[float(x) for x in top_k[k] / top_seen[k].clamp_min(1)] for k in range(steps)]
-        out["trees"] = {name: {"widths": tree_widths(name, steps), "nodes": [tree_nodes(name, S) for S in range(1, steps + 1)],
-                               "tokens_per_round": per_round(rounds[name])[0]} for name in shapes}
-    return out
 
 
 PROFILED = range(10, 15)  # `train(profile=True)` profiles the 11th to 15th updates: past the first ones' warm-up
@@ -334,41 +92,6 @@ class Profiler:
         self.stop()
         table = self.prof.key_averages().table(sort_by=self.sort, row_limit=25)
         return f"profile: {seconds / updates * 1e3:.1f} ms an update over {updates} updates (profiled, so slower)\n{table}"
-
-
-def head_autocast(dev: torch.device):
-    """bf16 autocast on a GPU (the head reads bf16 taps, as at run time); fp32 on a CPU."""
-    return torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
-
-
-def evaluate_head(target: Target, ckpt: str | pathlib.Path, settings: Settings, log=print) -> dict:
-    """`held_out_agreement` with TREES for a trained head, on held-out data the target writes now: the
-    training's held-out figures for any checkpoint, on a CPU too."""
-    head = Eagle3Head.load(ckpt, target).eval()
-    # Rows as the head was trained on (its window + 1); one batch of the held-out prompts, not gen_batch
-    # rows: a CPU has memory for the cache of this many.
-    window = json.loads((pathlib.Path(ckpt) / "config.json").read_text())["max_position_embeddings"] - 1
-    held = settings.eval_per_class * len(prompt_sets.CLASSES) + settings.eval_chitchat
-    settings = replace(settings, seq_len=window + 1, gen_batch=min(settings.gen_batch, held))
-    evaluation, _ = held_out_data(target, settings, log)
-    labels = Labels(target, pack(evaluation, settings.seq_len, packed=False), head.draft_ids, settings, log, "held-out")
-    return {"checkpoint": str(ckpt), "held_out_sequences": len(evaluation),
-            **held_out_agreement(head, labels, settings, head_autocast(target.device), trees=True)}
-
-
-def evaluation_table(got: dict) -> str:
-    """evaluate_head's figures as text: agreement by step and top k, tokens a round by tree and S."""
-    steps = len(got["acc"])
-    lines = [f"held-out ({got['held_out_sequences']} sequences): top-k agreement by step on the classes' prompts"]
-    lines.append("step   " + "".join(f"{f'k={k}':>7}" for k in range(1, 5)))
-    lines += [f"{k + 1:<7}" + "".join(f"{x:7.2f}" for x in row) for k, row in enumerate(got["top_k_agreement"])]
-    lines.append("tokens a round (mean of the classes; drafts to verify) by tree and S")
-    lines.append(f"{'tree':18}" + "".join(f"{f'S={S}':>12}" for S in range(1, steps + 1)))
-    for name, t in got["trees"].items():
-        lines.append(f"{name:18}" + "".join(f"{f'{x:.2f} ({n})':>12}" for x, n in zip(t["tokens_per_round"], t["nodes"])))
-    lines.append("the chain by class (chitchat: the held-out conversations): " + ", ".join(f"{g} {v[-1]:.2f}" for g, v in got["loop_tokens_per_round_by_class"].items())
-                 + f" at S = {steps}")
-    return "\n".join(lines)
 
 
 def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, data: pathlib.Path | None = None,

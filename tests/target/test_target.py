@@ -400,7 +400,7 @@ def test_commands_refuse_bad_arguments_before_loading_the_target(command, argv, 
 def test_loop_rounds_follow_the_greedy_loop():
     """The held-out simulation of the greedy loop: a round keeps the leading agreeing steps up to S and the
     next starts after the target's own token; rounds stop where the sequence ends."""
-    from tfe.train_head import loop_rounds
+    from tfe.train_eval import loop_rounds
 
     # steps 0..2 at indices 0..9: index 0 agrees at steps 0 and 1, index 3 at every step, the rest never.
     hits = [[i in (0, 3) for i in range(10)], [i in (0, 3) for i in range(10)], [i == 3 for i in range(10)]]
@@ -415,8 +415,10 @@ def test_held_out_loop_figure_is_the_acceptance_studys(monkeypatch):
     tfe-speedup --acceptance does: held-out conversations are a group of their own, outside the mean. It
     covers eval_new_tokens of each answer; a draft tree keeps a step where the target's token ranks within
     the level's width. The drafts' ranks are set here, so every figure is known."""
-    from tfe import train_head
-    from tfe.train_head import NOT_SCORED, Rows, Settings, held_out_agreement
+    from tfe import train_eval
+    from tfe.train_data import Settings
+    from tfe.train_eval import held_out_agreement
+    from tfe.train_rows import NOT_SCORED, Rows
 
     settings = Settings.smoke()
     steps, N, start = settings.ttt_steps, 40, 9  # the prompt's last index is 9; its answer, 10..39
@@ -442,7 +444,7 @@ def test_held_out_loop_figure_is_the_acceptance_studys(monkeypatch):
         n = torch.tensor(float(N - start))
         return None, [n * (rank_of[rows.cls[i]] == 0)] * steps, [n] * steps
 
-    monkeypatch.setattr(train_head, "ttt_loss", fake_loss)
+    monkeypatch.setattr(train_eval, "ttt_loss", fake_loss)
     settings.eval_new_tokens = 20  # answer indices 10..29: rounds while index + 2 < 30
     got = held_out_agreement(None, Held(), settings, None, trees=True)
     loop = got["loop_tokens_per_round_by_class"]
@@ -452,7 +454,7 @@ def test_held_out_loop_figure_is_the_acceptance_studys(monkeypatch):
     assert got["loop_tokens_per_round"] == [(p + c) / 2 for p, c in zip(loop["prose"], loop["code"])]
     assert got["loop_tokens_per_round"][S - 1] != (2 * loop["prose"][S - 1] + 1) / 3  # the conversation is out
     # Prose at S: rounds keep S while room lasts, then fewer; 20 new tokens in all.
-    kept = train_head.loop_rounds([[True] * N] * steps, start, start + 21, S)
+    kept = train_eval.loop_rounds([[True] * N] * steps, start, start + 21, S)
     assert loop["prose"][S - 1] == 1 + sum(kept) / len(kept)
     # A tree two wide keeps code's second-ranked tokens too; the top-k rows average the classes only.
     assert got["trees"]["2 everywhere"]["tokens_per_round"] == loop["prose"]
@@ -466,7 +468,7 @@ def test_evaluate_scores_a_checkpoint_on_fresh_held_out_data(target, smoke, tmp_
     and printed as a table, with no training."""
     import json
 
-    from tfe import train_head
+    from tfe import train_eval, train_head
 
     monkeypatch.setattr(train_head, "load_target", lambda *args, **kwargs: target)
     monkeypatch.setattr(train_head, "train", lambda *args, **kwargs: pytest.fail("--evaluate trained"))
@@ -474,7 +476,7 @@ def test_evaluate_scores_a_checkpoint_on_fresh_held_out_data(target, smoke, tmp_
     assert train_head.main(["--smoke", "--device", "cpu", "--evaluate", str(ckpt), "-o", str(tmp_path / "ev")]) == 0
     got = json.loads((tmp_path / "ev" / "evaluation.json").read_text())
     assert got["checkpoint"] == str(ckpt) and got["held_out_sequences"] >= 10
-    assert set(got["trees"]) == set(train_head.TREES)
+    assert set(got["trees"]) == set(train_eval.TREES)
     table = capsys.readouterr().out
     assert "tokens a round" in table and "4, 2 then chains" in table
 
@@ -532,7 +534,8 @@ def test_profile_logs_where_an_update_goes(smoke):
 def test_compiled_training_step_is_the_eager_one(target):
     """--compile: torch.compile's training step gives the eager step's loss, agreement and gradients on a
     smoke-shaped batch (fp32 on a CPU: equal up to the order of its sums)."""
-    from tfe.train_head import Settings, head_autocast, ttt_loss
+    from tfe.train_data import Settings
+    from tfe.train_rows import head_autocast, ttt_loss
 
     torch.manual_seed(0)
     s = Settings.smoke()
