@@ -382,7 +382,7 @@ def main(argv=None) -> int:
     s.seed = a.seed
     if a.data_loop:
         s.data_loop = a.data_loop
-    s.compile = s.compile or a.compile
+    s.compile = a.compile
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
