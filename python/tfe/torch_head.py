@@ -98,6 +98,30 @@ class Eagle3Head(nn.Module):
             self.lm_head.weight.copy_(target.model.lm_head.weight.detach()[draft_ids.to(target.device)].float())
         self.register_buffer("embed", target.model.model.embed_tokens.weight.detach().float().clone(), persistent=False)
         self.register_buffer("draft_ids", draft_ids.clone(), persistent=False)
+        # A per-channel scale of the taps, for training only (`set_tap_scale`); None: fc reads the taps as they are.
+        self.register_buffer("tap_scale", None, persistent=False)
+
+    def set_tap_scale(self, scale: torch.Tensor | None) -> None:
+        """Train fc on the taps scaled per channel (scale [T*H], e.g. 1 / each channel's RMS over the data). The
+        target's taps differ in scale by 7x from tap to tap and by 100x from channel to channel; Adam moves each
+        weight by about the same step, so unscaled, the loud channels learn fastest and the quiet ones hardly
+        at all. The function is the same with the scale folded into fc's weight, which `fold_tap_scale` and
+        `save` do: the checkpoint's fc reads the taps as they are."""
+        self.tap_scale = None if scale is None else scale.to(self.fc.weight.device, torch.float32)
+
+    def fc_weight(self) -> torch.Tensor:
+        """fc's weight as the checkpoint holds it: applied to the taps as they are."""
+        return self.fc.weight if self.tap_scale is None else self.fc.weight * self.tap_scale
+
+    def fold_tap_scale(self) -> None:
+        """Move the tap scale into fc's weight (the same function, the checkpoint's form)."""
+        with torch.no_grad():
+            self.fc.weight.copy_(self.fc_weight())
+        self.tap_scale = None
+
+    def fuse(self, taps: torch.Tensor) -> torch.Tensor:
+        """g = fc(taps) [.., H] from the taps [.., T*H]."""
+        return self.fc(taps if self.tap_scale is None else taps * self.tap_scale.to(taps.dtype))
 
     # -------------------------------------------------------------------------------------- the layer
 
@@ -154,7 +178,7 @@ class Eagle3Head(nn.Module):
             positions = idx.expand(B, N)
         same = torch.ones(B, N, N, dtype=torch.bool, device=ids.device) if doc is None else doc[:, :, None] == doc[:, None, :]
         causal = (idx[None, :] <= idx[:, None])[None] & same
-        g = self.fc(taps)
+        g = self.fuse(taps)
         keys, values, out = [], [], []
         scale = 1.0 / math.sqrt(self.head_dim)
         rep = self.heads // self.kv_heads
@@ -223,6 +247,7 @@ class Eagle3Head(nn.Module):
         bf = lambda t: t.detach().to(torch.bfloat16).contiguous().cpu()  # noqa: E731
         ids = self.draft_ids.long().cpu()
         tensors = {src: bf(self.get_parameter(dst)) for src, dst in self.CHECKPOINT_NAMES.items()}
+        tensors["fc.weight"] = bf(self.fc_weight())
         tensors.update({
             "embed_tokens.weight": bf(self.embed),
             "d2t": (ids - torch.arange(len(ids))).contiguous(),
@@ -292,7 +317,7 @@ class DraftRing:
         n = tokens.shape[0]
         dev = self.keys.device
         positions = torch.arange(pos, pos + n, device=dev)
-        g = self.head.fc(taps.to(dev, torch.bfloat16).to(self.dtype))[None]
+        g = self.head.fuse(taps.to(dev, torch.bfloat16).to(self.dtype))[None]
         _, k, v = self.head.qkv(g, tokens.to(dev).long()[None], positions[None])
         self._write(torch.full((n,), slot, device=dev), positions, k[0].transpose(0, 1), v[0].transpose(0, 1))
         if not self.filled[slot]:

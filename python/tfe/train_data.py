@@ -54,6 +54,7 @@ class Settings:
     draft_vocab: int = 8192
     ttt_steps: int = 7
     batch: int = 16  # packed rows an update
+    tap_scale: str = "none"  # "channel": fc trains on the taps scaled to unit RMS per channel (Eagle3Head.set_tap_scale)
     lr: float = 6e-4
     warmup: float = 0.03
     label_top: int = 64
@@ -84,6 +85,7 @@ class Settings:
             draft_vocab=2048,
             ttt_steps=3,
             batch=4,
+            tap_scale="channel",  # the smoke run covers the scale's fold
             lr=1e-3,
             label_top=16,
             cache_gib=1.0,

@@ -125,6 +125,8 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
     train_labels = Labels(target, rows, draft_ids, settings, log, "training")
     held_labels = Labels(target, pack(evaluation, settings.seq_len, packed=False), draft_ids, settings, log, "held-out")
     head = Eagle3Head(target, draft_ids).to(dev)
+    if settings.tap_scale == "channel":
+        head.set_tap_scale(1.0 / train_labels.tap_rms().clamp_min(1e-3))
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0, **({"fused": True} if dev.type == "cuda" else {}))
     autocast = head_autocast(dev)
@@ -188,6 +190,7 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
         if update % 25 == 0 or update == 1:
             point(*last)
     t_train = clock()
+    head.fold_tap_scale()  # the checkpoint's form, which the last held-out evaluation scores
     if profile and update < PROFILED.stop:
         if update > PROFILED.start:
             profiler.stop()
@@ -334,6 +337,8 @@ def main(argv=None) -> int:
     p.add_argument("--draft-vocab", type=int)
     p.add_argument("--ttt-steps", type=int)
     p.add_argument("--batch", type=int, help="packed rows an update")
+    p.add_argument("--tap-scale", choices=["channel", "none"], help="train fc on the taps scaled to unit RMS per "
+                   "channel (folded into fc's weight at the end) or as they are")
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--gen-batch", type=int, help="prompts a generate call")
     p.add_argument("--data-loop", choices=["captured", "generate"], help="how the target writes the data: tfe's captured loop with drafts off (default) or transformers' generate")
@@ -391,6 +396,8 @@ def main(argv=None) -> int:
     s.seed = a.seed
     if a.data_loop:
         s.data_loop = a.data_loop
+    if a.tap_scale:
+        s.tap_scale = a.tap_scale
     s.compile = a.compile
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda"):

@@ -112,6 +112,17 @@ class Labels:
         p = p / p.sum(-1, keepdim=True)
         return taps.to(torch.bfloat16), p.to(torch.bfloat16), idx.to(torch.int16 if len(self.draft_ids) < 2**15 else torch.int32), draftable
 
+    @torch.no_grad()
+    def tap_rms(self, rows: int = 256) -> torch.Tensor:
+        """Each tap channel's RMS [T*H] (fp32) over the real tokens of the first `rows` rows, the first of each
+        sequence left out: the target's first position carries activations a thousand times the others'."""
+        sums, count = 0.0, 0
+        for a in range(0, min(rows, self.rows.ids.shape[0]), 16):  # 16 rows a pass where the target runs per batch
+            _, positions, doc, _, taps, *_ = self.take(torch.arange(a, min(a + 16, rows, self.rows.ids.shape[0])))
+            x = taps[(positions > 0) & (doc >= 0)].float()
+            sums, count = sums + x.pow(2).sum(0), count + x.shape[0]
+        return (sums / max(count, 1)).sqrt()
+
     def take(self, which: torch.Tensor):
         """(ids, positions, doc, scored, taps, label probabilities, their draft ids, draftable) of rows."""
         dev = self.target.device
@@ -144,8 +155,11 @@ def ttt_loss(head: Eagle3Head, batch, settings: Settings, autocast, ranks: list 
     agree, counted = [], []
     for k, draft_logits in enumerate(outs):
         mask = step_mask(scored, draftable, doc, k)
-        logq = torch.log_softmax(draft_logits.float(), dim=-1)
-        per_pos = -(ahead(p, k + 1).float() * logq.gather(-1, ahead(idx, k + 1))).sum(-1)
+        # The cross-entropy with the label's top tokens, -sum p log softmax(z)[idx], as sum(p) lse(z) -
+        # sum p z[idx]: no [B, N, Vd] log-softmax is written, read back and kept for the backward pass.
+        z = draft_logits.float()
+        pk = ahead(p, k + 1).float()
+        per_pos = pk.sum(-1) * torch.logsumexp(z, dim=-1) - (pk * z.gather(-1, ahead(idx, k + 1))).sum(-1)
         n = mask.sum()
         loss = loss + (0.8**k) * (per_pos * mask).sum() / n.clamp_min(1)
         label = ahead(idx, k + 1)[..., :1]

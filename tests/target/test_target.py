@@ -545,12 +545,8 @@ def test_compiled_training_step_is_the_eager_one(target):
 
     torch.manual_seed(0)
     s = Settings.smoke()
-    B, N, V = s.batch, s.seq_len, s.draft_vocab
-    head = Eagle3Head(target, torch.arange(V))
-    taps = torch.randn(B, N, len(target.tap_layers) * target.model.config.hidden_size).to(torch.bfloat16)
-    batch = (torch.randint(0, V, (B, N)), torch.arange(N).expand(B, N), torch.zeros(B, N, dtype=torch.long),
-             torch.ones(B, N, dtype=torch.bool), taps, torch.softmax(torch.randn(B, N, s.label_top), -1),
-             torch.randint(0, V, (B, N, s.label_top)), torch.rand(B, N) < 0.9)
+    head = Eagle3Head(target, torch.arange(s.draft_vocab))
+    batch = _random_batch(target, s, s.draft_vocab)
     autocast = head_autocast(torch.device("cpu"))
     got = []
     for step in (ttt_loss, torch.compile(ttt_loss)):
@@ -565,3 +561,59 @@ def test_compiled_training_step_is_the_eager_one(target):
     assert len(g1) == len(g0) > 5
     for x, y in zip(g1, g0):
         assert torch.allclose(x, y, rtol=1e-4, atol=1e-6 * float(y.abs().max()))
+
+
+def _random_batch(target, s, V):
+    """A smoke-shaped training batch of random taps, tokens and labels."""
+    B, N = s.batch, s.seq_len
+    taps = torch.randn(B, N, len(target.tap_layers) * target.model.config.hidden_size).to(torch.bfloat16)
+    return (torch.randint(0, V, (B, N)), torch.arange(N).expand(B, N), torch.zeros(B, N, dtype=torch.long),
+            torch.ones(B, N, dtype=torch.bool), taps, torch.softmax(torch.randn(B, N, s.label_top), -1),
+            torch.randint(0, V, (B, N, s.label_top)), torch.rand(B, N) < 0.9)
+
+
+def test_ttt_loss_is_the_cross_entropy_with_the_labels(target):
+    """The training loss, computed without a log-softmax table, is sum over steps of 0.8^k times the mean
+    over scored positions of -sum_j p_j log softmax(z)[idx_j]."""
+    from tfe.train_data import Settings
+    from tfe.train_rows import ahead, head_autocast, step_mask, ttt_loss
+
+    torch.manual_seed(1)
+    s = Settings.smoke()
+    head = Eagle3Head(target, torch.arange(s.draft_vocab))
+    batch = _random_batch(target, s, s.draft_vocab)
+    ids, positions, doc, scored, taps, p, idx, draftable = batch
+    with torch.no_grad():
+        loss, _, _ = ttt_loss(head, batch, s, head_autocast(torch.device("cpu")))
+        outs = head.ttt(taps.float(), ids, s.ttt_steps, window=s.seq_len - 1, positions=positions, doc=doc)
+    want = 0.0
+    for k, z in enumerate(outs):
+        mask = step_mask(scored, draftable, doc, k)
+        ce = -(ahead(p, k + 1) * torch.log_softmax(z, -1).gather(-1, ahead(idx, k + 1))).sum(-1)
+        want += 0.8**k * float((ce * mask).sum() / mask.sum())
+    assert abs(float(loss) - want) < 1e-4 * want
+
+
+def test_tap_scale_folds_into_fc_and_the_checkpoint(target, tmp_path):
+    """Training fc on scaled taps (Eagle3Head.set_tap_scale) is the function whose checkpoint holds the scale
+    inside fc's weight: the drafts' logits are the same before and after the fold, and the saved head loads
+    without a scale and with fc's weight folded."""
+    torch.manual_seed(2)
+    V = 512
+    head = Eagle3Head(target, torch.arange(V))
+    T, H = len(target.tap_layers), target.hidden
+    scale = torch.rand(T * H) * 10 + 0.01
+    head.set_tap_scale(scale)
+    taps, ids = torch.randn(1, 24, T * H) * 5, torch.randint(0, V, (1, 24))
+    with torch.no_grad():
+        before = head.ttt(taps, ids, 3, window=23)
+        weight = head.fc.weight.clone()
+        head.save(tmp_path / "ckpt", target, window=23)
+        head.fold_tap_scale()
+        after = head.ttt(taps, ids, 3, window=23)
+    assert head.tap_scale is None and torch.equal(head.fc.weight, weight * scale)
+    for x, y in zip(before, after):
+        assert torch.allclose(x, y, rtol=1e-4, atol=1e-4 * float(x.abs().max()))
+    loaded = Eagle3Head.load(tmp_path / "ckpt", target)
+    assert loaded.tap_scale is None
+    assert torch.equal(loaded.fc.weight, (weight * scale).to(torch.bfloat16).float())
