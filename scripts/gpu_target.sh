@@ -26,8 +26,9 @@
 #   scripts/gpu_target.sh study      there, as train: training settings compared on one data set (the carried
 #                                    or last data, else made first with TRAIN_MINUTES' data bound). STUDY
 #                                    lists the runs' tfe.train_head flags, ';' between runs; each trains
-#                                    STUDY_MINUTES (default 3). $OUT/study.log has every run's log and a table
-#                                    last; $OUT/study.json each run's training.json. No head is kept
+#                                    STUDY_MINUTES (default 3); STUDY_PARALLEL=1 runs them at once. $OUT/study.log
+#                                    has every run's log and a table last; $OUT/study.json each run's
+#                                    training.json. No head is kept
 #   scripts/gpu_target.sh exact      there: greedy exactness (fp32, bf16) and the sampled test
 #   scripts/gpu_target.sh speed      there: tokens/s against the target alone and the PyTorch port,
 #                                    acceptance by S and prompt class, and the window study;
@@ -175,14 +176,23 @@ study() {  # STUDY: the runs' flags, ';' between runs; STUDY_MINUTES (3) each
   fi
   IFS=';' read -r -a runs <<<"${STUDY:-}"
   [ ${#runs[@]} -gt 0 ] || runs=("")
-  rm -rf "$state/study"
+  rm -rf "$state/study" && mkdir -p "$state/study"
+  # STUDY_PARALLEL=1: the runs share the GPU at once (a small head's step leaves most of it idle); their
+  # updates then say how much each got.
+  local pids=()
   for flags in "${runs[@]}"; do
     k=$((k + 1))
     echo "== study run $k: ${flags:-the defaults}" | tee -a "$out/study.log"
     # shellcheck disable=SC2086  # flags is a list of flags
-    python3 -m tfe.train_head -o "$state/study/$k" --minutes "${STUDY_MINUTES:-3}" --data "$state/data.json.gz" $flags 2>&1 |
-      grep --line-buffered -v "it/s\]" >>"$out/study.log" || rc=1
-    grep -E "^(wrote|profile:)|Error" "$out/study.log" | tail -2
+    python3 -m tfe.train_head -o "$state/study/$k" --minutes "${STUDY_MINUTES:-3}" --data "$state/data.json.gz" $flags \
+      >"$state/study/$k.log" 2>&1 &
+    if [ "${STUDY_PARALLEL:-0}" = 1 ]; then pids+=($!); else wait $! || rc=1; fi
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  for k in $(seq "${#runs[@]}"); do
+    echo "== study run $k: ${runs[k - 1]:-the defaults}" >>"$out/study.log"
+    grep -v "it/s\]" "$state/study/$k.log" >>"$out/study.log"
+    grep -E "^(wrote|profile:)|Error" "$state/study/$k.log" | tail -2
   done
   python3 - "$state/study" "${runs[@]}" <<'PY' | tee -a "$out/study.log"
 import json, pathlib, sys
