@@ -28,7 +28,8 @@
 #                                    lists the runs' tfe.train_head flags, ';' between runs; each trains
 #                                    STUDY_MINUTES (default 3); STUDY_PARALLEL=1 runs them at once. $OUT/study.log
 #                                    has every run's log and a table last; $OUT/study.json each run's
-#                                    training.json. No head is kept
+#                                    training.json; $OUT/head the head of the run whose simulated loop keeps
+#                                    most at S = 6
 #   scripts/gpu_target.sh exact      there: greedy exactness (fp32, bf16) and the sampled test
 #   scripts/gpu_target.sh speed      there: tokens/s against the target alone and the PyTorch port,
 #                                    acceptance by S and prompt class, and the window study;
@@ -179,13 +180,16 @@ study() {  # STUDY: the runs' flags, ';' between runs; STUDY_MINUTES (3) each
   rm -rf "$state/study" && mkdir -p "$state/study"
   # STUDY_PARALLEL=1: the runs share the GPU at once (a small head's step leaves most of it idle); their
   # updates then say how much each got.
-  local pids=()
+  local pids=() threads
+  threads=$(nproc)
+  # Runs at once share the CPU's threads: oversubscribed, torch's CPU operations slow down a hundredfold.
+  [ "${STUDY_PARALLEL:-0}" = 1 ] && threads=$(($(nproc) / ${#runs[@]} > 0 ? $(nproc) / ${#runs[@]} : 1))
   for flags in "${runs[@]}"; do
     k=$((k + 1))
     echo "== study run $k: ${flags:-the defaults}" | tee -a "$out/study.log"
     # shellcheck disable=SC2086  # flags is a list of flags
-    python3 -m tfe.train_head -o "$state/study/$k" --minutes "${STUDY_MINUTES:-3}" --data "$state/data.json.gz" $flags \
-      >"$state/study/$k.log" 2>&1 &
+    OMP_NUM_THREADS=$threads python3 -m tfe.train_head -o "$state/study/$k" --minutes "${STUDY_MINUTES:-3}" \
+      --data "$state/data.json.gz" $flags >"$state/study/$k.log" 2>&1 &
     if [ "${STUDY_PARALLEL:-0}" = 1 ]; then pids+=($!); else wait $! || rc=1; fi
   done
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
@@ -211,8 +215,17 @@ for k, flags in enumerate(runs, 1):
     at = lambda xs, i: f"{xs[i]:.3f}" if len(xs) > i else "-"
     print(f"| {k} | {flags or 'the defaults'} | {t['updates']} | {at(acc, 0)} / {at(acc, 5)} | {at(tokens, 3)} / {at(tokens, 5)} |")
 (root / "study.json").write_text(json.dumps(got, indent=1) + "\n")
+if got:  # the head of the run whose simulated loop keeps most at S = 6 (its number in best)
+    best = max(range(len(got)), key=lambda i: got[i]["held_out"]["loop_tokens_per_round"][min(5, len(got[i]["held_out"]["loop_tokens_per_round"]) - 1)])
+    (root / "best").write_text(str(runs.index(got[best]["flags"]) + 1))
+    print(f"best: run {runs.index(got[best]['flags']) + 1} ({got[best]['flags'] or 'the defaults'})")
 PY
   cp "$state/study/study.json" "$out/" 2>/dev/null
+  if [ -f "$state/study/best" ]; then
+    python3 -c 'import sys; from tfe.train_head import write_trained_shards as w; print(*w(sys.argv[1], sys.argv[2], 15 << 20))' \
+      "$state/study/$(cat "$state/study/best")" "$out/head" >>"$out/study.log" &&
+      echo "== the best run's head: \$OUT/head (copy it to .target/head here to keep it)"
+  fi
   echo "== study in $((SECONDS - t0)) s"
   return $rc
 }

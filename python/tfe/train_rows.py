@@ -19,9 +19,8 @@ from .train_data import Sequence, Settings
 def draft_vocabulary(seqs: list[Sequence], vocab: int, size: int) -> torch.Tensor:
     """The `size` most frequent scored tokens (ties to the lower id), ascending by id; where the data holds
     fewer distinct tokens, the lowest unused ids fill the rest."""
-    counts = torch.zeros(vocab, dtype=torch.long)
-    for s in seqs:
-        counts += torch.bincount(torch.tensor(s.ids[max(s.scored_from, 1) :], dtype=torch.long), minlength=vocab)
+    scored = [t for s in seqs for t in s.ids[max(s.scored_from, 1) :]]
+    counts = torch.bincount(torch.tensor(scored, dtype=torch.long), minlength=vocab)
     # Stable sort: among equal counts the lower id comes first.
     order = torch.sort(-counts, stable=True).indices
     return torch.sort(order[:size]).values
