@@ -30,7 +30,8 @@ from typing import Any, Sequence
 
 import torch
 
-from .speculative import RIVALS, Decoder, Result, Sampling, _as_rivals, _rivals, _rivals_of_row, accept_greedy, target_probs
+from .speculative import (RIVALS, Decoder, Result, Sampling, _as_rivals, _rivals, _rivals_of_row, accept_greedy, check_taps,
+                          target_probs)
 from .static_target import StaticTarget
 from .target import Target
 
@@ -125,6 +126,7 @@ class CapturedDecoder:
         rivals: bool = True,
         columns: int = 0,
     ):
+        check_taps(target, drafter)
         self.target = target
         self.min_columns = columns
         self.prefill_chunk = prefill_chunk

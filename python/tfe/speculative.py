@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
+import os
+import pathlib
 import sys
 import time
 from dataclasses import dataclass, field
@@ -95,9 +98,12 @@ def accept_sampled(
 
 
 class Drafter(Protocol):
-    """What the loop needs from a draft head: the calls of tfe.Reference / tfe.Runtime on torch tensors."""
+    """What the loop needs from a draft head: the calls of tfe.Reference / tfe.Runtime on torch tensors, and
+    the target layers its head reads (`head_taps`, checked against the target's; a drafter without it is
+    not checked)."""
 
     ring_rows: int
+    head_taps: list
 
     def reset(self, slot: int) -> None: ...
 
@@ -142,6 +148,7 @@ class ReferenceDrafter:
 
         self.ref = tfe.Reference(head, max_slots=max_slots, max_steps=max_steps, threads=threads)
         self.ring_rows = self.ref.ring_rows
+        self.head_taps = head_taps(head)
 
     def reset(self, slot: int) -> None:
         self.ref.reset(slot)
@@ -181,6 +188,7 @@ class RuntimeDrafter:
             **options,
         )
         self.ring_rows = self.rt.ring_rows
+        self.head_taps = head_taps(head)
         # The runtime reads the taps when its stream gets there: keep them alive until the next round.
         self._in_flight: list = []
 
@@ -221,6 +229,7 @@ class TorchDrafter:
         self.head = Eagle3Head.load(checkpoint, target).to(self.dtype).eval()
         self.window = window
         self.ring = DraftRing(self.head, max_slots=max_slots, max_steps=max_steps, window=window)
+        self.head_taps = checkpoint_taps(checkpoint)
 
     def reset(self, slot: int) -> None:
         self.ring.reset(slot)
@@ -369,6 +378,7 @@ class Decoder:
         progress: bool = False,
         accept_log: Any = None,
     ):
+        check_taps(target, drafter)
         self.target = target
         self.accept_log = accept_log  # a tfe.AcceptLog: each round's kept drafts, by window position
         self.drafter = drafter
@@ -563,6 +573,36 @@ def hf_greedy(target: Target, prompt: Sequence[int], max_new_tokens: int) -> Res
     ids, gaps = _rivals(torch.stack(out.logits)[:, 0].float())
     rivals = [_as_rivals(i, g) for i, g in zip(ids.tolist(), gaps.tolist())]
     return Result([tokens], [rivals], 0)
+
+
+def head_taps(head) -> list:
+    """The target layers a .tfe head reads (a path or a tfe.HeadFile): layer numbers, or "final" for the
+    final norm's input, as load_target(tap_layers=...) takes them."""
+    import tfe
+
+    header = (tfe.HeadFile(str(head)) if isinstance(head, (str, os.PathLike)) else head).header
+    return [t["layer"] for t in header["taps"]]
+
+
+def checkpoint_taps(checkpoint) -> list[int]:
+    """The target layers an EAGLE-3 checkpoint reads: eagle_config.eagle_aux_hidden_state_layer_ids names the
+    layer whose output is tapped, one below the layer whose input Target taps."""
+    config = json.loads((pathlib.Path(checkpoint) / "config.json").read_text())
+    return [int(i) + 1 for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+
+
+def check_taps(target: Target, drafter) -> None:
+    """A drafter's head must read the layers the target taps: fed others, it drafts from the wrong residual
+    stream, and the loop stays exact while its acceptance quietly falls."""
+    taps = getattr(drafter, "head_taps", None)
+    if taps is None:
+        return
+    layers = [target.num_layers if t == "final" else t for t in taps]
+    if layers != target.tap_layers:
+        raise ValueError(
+            f"the head reads the target's layers {taps}, the target taps {target.tap_layers}: load the target "
+            f"with load_target(..., tap_layers={taps})"
+        )
 
 
 def make_drafter(

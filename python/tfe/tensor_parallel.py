@@ -34,7 +34,7 @@ import torch.distributed as dist
 from . import exactness
 from . import prompts as prompt_sets
 from .outputs import check_output_file, write_atomic
-from .speculative import Decoder, Drafter, RuntimeDrafter, make_drafter
+from .speculative import Decoder, Drafter, RuntimeDrafter, head_taps, make_drafter
 from .target import Target, load_target
 
 # Module names as LlamaForCausalLM spells them. transformers merges a tp_plan into the model's own plan, so
@@ -86,11 +86,13 @@ def init_ranks(device: str | None, timeout: float = 300.0) -> tuple[int, int, to
     return rank, world, dev
 
 
-def load_split_target(gguf=None, *, world: int, dtype: torch.dtype, tp_plan: dict[str, str] = TP_PLAN) -> Target:
+def load_split_target(gguf=None, *, world: int, dtype: torch.dtype, tp_plan: dict[str, str] = TP_PLAN,
+                      tap_layers: list | None = None) -> Target:
     """The target split over the `world` ranks of torch.distributed (already initialized) by `tp_plan`."""
     from transformers.distributed import DistributedConfig
 
-    return load_target(gguf, dtype=dtype, distributed_config=DistributedConfig(tp_plan=dict(tp_plan), tp_size=world))
+    return load_target(gguf, dtype=dtype, tap_layers=tap_layers,
+                       distributed_config=DistributedConfig(tp_plan=dict(tp_plan), tp_size=world))
 
 
 class TorchBroadcast:
@@ -152,6 +154,7 @@ class RankDrafter:
         self.head = head
         self.channel = channel
         self.ring_rows = head.ring_rows if head is not None else 0
+        self.head_taps = getattr(head, "head_taps", None)  # rank 0 checks them; the others hold no head
 
     def reset(self, slot: int) -> None:
         if self.head is not None:
@@ -275,7 +278,7 @@ def run(
 
     t0 = time.perf_counter()
     if target is None:
-        target = load_split_target(a.gguf, world=world, dtype=dtype)
+        target = load_split_target(a.gguf, world=world, dtype=dtype, tap_layers=head_taps(a.head))
     if target.device != dev or target.dtype != dtype:
         _refuse(f"rank {rank}: the target is {target.dtype} on {target.device}, expected {dtype} on {dev}")
     load_seconds = time.perf_counter() - t0
@@ -309,7 +312,7 @@ def run(
     single = None
     if a.one_gpu_loop:
         if rank == 0:
-            alone_target = load_target(a.gguf, device=dev, dtype=dtype)
+            alone_target = load_target(a.gguf, device=dev, dtype=dtype, tap_layers=head_taps(a.head))
             one = Decoder(alone_target, head, steps=a.steps)
             one.generate(prompts, 4)
             off, new = Decoder(alone_target), a.max_new_tokens

@@ -617,3 +617,18 @@ def test_tap_scale_folds_into_fc_and_the_checkpoint(target, tmp_path):
     loaded = Eagle3Head.load(tmp_path / "ckpt", target)
     assert loaded.tap_scale is None
     assert torch.equal(loaded.fc.weight, (weight * scale).to(torch.bfloat16).float())
+
+
+def test_loop_refuses_a_head_that_reads_other_layers(target, smoke):
+    """A head reads the target layers its file names: the loops check them against the target's taps, since
+    fed other layers a head drafts from the wrong residual stream and the loop, exact still, keeps fewer."""
+    from tfe.speculative import checkpoint_taps, head_taps
+
+    ckpt, head = smoke
+    assert head_taps(head) == checkpoint_taps(ckpt) == target.tap_layers == [2, 15, 27]
+    drafter = ReferenceDrafter(head, max_slots=4, max_steps=4)
+    Decoder(target, drafter)  # the same layers: accepted
+    drafter.head_taps = [2, 15, "final"]
+    for loop in (Decoder, CapturedDecoder):
+        with pytest.raises(ValueError, match=r"reads the target's layers \[2, 15, 'final'\], the target taps \[2, 15, 27\]"):
+            loop(target, drafter)
