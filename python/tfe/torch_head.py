@@ -121,7 +121,8 @@ class Eagle3Head(nn.Module):
 
     def fuse(self, taps: torch.Tensor) -> torch.Tensor:
         """g = fc(taps) [.., H] from the taps [.., T*H]."""
-        return self.fc(taps if self.tap_scale is None else taps * self.tap_scale.to(taps.dtype))
+        # Scaled in fp32: the scale is what `fold_tap_scale` multiplies into fc's weight, not its bf16 rounding.
+        return self.fc(taps if self.tap_scale is None else taps.float() * self.tap_scale)
 
     # -------------------------------------------------------------------------------------- the layer
 
