@@ -26,7 +26,8 @@
 #   scripts/gpu_target.sh study      there, as train: training settings compared on one data set (the carried
 #                                    or last data, else made first with TRAIN_MINUTES' data bound). STUDY
 #                                    lists the runs' tfe.train_head flags, ';' between runs; each trains
-#                                    STUDY_MINUTES (default 3); STUDY_PARALLEL=1 runs them at once. $OUT/study.log
+#                                    STUDY_MINUTES (default 3; a run is stopped STUDY_SLACK = 240 s past
+#                                    them); STUDY_PARALLEL=1 runs them at once. $OUT/study.log
 #                                    has every run's log and a table last; $OUT/study.json each run's
 #                                    training.json; $OUT/head the head of the run whose simulated loop keeps
 #                                    most at S = 6
@@ -180,16 +181,19 @@ study() {  # STUDY: the runs' flags, ';' between runs; STUDY_MINUTES (3) each
   rm -rf "$state/study" && mkdir -p "$state/study"
   # STUDY_PARALLEL=1: the runs share the GPU at once (a small head's step leaves most of it idle); their
   # updates then say how much each got.
-  local pids=() threads
+  local pids=() threads limit
   threads=$(nproc)
+  limit=$(python3 -c "print(int(${STUDY_MINUTES:-3} * 60 + ${STUDY_SLACK:-240}))")
   # Runs at once share the CPU's threads: oversubscribed, torch's CPU operations slow down a hundredfold.
   [ "${STUDY_PARALLEL:-0}" = 1 ] && threads=$(($(nproc) / ${#runs[@]} > 0 ? $(nproc) / ${#runs[@]} : 1))
   for flags in "${runs[@]}"; do
     k=$((k + 1))
     echo "== study run $k: ${flags:-the defaults}" | tee -a "$out/study.log"
     # shellcheck disable=SC2086  # flags is a list of flags
-    OMP_NUM_THREADS=$threads python3 -m tfe.train_head -o "$state/study/$k" --minutes "${STUDY_MINUTES:-3}" \
-      --data "$state/data.json.gz" $flags >"$state/study/$k.log" 2>&1 &
+    # A run past its minutes by more than its set-up and evaluations take is stopped, so that the others'
+    # table still comes back within the call.
+    OMP_NUM_THREADS=$threads timeout "$limit" python3 -m tfe.train_head -o "$state/study/$k" \
+      --minutes "${STUDY_MINUTES:-3}" --data "$state/data.json.gz" $flags >"$state/study/$k.log" 2>&1 &
     if [ "${STUDY_PARALLEL:-0}" = 1 ]; then pids+=($!); else wait $! || rc=1; fi
   done
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
