@@ -33,8 +33,8 @@ import torch
 from . import prompts as prompt_sets
 from .captured import LOOPS, make_decoder
 from .outputs import check_output_file, write_atomic
-from .speculative import (Drafter, Result, Sampling, check_common_arguments, head_taps, hf_greedy, make_drafter, target_probs,
-                          token_sha256)
+from .speculative import (Drafter, Result, Sampling, check_common_arguments, hf_greedy, make_drafter, read_taps,
+                          target_probs, token_sha256)
 from .target import Target, load_target
 
 
@@ -274,6 +274,7 @@ def main(argv=None) -> int:
             check_output_file(a.out, "--out", inputs=[a.head, a.gguf])
         except ValueError as e:
             ap.error(str(e))
+    taps = read_taps(ap, a.head)
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if a.samples is None:
         a.samples = 2000 if device.startswith("cuda") else 300
@@ -288,7 +289,7 @@ def main(argv=None) -> int:
     ok = True
     for name in dtypes:
         t0 = time.perf_counter()
-        target = load_target(a.gguf, device=device, dtype=getattr(torch, name), tap_layers=head_taps(a.head))
+        target = load_target(a.gguf, device=device, dtype=getattr(torch, name), tap_layers=taps)
         drafter = make_drafter(kind, a.head, max_slots=16, max_steps=max(8, a.steps), artifact=a.artifact)
         prompts = [target.encode_chat(t) for t in texts]
         print(f"== greedy, {name}: target loaded in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -13,7 +13,7 @@ import torch
 from . import _tfe
 from . import prompts as prompt_sets
 from .captured import LOOPS, make_decoder
-from .speculative import Sampling, check_common_arguments, checkpoint_taps, head_taps, make_drafter
+from .speculative import Sampling, check_common_arguments, make_drafter, read_taps
 from .target import load_target
 
 
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if drafter_kind == "runtime" and not device.startswith("cuda"):
         p.error("--drafter runtime needs a CUDA GPU; on a CPU use --drafter reference")
 
-    taps = head_taps(a.head) if a.head else checkpoint_taps(a.checkpoint) if a.checkpoint else None
+    taps = read_taps(p, a.head, a.checkpoint)
     target = load_target(a.gguf, device=device, dtype=dtype, tap_layers=taps)
     texts = a.prompt or [q.text for q in prompt_sets.evaluation_prompts(a.prompt_class)]
     texts = [texts[i % len(texts)] for i in range(a.sequences)]

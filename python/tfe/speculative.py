@@ -591,6 +591,18 @@ def checkpoint_taps(checkpoint) -> list[int]:
     return [int(i) + 1 for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
 
 
+def read_taps(parser: argparse.ArgumentParser, head=None, checkpoint=None) -> list | None:
+    """head_taps(--head), else checkpoint_taps(--checkpoint), else None (EAGLE-3's): what a command loads the
+    target with; the parser's one-line error where the file is not a head, before the target loads."""
+    import tfe
+
+    try:
+        return head_taps(head) if head else checkpoint_taps(checkpoint) if checkpoint else None
+    except (tfe.Error, OSError, ValueError, KeyError, TypeError) as e:
+        which = f"--head {head}" if head else f"--checkpoint {checkpoint}"
+        parser.error(f"{which}: its taps cannot be read ({e})")
+
+
 def check_taps(target: Target, drafter) -> None:
     """A drafter's head must read the layers the target taps: fed others, it drafts from the wrong residual
     stream, and the loop stays exact while its acceptance quietly falls."""

@@ -47,7 +47,7 @@ import torch
 from . import prompts as prompt_sets
 from .captured import CapturedDecoder
 from .outputs import check_output_dir, replacing, write_atomic
-from .speculative import TorchDrafter, head_taps, hf_generate, left_padded, make_drafter
+from .speculative import TorchDrafter, hf_generate, left_padded, make_drafter, read_taps
 from .target import Target, load_target
 
 ALONE = "captured, drafts off"
@@ -298,9 +298,10 @@ def main(argv=None) -> int:
                          files=("speedup.json", "speedup.png", "split.png", "acceptance.json", "windows.json"))
     except ValueError as e:
         ap.error(str(e))
+    taps = read_taps(ap, a.head)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    target = load_target(a.gguf, device=a.device, dtype=getattr(torch, a.dtype), tap_layers=head_taps(a.head))
+    target = load_target(a.gguf, device=a.device, dtype=getattr(torch, a.dtype), tap_layers=taps)
     device = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
     report = {"head": a.head, "dtype": a.dtype, "device": device, "max_new_tokens": a.max_new_tokens,
               "drafter": a.drafter, "runs": {}}

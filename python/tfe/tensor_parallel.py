@@ -34,7 +34,7 @@ import torch.distributed as dist
 from . import exactness
 from . import prompts as prompt_sets
 from .outputs import check_output_file, write_atomic
-from .speculative import Decoder, Drafter, RuntimeDrafter, head_taps, make_drafter
+from .speculative import Decoder, Drafter, RuntimeDrafter, make_drafter, read_taps
 from .target import Target, load_target
 
 # Module names as LlamaForCausalLM spells them. transformers merges a tp_plan into the model's own plan, so
@@ -220,6 +220,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             check_output_file(a.out, "--out", inputs=[a.head, a.gguf])
         except ValueError as e:
             ap.error(str(e))
+    a.taps = read_taps(ap, a.head)
     return a
 
 
@@ -278,7 +279,7 @@ def run(
 
     t0 = time.perf_counter()
     if target is None:
-        target = load_split_target(a.gguf, world=world, dtype=dtype, tap_layers=head_taps(a.head))
+        target = load_split_target(a.gguf, world=world, dtype=dtype, tap_layers=a.taps)
     if target.device != dev or target.dtype != dtype:
         _refuse(f"rank {rank}: the target is {target.dtype} on {target.device}, expected {dtype} on {dev}")
     load_seconds = time.perf_counter() - t0
@@ -312,7 +313,7 @@ def run(
     single = None
     if a.one_gpu_loop:
         if rank == 0:
-            alone_target = load_target(a.gguf, device=dev, dtype=dtype, tap_layers=head_taps(a.head))
+            alone_target = load_target(a.gguf, device=dev, dtype=dtype, tap_layers=a.taps)
             one = Decoder(alone_target, head, steps=a.steps)
             one.generate(prompts, 4)
             off, new = Decoder(alone_target), a.max_new_tokens

@@ -44,8 +44,11 @@ def argv_of(command, head, out):
 
 @pytest.fixture
 def head(tmp_path):
+    """A head file (the commands read its taps before the target loads)."""
+    import tfe
+
     path = tmp_path / "head.tfe"
-    path.write_bytes(b"")
+    tfe.random_head("tiny", path, seed=1)
     return path
 
 
@@ -151,3 +154,16 @@ def test_output_file_of_the_wrong_kind_is_refused_first(command, head, tmp_path,
     (tmp_path / "old.json").write_text("{}")
     for out in (tmp_path / "report.json", tmp_path / "old.json"):
         assert isinstance(run(command, ["--head", str(head), "-o", str(out)], monkeypatch), Loaded)
+
+
+@pytest.mark.parametrize("command", ["exactness", "speedup", "tensor_parallel"])
+def test_a_head_that_is_not_a_head_file_is_refused_before_the_load(command, tmp_path, monkeypatch, capsys):
+    """The commands load the target with the layers --head reads: a file that is not a head is refused with
+    one line naming --head, before the target loads."""
+    bad = tmp_path / "bad.tfe"
+    bad.write_bytes(b"")
+    out = tmp_path / ("out" if command == "speedup" else "report.json")
+    ended = run(command, ["--head", str(bad), "-o", str(out)], monkeypatch)
+    assert isinstance(ended, SystemExit) and ended.code == 2, "the target was loaded"
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--head {bad}: its taps cannot be read" in line, line
