@@ -274,7 +274,6 @@ def main(argv=None) -> int:
             check_output_file(a.out, "--out", inputs=[a.head, a.gguf])
         except ValueError as e:
             ap.error(str(e))
-    taps = read_taps(ap, a.head)
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if a.samples is None:
         a.samples = 2000 if device.startswith("cuda") else 300
@@ -283,6 +282,7 @@ def main(argv=None) -> int:
     if a.drafter == "runtime" and not device.startswith("cuda"):
         ap.error("--drafter runtime needs a CUDA GPU; on a CPU use --drafter reference")
     dtypes = a.dtype or (["float32", "bfloat16"] if device.startswith("cuda") else ["float32"])
+    taps = read_taps(ap, a.head)  # the last check: it reads the file
     kind = a.drafter or ("runtime" if device.startswith("cuda") else "reference")
     texts = [p.text for p in prompt_sets.evaluation_prompts()[:4]]  # prose, code, tool call, chat
     report: dict = {"head": a.head, "drafter": kind, "loop": a.loop, "steps": a.steps, "max_new_tokens": a.max_new_tokens, "greedy": {}}
