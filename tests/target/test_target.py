@@ -632,3 +632,27 @@ def test_loop_refuses_a_head_that_reads_other_layers(target, smoke):
     for loop in (Decoder, CapturedDecoder):
         with pytest.raises(ValueError, match=r"reads the target's layers \[2, 15, 'final'\], the target taps \[2, 15, 27\]"):
             loop(target, drafter)
+
+
+def test_packed_rows_train_as_each_sequence_alone(target):
+    """The training-time test over a packed row (two sequences, each at its own positions, attending itself
+    only) gives each sequence's drafts as it would alone, wherever the draft's tokens lie within it."""
+    torch.manual_seed(3)
+    V, steps = 256, 3
+    head = Eagle3Head(target, torch.arange(V))
+    width = len(target.tap_layers) * target.hidden
+    lengths = (10, 14)
+    taps = [torch.randn(n, width) * 3 for n in lengths]
+    ids = [torch.randint(0, V, (n,)) for n in lengths]
+    row_positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    doc = torch.cat([torch.full((n,), d) for d, n in enumerate(lengths)])[None]
+    with torch.no_grad():
+        packed = head.ttt(torch.cat(taps)[None], torch.cat(ids)[None], steps, window=63, positions=row_positions, doc=doc)
+        alone = [head.ttt(t[None], i[None], steps, window=63) for t, i in zip(taps, ids)]
+    start = 0
+    for d, n in enumerate(lengths):
+        for k in range(steps):
+            valid = n - k - 1  # indices whose step-k tokens all lie within the sequence
+            got, want = packed[k][0, start : start + valid], alone[d][k][0, :valid]
+            assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max())), (d, k)
+        start += n
