@@ -99,7 +99,8 @@ class Target:
         cfg = model.config
         self.num_layers = cfg.num_hidden_layers
         # "final" (a head file's name for the final norm's input) is layer L here.
-        self.tap_layers = [self.num_layers if t == "final" else t for t in tap_layers] if tap_layers is not None else eagle3_tap_layers(self.num_layers)
+        taps = tap_layers if tap_layers is not None else eagle3_tap_layers(self.num_layers)
+        self.tap_layers = [self.num_layers if t == "final" else t for t in taps]
         self.hidden = cfg.hidden_size
         self.vocab = cfg.vocab_size
         self._captured: dict[int, torch.Tensor] = {}
