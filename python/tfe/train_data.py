@@ -63,7 +63,9 @@ class Settings:
     min_updates: int = 1  # even where the data phase took the whole budget
     gen_batch: int = 256
     data_loop: str = "captured"  # "captured" (tfe.captured, drafts off) or "generate" (transformers')
-    compile: bool = False  # the training step through torch.compile (its first update compiles it)
+    # The training step through torch.compile in this mode ("default", "reduce-overhead": also CUDA graphs,
+    # "max-autotune"); "": eager. Its first update compiles it.
+    compile: str = ""
     seed: int = 0
 
     @staticmethod

@@ -131,7 +131,7 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0, **({"fused": True} if dev.type == "cuda" else {}))
     autocast = head_autocast(dev)
-    step = torch.compile(ttt_loss) if settings.compile else ttt_loss  # held-out evaluations stay eager
+    step = torch.compile(ttt_loss, mode=settings.compile) if settings.compile else ttt_loss  # held-out evaluations stay eager
     gen = torch.Generator().manual_seed(settings.seed)
     R = rows.ids.shape[0]
     order = torch.randperm(R, generator=gen)
@@ -354,8 +354,9 @@ def main(argv=None) -> int:
                    "then trains), else written after the phase; runs on one file compare training settings alone")
     p.add_argument("--data-only", action="store_true", help="make the data phase's sequences, write them to --data "
                    "(a new file) and stop: later runs then spend all of --minutes training on them")
-    p.add_argument("--compile", action="store_true", help="the training step through torch.compile (inductor); "
-                   "its first update compiles it, within --minutes")
+    p.add_argument("--compile", nargs="?", const="default", choices=["default", "reduce-overhead", "max-autotune"],
+                   help="the training step through torch.compile (inductor) in this mode (default: default; "
+                   "reduce-overhead adds CUDA graphs); its first update compiles it, within --minutes")
     p.add_argument("--profile", action="store_true", help="log where a training update's time goes (torch.profiler "
                    "over the 11th to 15th updates)")
     p.add_argument("--evaluate", metavar="DIR", help="train nothing: score the checkpoint in DIR on held-out data the "
@@ -401,7 +402,7 @@ def main(argv=None) -> int:
         s.data_loop = a.data_loop
     if a.tap_scale:
         s.tap_scale = a.tap_scale
-    s.compile = a.compile
+    s.compile = a.compile or ""
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
