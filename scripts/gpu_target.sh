@@ -147,12 +147,15 @@ train() {
   [ -f "$state/eagle3/model.safetensors" ] || die "training wrote no checkpoint"
   keep_data
   cp "$state/eagle3/training.png" "$out/"  # training.json goes with the head's shards
-  # $OUT takes at most 8 files of 16 MiB: the head's own weights in 15 MiB shards.
-  python3 -c 'import sys; from tfe.train_head import write_trained_shards as w; print(*w(sys.argv[1], sys.argv[2], 15 << 20))' \
-    "$state/eagle3" "$out/head" | tee -a "$out/train.log" || die "the head's shards were not written"
+  write_shards "$state/eagle3" | tee -a "$out/train.log" || die "the head's shards were not written"
   deploy | tee -a "$out/train.log"
   [ -f "$state/head.tfe" ] || die "convert or compile failed"
   echo "== trained, converted and compiled in $((SECONDS - t0)) s; copy \$OUT/head to .target/head here; next: exact, speed"
+}
+
+write_shards() {  # a checkpoint's own weights -> $OUT/head; $OUT takes at most 8 files of 16 MiB: 15 MiB shards
+  python3 -c 'import sys; from tfe.train_head import write_trained_shards as w; print(*w(sys.argv[1], sys.argv[2], 15 << 20))' \
+    "$1" "$out/head"
 }
 
 keep_data() {  # the data trained on, back through $OUT where it fits the 16 MiB a file may take
@@ -189,9 +192,9 @@ study() {  # STUDY: the runs' flags, ';' between runs; STUDY_MINUTES (3) each
   for flags in "${runs[@]}"; do
     k=$((k + 1))
     echo "== study run $k: ${flags:-the defaults}" | tee -a "$out/study.log"
-    # shellcheck disable=SC2086  # flags is a list of flags
     # A run past its minutes by more than its set-up and evaluations take is stopped, so that the others'
     # table still comes back within the call.
+    # shellcheck disable=SC2086  # flags is a list of flags
     OMP_NUM_THREADS=$threads timeout "$limit" python3 -m tfe.train_head -o "$state/study/$k" \
       --minutes "${STUDY_MINUTES:-3}" --data "$state/data.json.gz" $flags >"$state/study/$k.log" 2>&1 &
     if [ "${STUDY_PARALLEL:-0}" = 1 ]; then pids+=($!); else wait $! || rc=1; fi
@@ -214,20 +217,19 @@ for k, flags in enumerate(runs, 1):
         print(f"| {k} | {flags or 'the defaults'} | failed | | |")
         continue
     t = json.loads(f.read_text())
-    got.append({"flags": flags, **t})
+    got.append({"run": k, "flags": flags, **t})
     acc, tokens = t["held_out"]["acc"], t["held_out"]["loop_tokens_per_round"]
     at = lambda xs, i: f"{xs[i]:.3f}" if len(xs) > i else "-"
     print(f"| {k} | {flags or 'the defaults'} | {t['updates']} | {at(acc, 0)} / {at(acc, 5)} | {at(tokens, 3)} / {at(tokens, 5)} |")
 (root / "study.json").write_text(json.dumps(got, indent=1) + "\n")
-if got:  # the head of the run whose simulated loop keeps most at S = 6 (its number in best)
-    best = max(range(len(got)), key=lambda i: got[i]["held_out"]["loop_tokens_per_round"][min(5, len(got[i]["held_out"]["loop_tokens_per_round"]) - 1)])
-    (root / "best").write_text(str(runs.index(got[best]["flags"]) + 1))
-    print(f"best: run {runs.index(got[best]['flags']) + 1} ({got[best]['flags'] or 'the defaults'})")
+if got:  # the run whose simulated loop keeps most at S = 6 (or its largest S): its number in best
+    best = max(got, key=lambda t: t["held_out"]["loop_tokens_per_round"][:6][-1])
+    (root / "best").write_text(str(best["run"]))
+    print(f"best: run {best['run']} ({best['flags'] or 'the defaults'})")
 PY
   cp "$state/study/study.json" "$out/" 2>/dev/null
   if [ -f "$state/study/best" ]; then
-    python3 -c 'import sys; from tfe.train_head import write_trained_shards as w; print(*w(sys.argv[1], sys.argv[2], 15 << 20))' \
-      "$state/study/$(cat "$state/study/best")" "$out/head" >>"$out/study.log" &&
+    write_shards "$state/study/$(cat "$state/study/best")" >>"$out/study.log" &&
       echo "== the best run's head: \$OUT/head (copy it to .target/head here to keep it)"
   fi
   echo "== study in $((SECONDS - t0)) s"

@@ -148,7 +148,7 @@ class ReferenceDrafter:
 
         self.ref = tfe.Reference(head, max_slots=max_slots, max_steps=max_steps, threads=threads)
         self.ring_rows = self.ref.ring_rows
-        self.head_taps = head_taps(head)
+        self.head_taps = head_taps(self.ref)
 
     def reset(self, slot: int) -> None:
         self.ref.reset(slot)
@@ -188,7 +188,7 @@ class RuntimeDrafter:
             **options,
         )
         self.ring_rows = self.rt.ring_rows
-        self.head_taps = head_taps(head)
+        self.head_taps = head_taps(self.rt)
         # The runtime reads the taps when its stream gets there: keep them alive until the next round.
         self._in_flight: list = []
 
@@ -576,8 +576,9 @@ def hf_greedy(target: Target, prompt: Sequence[int], max_new_tokens: int) -> Res
 
 
 def head_taps(head) -> list:
-    """The target layers a .tfe head reads (a path or a tfe.HeadFile): layer numbers, or "final" for the
-    final norm's input, as load_target(tap_layers=...) takes them."""
+    """The target layers a .tfe head reads (a path, or anything with its header: tfe.HeadFile, tfe.Reference,
+    tfe.Runtime): layer numbers, or "final" for the final norm's input, as load_target(tap_layers=...) takes
+    them."""
     import tfe
 
     header = (tfe.HeadFile(str(head)) if isinstance(head, (str, os.PathLike)) else head).header
