@@ -60,16 +60,17 @@ def read_checkpoint(ckpt_dir: str | pathlib.Path) -> dict[str, torch.Tensor]:
 
 class Eagle3Head(nn.Module):
     """The EAGLE-3 head for a Llama-like target (`target` is a tfe.target.Target; its embedding is shared,
-    frozen, and its final norm and output rows of the draft vocabulary start the head's own)."""
+    frozen, and its final norm and output rows of the draft vocabulary start the head's own). `ffn`: the MLP's
+    width, by default the target's."""
 
-    def __init__(self, target, draft_ids: torch.Tensor):
+    def __init__(self, target, draft_ids: torch.Tensor, ffn: int | None = None):
         super().__init__()
         cfg = target.model.config
         H = cfg.hidden_size
         self.H, self.T = H, len(target.tap_layers)
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or H // self.heads
-        self.ffn = cfg.intermediate_size
+        self.ffn = ffn or cfg.intermediate_size
         self.eps = 1e-5
         rope = getattr(cfg, "rope_parameters", None) or {}
         self.rope_theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
@@ -230,7 +231,7 @@ class Eagle3Head(nn.Module):
         if missing:
             raise ValueError(f"{ckpt_dir}: the checkpoint lacks {', '.join(missing)}")
         d2t = t["d2t"].long()
-        head = cls(target, d2t + torch.arange(len(d2t)))
+        head = cls(target, d2t + torch.arange(len(d2t)), ffn=t["midlayer.mlp.gate_proj.weight"].shape[0])
         with torch.no_grad():
             for src, dst in cls.CHECKPOINT_NAMES.items():
                 want = head.get_parameter(dst).shape

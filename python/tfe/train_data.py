@@ -53,6 +53,7 @@ class Settings:
     seq_len: int = 512  # at most the head's window + 1, so that training attends what a draft attends
     draft_vocab: int = 8192
     ttt_steps: int = 7
+    ffn: int = 0  # the head's MLP width; 0: the target's (its intermediate_size)
     batch: int = 16  # packed rows an update
     tap_scale: str = "none"  # "channel": fc trains on the taps scaled to unit RMS per channel (Eagle3Head.set_tap_scale)
     lr: float = 6e-4

@@ -125,7 +125,7 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
     start = time.perf_counter()
     train_labels = Labels(target, rows, draft_ids, settings, log, "training")
     held_labels = Labels(target, pack(evaluation, settings.seq_len, packed=False), draft_ids, settings, log, "held-out")
-    head = Eagle3Head(target, draft_ids).to(dev)
+    head = Eagle3Head(target, draft_ids, ffn=settings.ffn or None).to(dev)
     if settings.tap_scale == "channel":
         head.set_tap_scale(1.0 / train_labels.tap_rms().clamp_min(1e-3))
     params = [p for p in head.parameters() if p.requires_grad]
@@ -337,6 +337,8 @@ def main(argv=None) -> int:
     p.add_argument("--stdlib-chunks", type=int)
     p.add_argument("--draft-vocab", type=int)
     p.add_argument("--ttt-steps", type=int)
+    p.add_argument("--ffn", type=int, help="the head's MLP width (default: the target's intermediate size); the draft "
+                   "step reads it from memory, and its time is small beside the target's verify pass")
     p.add_argument("--batch", type=int, help="packed rows an update")
     p.add_argument("--tap-scale", choices=["channel", "none"], help="train fc on the taps scaled to unit RMS per "
                    "channel (folded into fc's weight at the end) or as they are")
@@ -387,7 +389,7 @@ def main(argv=None) -> int:
     limits = {  # name: (lowest, highest)
         "minutes": (0.05, 600), "data_share": (0.05, 0.95), "prompts_per_class": (0, 100_000),
         "self_instruct": (0, 100_000), "chitchat": (0, 100_000), "sampled_answers": (0, 16),
-        "stdlib_chunks": (0, 1_000_000), "draft_vocab": (16, 1 << 20), "ttt_steps": (1, 16), "batch": (1, 4096),
+        "stdlib_chunks": (0, 1_000_000), "draft_vocab": (16, 1 << 20), "ttt_steps": (1, 16), "ffn": (16, 65536), "batch": (1, 4096),
         "lr": (1e-7, 1.0), "gen_batch": (1, 4096), "answer_tokens": (1, 4096), "max_updates": (1, 10**9),
     }
     for name, (lo, hi) in limits.items():
