@@ -167,6 +167,14 @@ class ReferenceDrafter:
         self.ref.extend_batch(slots, first, counts, taps.cpu(), tokens.cpu(), starts=starts)
 
 
+def runtime_buckets(max_slots: int) -> list[int]:
+    """The default stream buckets, up to what `max_slots` can fill: the plan refuses a bucket of more streams
+    than slots, and the defaults reach 16."""
+    import tfe
+
+    return sorted({min(b, max_slots) for b in tfe.PlanOptions().buckets})
+
+
 class RuntimeDrafter:
     """The GPU runtime (tfe.Runtime) as the drafter, on the current torch stream: taps and tokens stay on the
     device (one extend_batch a call), and drafts come back from draft_async without a host wait."""
@@ -179,6 +187,8 @@ class RuntimeDrafter:
                 "the runtime drafter needs a CUDA GPU, and torch sees none: on a CPU use the reference drafter "
                 "(--drafter reference)"
             )
+        if artifact is None and "buckets" not in options:
+            options["buckets"] = runtime_buckets(max_slots)
         self.rt = tfe.Runtime(
             head,
             artifact,

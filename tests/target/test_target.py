@@ -66,10 +66,31 @@ def test_trainer_head_drafts_what_the_reference_drafts(target, smoke, chats):
     """The PyTorch head the trainer optimizes, run as a draft runs (the drafts fed back as its tokens), picks
     the reference's drafts wherever its own top two logits do not nearly tie: training and tfe agree on taps,
     positions, tokens and the draft vocabulary."""
-    ckpt, head_file = smoke
+    assert _drafts_compared(target, *smoke, chats[1]) >= 3
+
+
+def test_wider_head_loads_converts_and_drafts_as_the_reference(target, chats, tmp_path):
+    """A head whose MLP is wider than the target's (tfe-train-head --ffn) keeps its width through the
+    checkpoint and tfe-plan convert, and tfe drafts what the PyTorch head drafts."""
+    torch.manual_seed(3)
+    head = Eagle3Head(target, torch.arange(2048), ffn=2 * 1536)
+    with torch.no_grad():
+        for lin in (head.gate_proj, head.up_proj, head.down_proj):
+            lin.weight.normal_(std=0.05)  # an MLP that moves the logits, so that a wrong width shows
+    head.save(tmp_path / "ckpt", target, window=511)
+    loaded = Eagle3Head.load(tmp_path / "ckpt", target)
+    assert loaded.ffn == 3072 and loaded.gate_proj.weight.shape == (3072, 576)
+    head_file = tfe.convert(tmp_path / "ckpt", tmp_path / "wide.tfe")
+    assert head_file.header["ffn"] == 3072
+    assert _drafts_compared(target, tmp_path / "ckpt", head_file, chats[1]) >= 3
+
+
+def _drafts_compared(target, ckpt, head_file, prompt) -> int:
+    """Drafts 5 steps after `prompt` with tfe's reference and with the checkpoint's PyTorch head run as a draft
+    runs; asserts that they pick the same token wherever the PyTorch head's top two logits do not nearly tie,
+    and returns how many steps were compared."""
     torch_head = Eagle3Head.load(ckpt, target)
     ref = tfe.Reference(head_file, max_slots=4, max_steps=8)
-    prompt = chats[1]
     first = Decoder(target).generate([prompt], 1).tokens[0][0]
     n = len(prompt)
     mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
@@ -89,7 +110,7 @@ def test_trainer_head_drafts_what_the_reference_drafts(target, smoke, chats):
         if float(top.values[0] - top.values[1]) > 0.05:
             assert mine == drafts[j], f"step {j + 1}: trainer {mine}, reference {drafts[j]}"
             compared += 1
-    assert compared >= 3
+    return compared
 
 
 def _fixed_rule(drafts, probs, generator):
@@ -656,3 +677,17 @@ def test_packed_rows_train_as_each_sequence_alone(target):
             got, want = packed[k][0, start : start + valid], alone[d][k][0, :valid]
             assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max())), (d, k)
         start += n
+
+
+def test_runtime_buckets_stop_at_the_slots():
+    """A runtime drafter of fewer slots than the default buckets' 16 streams plans the buckets it can fill;
+    the plan takes them (it refuses a bucket above max_slots)."""
+    from tfe.speculative import runtime_buckets
+
+    assert runtime_buckets(4) == [1, 2, 4] and runtime_buckets(3) == [1, 2, 3] and runtime_buckets(1) == [1]
+    assert runtime_buckets(16) == runtime_buckets(64) == [1, 2, 4, 8, 16]
+    preset = tfe.Preset("tiny")
+    for slots in (1, 3, 4, 64):
+        assert "buckets" in tfe.plan_yaml(preset, buckets=runtime_buckets(slots), max_slots=slots)
+    with pytest.raises(tfe.Error, match="bucket 16 exceeds max_slots = 4"):
+        tfe.plan_yaml(preset, max_slots=4)
