@@ -55,7 +55,8 @@ class Settings:
     ttt_steps: int = 7
     ffn: int = 0  # the head's MLP width; 0: the target's (its intermediate_size)
     batch: int = 16  # packed rows an update
-    tap_scale: str = "none"  # "channel": fc trains on the taps scaled to unit RMS per channel (Eagle3Head.set_tap_scale)
+    # "channel": fc trains on the taps scaled to unit RMS per channel (Eagle3Head.set_tap_scale); "none": as they are
+    tap_scale: str = "channel"
     lr: float = 6e-4
     warmup: float = 0.03
     label_top: int = 64
@@ -66,7 +67,7 @@ class Settings:
     data_loop: str = "captured"  # "captured" (tfe.captured, drafts off) or "generate" (transformers')
     # The training step through torch.compile in this mode ("default", "reduce-overhead": also CUDA graphs,
     # "max-autotune"); "": eager. Its first update compiles it.
-    compile: str = ""
+    compile: str = "default"
     seed: int = 0
 
     @staticmethod
@@ -89,6 +90,7 @@ class Settings:
             ttt_steps=3,
             batch=4,
             tap_scale="channel",  # the smoke run covers the scale's fold
+            compile="",  # compiling costs a CPU more than the smoke run's 20 updates; a test compares the two steps
             lr=1e-3,
             label_top=16,
             cache_gib=1.0,
