@@ -13,7 +13,9 @@
 #                                    scripts/stage_deps.sh
 #   scripts/gpu_target.sh receive    there, carrying .target/gguf.1 and, to train, .target/chitchat, or, where a
 #                                    head was trained before, .target/head: keeps them in /tmp; also
-#                                    .target/data.json.gz where carried (a train's data, to train on again)
+#                                    .target/data.json.gz where carried (a train's data, to train on again).
+#                                    What does not fit one call (64 MiB: a head wider than about 27 MB
+#                                    beside gguf.1) goes in a receive of its own just before
 #   scripts/gpu_target.sh train      there, the very next call, carrying .target/gguf.2 .target/wheels .deps:
 #                                    joins and checks the GGUF, builds the module, trains (TRAIN_MINUTES of
 #                                    data and training, default 6.5; TRAIN_ARGS: more tfe.train_head flags;
@@ -27,7 +29,8 @@
 #                                    or last data, else made first with TRAIN_MINUTES' data bound). STUDY
 #                                    lists the runs' tfe.train_head flags, ';' between runs; each trains
 #                                    STUDY_MINUTES (default 3; a run is stopped STUDY_SLACK = 240 s past
-#                                    them); STUDY_PARALLEL=1 runs them at once. $OUT/study.log
+#                                    them); STUDY_PARALLEL=1 runs them at once (one GPU each where there
+#                                    are several). $OUT/study.log
 #                                    has every run's log and a table last; $OUT/study.json each run's
 #                                    training.json; $OUT/head the head of the run whose simulated loop keeps
 #                                    most at S = 6
@@ -92,24 +95,27 @@ stage() {
   echo "staged: call 1 carries .target/gguf.1 and .target/chitchat (receive; .target/gguf.1 and .target/head once trained), call 2 carries .target/gguf.2 .target/wheels .deps"
 }
 
-receive() {
-  [ -f .target/gguf.1 ] || die "no .target/gguf.1: carry it (scripts/gpu_target.sh stage makes it)"
-  mkdir -p "$state" && cp .target/gguf.1 "$state/gguf.1"
-  echo "received the GGUF's first part ($(du -h "$state/gguf.1" | cut -f1))"
+receive() {  # what this call carried of .target/{gguf.1,chitchat,data.json.gz,head}, each kept in $state
+  local got=0
+  mkdir -p "$state"
+  if [ -f .target/gguf.1 ]; then
+    cp .target/gguf.1 "$state/gguf.1" && got=1 && echo "received the GGUF's first part ($(du -h "$state/gguf.1" | cut -f1))"
+  fi
   if ls .target/chitchat/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$state/site" .target/chitchat/*.whl ||
       die ".target/chitchat did not install"
-    echo "received chitchat-dataset (the trainer's human conversations)"
+    got=1 && echo "received chitchat-dataset (the trainer's human conversations)"
   fi
   if [ -f .target/data.json.gz ]; then
-    cp .target/data.json.gz "$state/data.json.gz" && echo "received training data (TRAIN_REUSE_DATA=1 trains on it)"
+    cp .target/data.json.gz "$state/data.json.gz" && got=1 && echo "received training data (TRAIN_REUSE_DATA=1 trains on it)"
   fi
   if [ -f .target/head/model.safetensors.index.json ]; then
-    rm -rf "$state/head" && cp -r .target/head "$state/head"
-    echo "received a trained head ($(du -sh "$state/head" | cut -f1)); next call: exact or speed"
-  else
-    echo "next call: train"
+    rm -rf "$state/head" && cp -r .target/head "$state/head" && got=1
+    echo "received a trained head ($(du -sh "$state/head" | cut -f1))"
   fi
+  [ $got = 1 ] || die "nothing to receive: carry .target/gguf.1 (scripts/gpu_target.sh stage makes it), and .target/head or .target/data.json.gz where there are"
+  [ -f "$state/gguf.1" ] || echo "no GGUF part yet: the next receive carries .target/gguf.1"
+  if [ -d "$state/head" ]; then echo "next call: exact, speed or acceptance"; else echo "next call: train or study"; fi
 }
 
 assemble() {
@@ -182,20 +188,24 @@ study() {  # STUDY: the runs' flags, ';' between runs; STUDY_MINUTES (3) each
   IFS=';' read -r -a runs <<<"${STUDY:-}"
   [ ${#runs[@]} -gt 0 ] || runs=("")
   rm -rf "$state/study" && mkdir -p "$state/study"
-  # STUDY_PARALLEL=1: the runs share the GPU at once (a small head's step leaves most of it idle); their
-  # updates then say how much each got.
-  local pids=() threads limit
+  # STUDY_PARALLEL=1: the runs at once, sharing one GPU (their updates then say how much each got) or,
+  # on a machine of several, one GPU each.
+  local pids=() threads limit gpus gpu=
   threads=$(nproc)
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
   limit=$(python3 -c "print(int(${STUDY_MINUTES:-3} * 60 + ${STUDY_SLACK:-240}))")
   # Runs at once share the CPU's threads: oversubscribed, torch's CPU operations slow down a hundredfold.
   [ "${STUDY_PARALLEL:-0}" = 1 ] && threads=$(($(nproc) / ${#runs[@]} > 0 ? $(nproc) / ${#runs[@]} : 1))
   for flags in "${runs[@]}"; do
     k=$((k + 1))
-    echo "== study run $k: ${flags:-the defaults}" | tee -a "$out/study.log"
+    # At once on a machine of several GPUs, run k takes GPU (k - 1) mod their count: compiled steps keep a GPU
+    # busy, and processes sharing one time-slice it (3 runs on one H100: 113 ms an update each, 26 alone).
+    [ "${STUDY_PARALLEL:-0}" = 1 ] && [ "$gpus" -gt 1 ] && gpu=$(((k - 1) % gpus))
+    echo "== study run $k: ${flags:-the defaults}${gpu:+ (GPU $gpu)}" | tee -a "$out/study.log"
     # A run past its minutes by more than its set-up and evaluations take is stopped, so that the others'
     # table still comes back within the call.
     # shellcheck disable=SC2086  # flags is a list of flags
-    OMP_NUM_THREADS=$threads timeout "$limit" python3 -m tfe.train_head -o "$state/study/$k" \
+    env OMP_NUM_THREADS="$threads" ${gpu:+CUDA_VISIBLE_DEVICES=$gpu} timeout "$limit" python3 -m tfe.train_head -o "$state/study/$k" \
       --minutes "${STUDY_MINUTES:-3}" --data "$state/data.json.gz" $flags >"$state/study/$k.log" 2>&1 &
     if [ "${STUDY_PARALLEL:-0}" = 1 ]; then pids+=($!); else wait $! || rc=1; fi
   done
