@@ -108,6 +108,7 @@ receive() {  # what this call carried of .target/{gguf.1,chitchat,data.json.gz,h
   fi
   if [ -f .target/data.json.gz ]; then
     cp .target/data.json.gz "$state/data.json.gz" && got=1 && echo "received training data (TRAIN_REUSE_DATA=1 trains on it)"
+    sha256sum <"$state/data.json.gz" >"$state/data.received"  # keep_data sends none of it back
   fi
   if [ -f .target/head/model.safetensors.index.json ]; then
     rm -rf "$state/head" && cp -r .target/head "$state/head" && got=1
@@ -167,7 +168,10 @@ write_shards() {  # a checkpoint's own weights -> $OUT/head; $OUT takes at most 
 keep_data() {  # the data trained on, back through $OUT where it fits the 16 MiB a file may take
   local size
   size=$(stat -c %s "$state/data.json.gz" 2>/dev/null || echo 0)
-  if [ "$size" -gt 0 ] && [ "$size" -le $((15 << 20)) ]; then
+  # Data that came with receive is already here: one file fewer of the 8 $OUT brings back.
+  if [ "$size" -gt 0 ] && [ "$(sha256sum <"$state/data.json.gz")" = "$(cat "$state/data.received" 2>/dev/null)" ]; then
+    echo "== trained on the received data (.target/data.json.gz)"
+  elif [ "$size" -gt 0 ] && [ "$size" -le $((15 << 20)) ]; then
     cp "$state/data.json.gz" "$out/" && echo "== the data trained on: \$OUT/data.json.gz; copy it to .target/data.json.gz here"
   elif [ "$size" -gt 0 ]; then
     echo "== the data ($size bytes) is larger than a file \$OUT brings back: not kept"
