@@ -18,7 +18,7 @@
 #                                    beside gguf.1) goes in a receive of its own just before
 #   scripts/gpu_target.sh train      there, the very next call, carrying .target/gguf.2 .target/wheels .deps:
 #                                    joins and checks the GGUF, builds the module, trains (TRAIN_MINUTES of
-#                                    data and training, default 6.5; TRAIN_ARGS: more tfe.train_head flags;
+#                                    data and training, default 8; TRAIN_ARGS: more tfe.train_head flags;
 #                                    TRAIN_REUSE_DATA=1: the last train's or the carried data again, all the
 #                                    time training), converts, compiles; about 2 minutes more than
 #                                    TRAIN_MINUTES. $OUT/head/ holds the head's own weights (about 20 MB in
@@ -26,7 +26,7 @@
 #                                    to .target/head here, so that a later machine needs no training.
 #                                    $OUT/data.json.gz is the data it trained on (.target/data.json.gz here)
 #   scripts/gpu_target.sh study      there, as train: training settings compared on one data set (the carried
-#                                    or last data, else made first with TRAIN_MINUTES' data bound). STUDY
+#                                    or last data, else made first: the data bound of TRAIN_MINUTES, by default 10's). STUDY
 #                                    lists the runs' tfe.train_head flags, ';' between runs; each trains
 #                                    STUDY_MINUTES (default 3; a run is stopped STUDY_SLACK = 240 s past
 #                                    them); STUDY_PARALLEL=1 runs them at once (one GPU each where there
@@ -149,7 +149,7 @@ train() {
   # whole of TRAIN_MINUTES then trains), so that runs compare training settings alone.
   [ "${TRAIN_REUSE_DATA:-0}" = 1 ] || rm -f "$state/data.json.gz"
   # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags
-  python3 -m tfe.train_head -o "$state/eagle3" --minutes "${TRAIN_MINUTES:-6.5}" --data "$state/data.json.gz" ${TRAIN_ARGS:-} 2>&1 |
+  python3 -m tfe.train_head -o "$state/eagle3" --minutes "${TRAIN_MINUTES:-8}" --data "$state/data.json.gz" ${TRAIN_ARGS:-} 2>&1 |
     grep --line-buffered -v "it/s\]" | tee "$out/train.log"
   [ -f "$state/eagle3/model.safetensors" ] || die "training wrote no checkpoint"
   keep_data
@@ -184,7 +184,8 @@ study() {  # STUDY: the runs' flags, ';' between runs; STUDY_MINUTES (3) each
   build_module
   echo "== module built ($((SECONDS - t0)) s)" | tee "$out/study.log"
   if [ ! -f "$state/data.json.gz" ]; then
-    python3 -m tfe.train_head --data-only --data "$state/data.json.gz" --minutes "${TRAIN_MINUTES:-6.5}" 2>&1 |
+    # shellcheck disable=SC2086  # an optional flag and its value
+    python3 -m tfe.train_head --data-only --data "$state/data.json.gz" ${TRAIN_MINUTES:+--minutes $TRAIN_MINUTES} 2>&1 |
       grep --line-buffered -v "it/s\]" | tee -a "$out/study.log"
     [ -f "$state/data.json.gz" ] || die "the data phase wrote no data"
     keep_data

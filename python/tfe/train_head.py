@@ -331,8 +331,8 @@ def main(argv=None) -> int:
     p.add_argument("-o", "--out", help="output directory (config.json, model.safetensors, training.json, "
                    "training.png; with --evaluate, evaluation.json); needed except with --data-only")
     p.add_argument("--smoke", action="store_true", help="a tiny run of a few minutes on a CPU: it checks the code paths; its head agrees with the target hardly at all")
-    p.add_argument("--minutes", type=float, help="data + training, in minutes (default 7; smoke 1.5)")
-    p.add_argument("--data-share", type=float, help="the data phase's bound, a share of --minutes (default 0.4)")
+    p.add_argument("--minutes", type=float, help="data + training, in minutes (default 10; smoke 1.5)")
+    p.add_argument("--data-share", type=float, help="the data phase's bound, a share of --minutes (default 0.3)")
     p.add_argument("--prompts-per-class", type=int)
     p.add_argument("--self-instruct", type=int, help="requests the target writes itself")
     p.add_argument("--chitchat", type=int, help="human conversations (chitchat-dataset)")
