@@ -342,6 +342,8 @@ def main(argv=None) -> int:
     p.add_argument("--ttt-steps", type=int)
     p.add_argument("--ffn", type=int, help="the head's MLP width (default: the target's intermediate size); the draft "
                    "step reads it from memory, and its time is small beside the target's verify pass")
+    p.add_argument("--label-top", type=int, help="the target's most likely draft tokens a label keeps, renormalized "
+                   "(default 64; 1: the target's greedy token alone, the one a greedy loop keeps)")
     p.add_argument("--batch", type=int, help="packed rows an update")
     p.add_argument("--tap-scale", choices=["channel", "none"], help="train fc on the taps scaled to unit RMS per "
                    "channel (folded into fc's weight at the end) or as they are")
@@ -392,7 +394,7 @@ def main(argv=None) -> int:
     limits = {  # name: (lowest, highest)
         "minutes": (0.05, 600), "data_share": (0.05, 0.95), "prompts_per_class": (0, 100_000),
         "self_instruct": (0, 100_000), "chitchat": (0, 100_000), "sampled_answers": (0, 16),
-        "stdlib_chunks": (0, 1_000_000), "draft_vocab": (16, 1 << 20), "ttt_steps": (1, 16), "ffn": (16, 65536), "batch": (1, 4096),
+        "stdlib_chunks": (0, 1_000_000), "draft_vocab": (16, 1 << 20), "ttt_steps": (1, 16), "ffn": (16, 65536), "label_top": (1, 4096), "batch": (1, 4096),
         "lr": (1e-7, 1.0), "gen_batch": (1, 4096), "answer_tokens": (1, 4096), "max_updates": (1, 10**9),
     }
     for name, (lo, hi) in limits.items():

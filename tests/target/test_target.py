@@ -691,3 +691,20 @@ def test_runtime_buckets_stop_at_the_slots():
         assert "buckets" in tfe.plan_yaml(preset, buckets=runtime_buckets(slots), max_slots=slots)
     with pytest.raises(tfe.Error, match="bucket 16 exceeds max_slots = 4"):
         tfe.plan_yaml(preset, max_slots=4)
+
+
+def test_label_top_one_keeps_the_targets_greedy_token(target, chats):
+    """--label-top 1: each label is the target's greedy token alone, weight 1, where it is a draft token."""
+    from tfe.train_data import Sequence, Settings
+    from tfe.train_rows import Labels, pack, target_pass
+
+    s = Settings.smoke()
+    s.label_top = 1
+    rows = pack([Sequence(chats[0], 1, "prose", "template")], s.seq_len)
+    draft_ids = torch.arange(0, target.vocab, 7)  # the target's greedy token falls outside at some positions
+    _, _, _, _, _, p, idx, draftable = Labels(target, rows, draft_ids, s, lambda _: None, "test").take(torch.tensor([0]))
+    _, logits = target_pass(target, rows.ids, rows.positions, rows.doc)
+    greedy = logits.argmax(-1)
+    assert p.shape[-1] == 1 and bool((p == 1).all())
+    assert torch.equal(draftable, greedy % 7 == 0) and 0 < int(draftable.sum()) < draftable.numel()
+    assert torch.equal(draft_ids[idx[..., 0]][draftable], greedy[draftable])
