@@ -346,7 +346,7 @@ def main(argv=None) -> int:
                    "(default 64; 1: the target's greedy token alone, the one a greedy loop keeps)")
     p.add_argument("--batch", type=int, help="packed rows an update")
     p.add_argument("--tap-scale", choices=["channel", "none"], help="train fc on the taps scaled to unit RMS per "
-                   "channel (folded into fc's weight at the end) or as they are")
+                   "channel (folded into fc's weight at the end) (channel, the default) or as they are (none)")
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--gen-batch", type=int, help="prompts a generate call")
     p.add_argument("--data-loop", choices=["captured", "generate"], help="how the target writes the data: tfe's captured loop with drafts off (default) or transformers' generate")
