@@ -345,8 +345,8 @@ def main(argv=None) -> int:
     p.add_argument("--label-top", type=int, help="the target's most likely draft tokens a label keeps, renormalized "
                    "(default 64; 1: the target's greedy token alone, the one a greedy loop keeps)")
     p.add_argument("--batch", type=int, help="packed rows an update")
-    p.add_argument("--tap-scale", choices=["channel", "none"], help="train fc on the taps scaled to unit RMS per "
-                   "channel (folded into fc's weight at the end) (channel, the default) or as they are (none)")
+    p.add_argument("--tap-scale", choices=["channel", "none"], help="channel (the default): train fc on the taps "
+                   "scaled to unit RMS per channel, folded into fc's weight at the end; none: on the taps as they are")
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--gen-batch", type=int, help="prompts a generate call")
     p.add_argument("--data-loop", choices=["captured", "generate"], help="how the target writes the data: tfe's captured loop with drafts off (default) or transformers' generate")
