@@ -182,7 +182,14 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
             group["lr"] = lr
         if profile and update == PROFILED.start:
             profiler = Profiler(dev)
-        loss, agree, counted = step(head, train_labels.take(which), settings, autocast)
+        try:
+            loss, agree, counted = step(head, train_labels.take(which), settings, autocast)
+        except Exception as e:  # the first compiled call compiles: name the way around a machine it fails on
+            if update or not settings.compile:
+                raise
+            why = (str(e).strip().splitlines() or [""])[0]
+            raise RuntimeError(f"torch.compile of the training step failed ({type(e).__name__}: {why}); "
+                               "--compile none trains eagerly") from e
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)

@@ -708,3 +708,26 @@ def test_label_top_one_keeps_the_targets_greedy_token(target, chats):
     assert p.shape[-1] == 1 and bool((p == 1).all())
     assert torch.equal(draftable, greedy % 7 == 0) and 0 < int(draftable.sum()) < draftable.numel()
     assert torch.equal(draft_ids[idx[..., 0]][draftable], greedy[draftable])
+
+
+def test_a_compile_that_fails_names_the_eager_way(target, tmp_path, monkeypatch):
+    """The compiled step (the default) compiles at its first update; where that fails, the error names
+    --compile none, and the run writes no checkpoint."""
+    from tfe.train_data import Sequence, save_data
+    from tfe.train_head import Settings, train
+
+    s = Settings.smoke()
+    s.compile, s.min_updates, s.max_updates = "default", 1, 1
+    seqs = [Sequence(list(range(10, 60)), 5, "prose", "template")] * 4
+    save_data(tmp_path / "data.json", seqs, seqs[:1], {"bound_seconds": 0.0}, s)
+
+    def no_compiler(fn, mode=None):
+        def fails(*args, **kwargs):
+            raise OSError("no C compiler found\nmore detail")
+        return fails
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    with pytest.raises(RuntimeError, match=r"torch.compile of the training step failed \(OSError: no C compiler "
+                       r"found\); --compile none trains eagerly"):
+        train(target, s, tmp_path / "out", log=lambda _: None, data=tmp_path / "data.json")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
