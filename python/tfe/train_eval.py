@@ -15,7 +15,7 @@ import torch
 from . import prompts as prompt_sets
 from .target import Target
 from .torch_head import Eagle3Head
-from .train_data import Settings, held_out_data
+from .train_data import Settings, held_out_data, load_data
 from .train_rows import Labels, head_autocast, pack, ttt_loss
 
 
@@ -115,18 +115,24 @@ def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, aut
     return out
 
 
-def evaluate_head(target: Target, ckpt: str | pathlib.Path, settings: Settings, log=print) -> dict:
-    """`held_out_agreement` with TREES for a trained head, on held-out data the target writes now: the
-    training's held-out figures for any checkpoint, on a CPU too."""
+def evaluate_head(target: Target, ckpt: str | pathlib.Path, settings: Settings, log=print,
+                  data: pathlib.Path | None = None) -> dict:
+    """`held_out_agreement` with TREES for a trained head, on held-out data the target writes now, or on the
+    held-out answers of a data phase's file (`data`: the ones a training run on it scored): the training's
+    held-out figures for any checkpoint, on a CPU too."""
     head = Eagle3Head.load(ckpt, target).eval()
     # Rows as the head was trained on (its window + 1); one batch of the held-out prompts, not gen_batch
     # rows: a CPU has memory for the cache of this many.
     window = json.loads((pathlib.Path(ckpt) / "config.json").read_text())["max_position_embeddings"] - 1
     held = settings.eval_per_class * len(prompt_sets.CLASSES) + settings.eval_chitchat
     settings = replace(settings, seq_len=window + 1, gen_batch=min(settings.gen_batch, held))
-    evaluation, _ = held_out_data(target, settings, log)
+    if data is not None:
+        _, evaluation, _ = load_data(data, settings)
+        log(f"held-out: {len(evaluation)} sequences from {data}")
+    else:
+        evaluation, _ = held_out_data(target, settings, log)
     labels = Labels(target, pack(evaluation, settings.seq_len, packed=False), head.draft_ids, settings, log, "held-out")
-    return {"checkpoint": str(ckpt), "held_out_sequences": len(evaluation),
+    return {"checkpoint": str(ckpt), "held_out_sequences": len(evaluation), "held_out_from": str(data) if data else "written now",
             **held_out_agreement(head, labels, settings, head_autocast(target.device), trees=True)}
 
 

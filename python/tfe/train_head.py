@@ -11,7 +11,7 @@ shapes and numerics contract of docs/head.md, with the defaults of SpecForge's r
   conversations), never trained on; top-1 agreement by draft step on them, and the greedy loop's tokens a
   round simulated from the same drafts (`loop_rounds`, the figure `tfe-speedup --acceptance` measures), are
   logged against training time. `--evaluate DIR` scores a trained checkpoint the same way, with draft
-  trees beside the chain.
+  trees beside the chain, on held-out answers the target writes now or on those of a `--data` file.
 - sequence packing (tfe.train_rows): sequences share rows of `seq_len` tokens, each at its own positions
   and attending only itself (in the target's pass and in the head's), so no compute goes to padding.
 - the target's taps and labels once per row: before training, the target runs once over every row; its
@@ -374,8 +374,8 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="log where a training update's time goes (torch.profiler "
                    "over the 11th to 15th updates)")
     p.add_argument("--evaluate", metavar="DIR", help="train nothing: score the checkpoint in DIR on held-out data the "
-                   "target writes now (agreement by step and top k, the loop's tokens a round by draft tree) and write "
-                   "evaluation.json into --out")
+                   "target writes now, or on the held-out answers of --data FILE (agreement by step and top k, the loop's "
+                   "tokens a round by draft tree) and write evaluation.json into --out")
     a = p.parse_args(argv)
     from .outputs import check_output_dir, check_output_file
 
@@ -389,10 +389,13 @@ def main(argv=None) -> int:
         else:
             written = ("evaluation.json",) if a.evaluate else ("config.json", "model.safetensors", "training.json", "training.png")
             check_output_dir(a.out, "--out", files=written, inputs=[a.gguf])
-        if a.data:
+        if a.evaluate and a.data and not pathlib.Path(a.data).is_file():
+            raise ValueError(f"--data {a.data}: no such file (with --evaluate, --data is read: a data phase's file, "
+                             "whose held-out answers are scored)")
+        if a.data and not a.evaluate:
             check_output_file(a.data, "--data", inputs=[a.gguf])
-        if a.evaluate and (a.data or a.profile or a.compile or a.minutes is not None):
-            raise ValueError("--evaluate trains nothing: --data, --profile, --compile and --minutes do not go with it")
+        if a.evaluate and (a.profile or a.compile or a.minutes is not None):
+            raise ValueError("--evaluate trains nothing: --profile, --compile and --minutes do not go with it")
         if a.evaluate and not (pathlib.Path(a.evaluate) / "config.json").is_file():
             raise ValueError(f"--evaluate {a.evaluate}: no config.json there (a checkpoint tfe-train-head wrote)")
     except ValueError as e:
@@ -440,7 +443,7 @@ def main(argv=None) -> int:
         print(f"wrote {a.data}: {len(seqs)} training sequences, {len(evaluation)} held-out")
         return 0
     if a.evaluate:
-        got = evaluate_head(target, a.evaluate, s, log=lambda m: print(m, flush=True))
+        got = evaluate_head(target, a.evaluate, s, log=lambda m: print(m, flush=True), data=pathlib.Path(a.data) if a.data else None)
         pathlib.Path(a.out).mkdir(parents=True, exist_ok=True)
         write_atomic(pathlib.Path(a.out) / "evaluation.json", json.dumps(got, indent=1) + "\n")
         print(evaluation_table(got))

@@ -395,6 +395,7 @@ def test_transformers_generate_runs_past_end_of_text(target, monkeypatch):
         ("speedup", ["--head", "{head}", "-o", "{out}", "--steps", "x"], "comma-separated integers"),
         ("train_head", ["-o", "{out}", "--evaluate", "{out}"], "no config.json there"),
         ("train_head", ["-o", "{out}", "--evaluate", "{out}", "--profile"], "--evaluate trains nothing"),
+        ("train_head", ["-o", "{out}", "--evaluate", "{out}", "--data", "missing.json"], "--data missing.json: no such file"),
     ],
 )
 def test_commands_refuse_bad_arguments_before_loading_the_target(command, argv, message, tmp_path, monkeypatch, capsys):
@@ -500,6 +501,16 @@ def test_evaluate_scores_a_checkpoint_on_fresh_held_out_data(target, smoke, tmp_
     assert set(got["trees"]) == set(train_eval.TREES)
     table = capsys.readouterr().out
     assert "tokens a round" in table and "4, 2 then chains" in table
+    # The held-out answers of a data phase's file instead: the ones a training run on that file scored.
+    from tfe.train_data import Sequence, save_data
+
+    held = [Sequence(list(range(100, 150)), 20, c, "template") for c in ("prose", "code", "tool")]
+    save_data(tmp_path / "data.json", held, held, {"bound_seconds": 0.0}, train_head.Settings.smoke())
+    assert train_head.main(["--smoke", "--device", "cpu", "--evaluate", str(ckpt), "--data", str(tmp_path / "data.json"),
+                            "-o", str(tmp_path / "ev2")]) == 0
+    got = json.loads((tmp_path / "ev2" / "evaluation.json").read_text())
+    assert got["held_out_sequences"] == 3 and got["held_out_from"] == str(tmp_path / "data.json")
+    assert sorted(got["loop_tokens_per_round_by_class"]) == ["code", "prose", "tool"]
 
 
 def test_training_data_file_round_trips_and_refuses_another(tmp_path):
