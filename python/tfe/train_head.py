@@ -137,7 +137,7 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
     step = torch.compile(ttt_loss, mode=settings.compile) if settings.compile else ttt_loss  # held-out evaluations stay eager
     gen = torch.Generator().manual_seed(settings.seed)
     R = rows.ids.shape[0]
-    order = torch.randperm(R, generator=gen)
+    order = torch.randperm(R, generator=gen).to(dev)  # batches are slices of it on the device: no copy an update
     cursor = 0
     curve, held_curve = [], []
     paused = 0.0  # held-out evaluations: not training time
@@ -170,7 +170,7 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
             evaluate()
             next_eval += 1
         if cursor + settings.batch > R:
-            order, cursor = torch.randperm(R, generator=gen), 0
+            order, cursor = torch.randperm(R, generator=gen).to(dev), 0
         which = order[cursor : cursor + settings.batch]
         cursor += settings.batch
         frac = max(clock() / budget, update / settings.max_updates)

@@ -90,12 +90,17 @@ class Labels:
         self.t2d = torch.full((target.vocab,), -1, dtype=torch.long, device=dev)
         self.t2d[self.draft_ids] = torch.arange(len(draft_ids), device=dev)
         R, N = rows.ids.shape
-        per_row = N * (len(target.tap_layers) * target.model.config.hidden_size * 2 + self.top * 6 + 1)
+        # bf16 taps, the labels (bf16 p, int16 or int32 idx), draftable, and the row's ids, positions, doc, scored
+        per_row = N * (len(target.tap_layers) * target.model.config.hidden_size * 2 + self.top * 6 + 1 + 25)
         self.cached = None
+        # The rows' own tensors where the labels are kept on the device too, so that `take` copies nothing from
+        # the host: a copy from pageable memory waits for the stream, and the host could not run ahead.
+        self.row_tensors: list[torch.Tensor] | None = None
         if R * per_row <= settings.cache_gib * 2**30:
             t0 = time.perf_counter()
             parts = [self._compute(torch.arange(a, min(a + settings.batch, R))) for a in range(0, R, settings.batch)]
             self.cached = [torch.cat(p) for p in zip(*parts)]
+            self.row_tensors = [t.to(dev) for t in (rows.ids, rows.positions, rows.doc, rows.scored)]
             log(f"{name}: the target's taps and labels of {R} rows kept ({R * per_row / 2**30:.2f} GiB, {time.perf_counter() - t0:.1f} s)")
         else:
             log(f"{name}: {R} rows need {R * per_row / 2**30:.1f} GiB, more than cache_gib: the target runs per batch")
@@ -123,13 +128,21 @@ class Labels:
         return (sums / max(count, 1)).sqrt()
 
     def take(self, which: torch.Tensor):
-        """(ids, positions, doc, scored, taps, label probabilities, their draft ids, draftable) of rows."""
+        """(ids, positions, doc, scored, taps, label probabilities, their draft ids, draftable) of rows. With the
+        labels kept, `which` on the target's device makes this a few gathers there and nothing more."""
         dev = self.target.device
-        r = self.rows
-        got = [t[which.to(t.device)] for t in self.cached] if self.cached is not None else self._compute(which)
+        if self.cached is not None:
+            which = which.to(dev)
+            ids, positions, doc, scored = (t[which] for t in self.row_tensors)
+            got = [t[which] for t in self.cached]
+        else:
+            which = which.cpu()
+            r = self.rows
+            ids, positions, doc, scored = (t[which].to(dev) for t in (r.ids, r.positions, r.doc, r.scored))
+            got = self._compute(which)
         # A copy out of inference mode: autograd may save it.
         taps, p, idx, draftable = (t.clone() for t in got)
-        return (r.ids[which].to(dev), r.positions[which].to(dev), r.doc[which].to(dev), r.scored[which].to(dev), taps, p, idx.long(), draftable)
+        return (ids, positions, doc, scored, taps, p, idx.long(), draftable)
 
 
 def ahead(t: torch.Tensor, by: int, fill=0) -> torch.Tensor:

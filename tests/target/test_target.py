@@ -742,3 +742,20 @@ def test_a_compile_that_fails_names_the_eager_way(target, tmp_path, monkeypatch)
                        r"found\); --compile none trains eagerly"):
         train(target, s, tmp_path / "out", log=lambda _: None, data=tmp_path / "data.json")
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_kept_and_online_labels_take_the_same_rows(target, chats):
+    """Labels kept on the device (rows and all) and labels the target computes per batch give the same
+    batch for the same rows, whichever device the row numbers come on."""
+    from tfe.train_data import Sequence, Settings
+    from tfe.train_rows import Labels, pack
+
+    s = Settings.smoke()
+    rows = pack([Sequence(c, 1, "prose", "template") for c in chats], s.seq_len, packed=False)
+    kept = Labels(target, rows, torch.arange(2048), s, lambda _: None, "kept")
+    s.cache_gib = 0.0
+    online = Labels(target, rows, torch.arange(2048), s, lambda _: None, "online")
+    assert kept.cached is not None and online.cached is None
+    which = torch.tensor([3, 0, 2])
+    for a, b in zip(kept.take(which.to(target.device)), online.take(which)):
+        assert a.device == b.device and torch.equal(a, b)
