@@ -15,7 +15,7 @@ import torch
 from . import prompts as prompt_sets
 from .target import Target
 from .torch_head import Eagle3Head
-from .train_data import Settings, held_out_data, load_data
+from .train_data import Sequence, Settings, held_out_data, load_data
 from .train_rows import Labels, head_autocast, pack, ttt_loss
 
 
@@ -115,24 +115,34 @@ def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, aut
     return out
 
 
-def evaluate_head(target: Target, ckpt: str | pathlib.Path, settings: Settings, log=print,
-                  data: pathlib.Path | None = None) -> dict:
-    """`held_out_agreement` with TREES for a trained head, on held-out data the target writes now, or on the
-    held-out answers of a data phase's file (`data`: the ones a training run on it scored): the training's
-    held-out figures for any checkpoint, on a CPU too."""
-    head = Eagle3Head.load(ckpt, target).eval()
-    # Rows as the head was trained on (its window + 1); one batch of the held-out prompts, not gen_batch
-    # rows: a CPU has memory for the cache of this many.
+def evaluation_settings(ckpt: str | pathlib.Path, settings: Settings) -> Settings:
+    """The settings a checkpoint is scored with: rows as it was trained on (its window + 1); one batch of the
+    held-out prompts, not gen_batch rows: a CPU has memory for the cache of this many."""
     window = json.loads((pathlib.Path(ckpt) / "config.json").read_text())["max_position_embeddings"] - 1
     held = settings.eval_per_class * len(prompt_sets.CLASSES) + settings.eval_chitchat
-    settings = replace(settings, seq_len=window + 1, gen_batch=min(settings.gen_batch, held))
-    if data is not None:
-        _, evaluation, _ = load_data(data, settings)
-        log(f"held-out: {len(evaluation)} sequences from {data}")
+    return replace(settings, seq_len=window + 1, gen_batch=min(settings.gen_batch, held))
+
+
+def read_held_out(ckpt: str | pathlib.Path, data: pathlib.Path, settings: Settings) -> list[Sequence]:
+    """The held-out sequences of a data phase's file (the ones a training run on it scored), for rows of the
+    checkpoint's; refused naming --data where the file is another kind or was made for other rows."""
+    return load_data(data, evaluation_settings(ckpt, settings))[1]
+
+
+def evaluate_head(target: Target, ckpt: str | pathlib.Path, settings: Settings, log=print,
+                  held_out: tuple[pathlib.Path, list[Sequence]] | None = None) -> dict:
+    """`held_out_agreement` with TREES for a trained head, on held-out data the target writes now, or on
+    `held_out` (a data file and its read_held_out sequences): the training's held-out figures for any
+    checkpoint, on a CPU too."""
+    head = Eagle3Head.load(ckpt, target).eval()
+    settings = evaluation_settings(ckpt, settings)
+    if held_out is not None:
+        source, evaluation = str(held_out[0]), held_out[1]
+        log(f"held-out: {len(evaluation)} sequences from {source}")
     else:
-        evaluation, _ = held_out_data(target, settings, log)
+        source, (evaluation, _) = "written now", held_out_data(target, settings, log)
     labels = Labels(target, pack(evaluation, settings.seq_len, packed=False), head.draft_ids, settings, log, "held-out")
-    return {"checkpoint": str(ckpt), "held_out_sequences": len(evaluation), "held_out_from": str(data) if data else "written now",
+    return {"checkpoint": str(ckpt), "held_out_sequences": len(evaluation), "held_out_from": source,
             **held_out_agreement(head, labels, settings, head_autocast(target.device), trees=True)}
 
 

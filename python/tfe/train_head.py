@@ -60,7 +60,7 @@ from .outputs import replacing, write_atomic
 from .target import Target, load_target
 from .torch_head import Eagle3Head, read_checkpoint
 from .train_data import Settings, load_data, make_data, save_data
-from .train_eval import evaluate_head, evaluation_table, held_out_agreement
+from .train_eval import evaluate_head, evaluation_table, held_out_agreement, read_held_out
 from .train_rows import Labels, draft_vocabulary, head_autocast, pack, ttt_loss
 
 __all__ = ["Eagle3Head", "Settings", "read_checkpoint", "restore_checkpoint", "train", "write_trained_shards"]
@@ -422,6 +422,12 @@ def main(argv=None) -> int:
         s.tap_scale = a.tap_scale
     if a.compile is not None:
         s.compile = "" if a.compile == "none" else a.compile
+    held_out = None
+    if a.evaluate and a.data:  # read once, and refused before the target loads
+        try:
+            held_out = (pathlib.Path(a.data), read_held_out(a.evaluate, pathlib.Path(a.data), s))
+        except ValueError as e:
+            p.error(str(e))
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -444,7 +450,7 @@ def main(argv=None) -> int:
         print(f"wrote {a.data}: {len(seqs)} training sequences, {len(evaluation)} held-out")
         return 0
     if a.evaluate:
-        got = evaluate_head(target, a.evaluate, s, log=lambda m: print(m, flush=True), data=pathlib.Path(a.data) if a.data else None)
+        got = evaluate_head(target, a.evaluate, s, log=lambda m: print(m, flush=True), held_out=held_out)
         pathlib.Path(a.out).mkdir(parents=True, exist_ok=True)
         write_atomic(pathlib.Path(a.out) / "evaluation.json", json.dumps(got, indent=1) + "\n")
         print(evaluation_table(got))

@@ -511,6 +511,16 @@ def test_evaluate_scores_a_checkpoint_on_fresh_held_out_data(target, smoke, tmp_
     got = json.loads((tmp_path / "ev2" / "evaluation.json").read_text())
     assert got["held_out_sequences"] == 3 and got["held_out_from"] == str(tmp_path / "data.json")
     assert sorted(got["loop_tokens_per_round_by_class"]) == ["code", "prose", "tool"]
+    # A file made for rows other than the head's is refused before the target loads.
+    longer = train_head.Settings.smoke()
+    longer.seq_len += 1
+    save_data(tmp_path / "other.json", held, held, {"bound_seconds": 0.0}, longer)
+    monkeypatch.setattr(train_head, "load_target", lambda *args, **kwargs: pytest.fail("the target loaded"))
+    with pytest.raises(SystemExit):
+        train_head.main(["--smoke", "--device", "cpu", "--evaluate", str(ckpt), "--data", str(tmp_path / "other.json"),
+                         "-o", str(tmp_path / "ev3")])
+    assert "made for rows of 97 tokens, this run packs 96" in capsys.readouterr().err
+    assert not (tmp_path / "ev3").exists()
 
 
 def test_training_data_file_round_trips_and_refuses_another(tmp_path):
