@@ -63,13 +63,16 @@ def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, aut
     headline, `loop_tokens_per_round`, is the mean over the classes, each weighing the same: the work and
     the figure of `tfe-speedup --acceptance`, which it predicts. The `by_class` keys hold the groups. With
     `trees`, also each step's top-k agreement (k = 1..4) over the classes' rows and the headline figure for
-    each of TREES."""
+    each of TREES. `vocab_coverage`: the share of the target's scored tokens that the draft vocabulary holds
+    (over the classes' rows, and by group), a ceiling on every agreement: the rest are never drafted, and
+    the agreement figures leave them out while the loop's count them as misses."""
     groups = [c if src == "template" else src for c, src in zip(labels.rows.cls, labels.rows.source)]
     steps = settings.ttt_steps
     total = torch.zeros(steps)
     seen = torch.zeros(steps)
     top_k, top_seen = torch.zeros(steps, 4), torch.zeros(steps)  # the classes' rows, as the headline
     by_group: dict[str, list[torch.Tensor]] = {}
+    covered: dict[str, list[int]] = {}  # group: [draftable, scored] target tokens
     shapes = list(TREES) if trees else ["chain"]
     rounds: dict[str, dict[str, list[list[int]]]] = {name: {} for name in shapes}  # tree, group, S - 1
     for i in range(len(groups)):  # a row at a time: held-out rows hold one sequence each
@@ -83,6 +86,10 @@ def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, aut
         c[0] += agree
         c[1] += counted
         rank = torch.stack(ranks)[:, 0].cpu()  # [steps, N]
+        real = batch[3][0] & (batch[2][0] >= 0)
+        cov = covered.setdefault(groups[i], [0, 0])
+        cov[0] += int((batch[7][0] & real).sum())
+        cov[1] += int(real.sum())
         if groups[i] in prompt_sets.CLASSES:
             top_k += torch.stack([(rank < k).sum(-1) for k in range(1, 5)], -1).float()
             top_seen += counted
@@ -108,6 +115,9 @@ def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, aut
     loop_mean, loop_by_group = per_round(rounds["chain"])
     out = {"acc": rate(total, seen), "by_class": {g: rate(a, n) for g, (a, n) in sorted(by_group.items())},
            "positions": int(seen[0]), "loop_tokens_per_round": loop_mean, "loop_tokens_per_round_by_class": loop_by_group}
+    in_classes = [c for g, c in covered.items() if g in prompt_sets.CLASSES] or list(covered.values())
+    out["vocab_coverage"] = sum(c[0] for c in in_classes) / max(sum(c[1] for c in in_classes), 1)
+    out["vocab_coverage_by_class"] = {g: c[0] / max(c[1], 1) for g, c in sorted(covered.items())}
     if trees:
         out["top_k_agreement"] = [[float(x) for x in top_k[k] / top_seen[k].clamp_min(1)] for k in range(steps)]
         out["trees"] = {name: {"widths": tree_widths(name, steps), "nodes": [tree_nodes(name, S) for S in range(1, steps + 1)],
@@ -156,6 +166,8 @@ def evaluation_table(got: dict) -> str:
     lines.append(f"{'tree':18}" + "".join(f"{f'S={S}':>12}" for S in range(1, steps + 1)))
     for name, t in got["trees"].items():
         lines.append(f"{name:18}" + "".join(f"{f'{x:.2f} ({n})':>12}" for x, n in zip(t["tokens_per_round"], t["nodes"])))
+    lines.append(f"the draft vocabulary holds {got['vocab_coverage']:.3f} of the target's tokens (by class: "
+                 + ", ".join(f"{g} {v:.3f}" for g, v in got["vocab_coverage_by_class"].items()) + ")")
     lines.append("the chain by class (chitchat: the held-out conversations): " + ", ".join(f"{g} {v[-1]:.2f}" for g, v in got["loop_tokens_per_round_by_class"].items())
                  + f" at S = {steps}")
     return "\n".join(lines)

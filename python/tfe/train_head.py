@@ -155,6 +155,9 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
         head.train()
         held_curve.append({"update": update, "seconds": at, **got})
         paused += time.perf_counter() - t
+        if len(held_curve) == 1:
+            log(f"held-out: the draft vocabulary holds {got['vocab_coverage']:.3f} of the target's tokens (by class: "
+                + ", ".join(f"{g} {v:.3f}" for g, v in got["vocab_coverage_by_class"].items()) + ")")
         log(f"held-out at {held_curve[-1]['seconds']:.0f} s (update {update}): top-1 agreement by step " + " ".join(f"{a:.2f}" for a in got["acc"])
             + "; the loop's tokens a round at S = 1.." + str(len(got["loop_tokens_per_round"])) + ": "
             + " ".join(f"{x:.2f}" for x in got["loop_tokens_per_round"]))

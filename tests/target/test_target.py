@@ -436,7 +436,8 @@ def test_held_out_loop_figure_is_the_acceptance_studys(monkeypatch):
     """The training's headline of the simulated loop averages the evaluation prompts' classes alone, as
     tfe-speedup --acceptance does: held-out conversations are a group of their own, outside the mean. It
     covers eval_new_tokens of each answer; a draft tree keeps a step where the target's token ranks within
-    the level's width. The drafts' ranks are set here, so every figure is known."""
+    the level's width. The drafts' ranks are set here, so every figure is known; so is which of the
+    target's tokens the draft vocabulary holds (code's last ten are outside it)."""
     from tfe import train_eval
     from tfe.train_data import Settings
     from tfe.train_eval import held_out_agreement
@@ -450,16 +451,20 @@ def test_held_out_loop_figure_is_the_acceptance_studys(monkeypatch):
     rows = Rows(torch.zeros(3, N, dtype=torch.long), torch.arange(N).expand(3, N), torch.zeros(3, N, dtype=torch.long),
                 torch.arange(N).expand(3, N) >= start, ["prose", "code", "chat"], ["template", "template", "chitchat"])
 
+    draftable = torch.ones(3, N, dtype=torch.bool)
+    draftable[1, N - 10 :] = False
+    taken = []  # the row of the batch `take` made last
+
     class Held:
         def __init__(self):
             self.rows = rows
 
         def take(self, which):
-            i = int(which[0])
-            return (rows.ids[which], rows.positions[which], rows.doc[which], rows.scored[which], None, None, None, i)
+            taken.append(int(which[0]))
+            return (rows.ids[which], rows.positions[which], rows.doc[which], rows.scored[which], None, None, None, draftable[which])
 
     def fake_loss(head, batch, settings, autocast, ranks):
-        i = batch[-1]
+        i = taken[-1]
         rank = torch.full((1, N), rank_of[rows.cls[i]])
         rank[:, :start] = NOT_SCORED
         ranks.extend(rank.clone() for _ in range(steps))
@@ -483,6 +488,9 @@ def test_held_out_loop_figure_is_the_acceptance_studys(monkeypatch):
     assert got["trees"]["chain"]["tokens_per_round"] == got["loop_tokens_per_round"]
     assert got["top_k_agreement"][0] == [0.5, 1.0, 1.0, 1.0]
     assert got["trees"]["4, 2 then chains"]["nodes"][:3] == [4, 12, 20]
+    scored = N - start
+    assert got["vocab_coverage_by_class"] == {"chitchat": 1.0, "code": (scored - 10) / scored, "prose": 1.0}
+    assert got["vocab_coverage"] == (2 * scored - 10) / (2 * scored)  # the classes' rows alone
 
 
 def test_evaluate_scores_a_checkpoint_on_fresh_held_out_data(target, smoke, tmp_path, monkeypatch, capsys):
