@@ -42,19 +42,27 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def read_checkpoint(ckpt_dir: str | pathlib.Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors checkpoint: model.safetensors, or the shards of model.safetensors.index.json."""
+    """Every tensor of a safetensors checkpoint: model.safetensors, or the shards of model.safetensors.index.json
+    (a tensor its metadata lists under "split", as tfe.train_head.write_trained_shards writes one larger than
+    a file, joined again from its blocks of rows)."""
     from safetensors.torch import load_file
 
     root = pathlib.Path(ckpt_dir)
     index = root / "model.safetensors.index.json"
     if not index.exists():
         return load_file(str(root / "model.safetensors"))
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    spec = json.loads(index.read_text())
+    files = sorted(set(spec["weight_map"].values()))
     tensors: dict[str, torch.Tensor] = {}
     for name in files:
         if "/" in name or name in ("", ".", ".."):
             raise ValueError(f"{index}: {name!r} is not a file of this directory")
         tensors.update(load_file(str(root / name)))
+    for name, pieces in spec.get("metadata", {}).get("split", {}).items():
+        missing = [p for p in pieces if p not in tensors]
+        if missing:
+            raise ValueError(f"{index}: {name} is split into {len(pieces)} blocks; the shards lack {', '.join(missing)}")
+        tensors[name] = torch.cat([tensors.pop(p) for p in pieces])
     return tensors
 
 

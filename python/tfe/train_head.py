@@ -275,19 +275,32 @@ def write_trained_shards(ckpt_dir: str | pathlib.Path, out_dir: str | pathlib.Pa
     """The head's own weights, without the target's embedding, as Hugging Face shards of at most
     max_file_bytes each (model-0000k-of-0000n.safetensors + model.safetensors.index.json), config.json and,
     where there is one, training.json: what `restore_checkpoint` makes whole again with the target's
-    embedding. Small enough to move where a whole checkpoint (the embedding is most of it) cannot go.
-    Returns the files written."""
+    embedding. Small enough to move where a whole checkpoint (the embedding is most of it) cannot go. A
+    tensor larger than a file travels as blocks of rows, "NAME@0", "NAME@1", ..., which the index's
+    metadata lists under "split" and read_checkpoint joins again. Returns the files written."""
     from safetensors.torch import save_file
 
     src, out = pathlib.Path(ckpt_dir), pathlib.Path(out_dir)
-    tensors = {n: t for n, t in read_checkpoint(src).items() if n != "embed_tokens.weight"}
+    room = max_file_bytes - SHARD_HEADER_BYTES
+    tensors, split = {}, {}
+    for name, t in read_checkpoint(src).items():
+        if name == "embed_tokens.weight":
+            continue
+        if t.nbytes <= room:
+            tensors[name] = t
+            continue
+        row_bytes = t[0].nbytes if t.dim() > 1 else t.element_size()
+        if row_bytes > room:
+            raise ValueError(f"one row of {name} is {row_bytes} bytes, more than max_file_bytes = {max_file_bytes} "
+                             f"less {SHARD_HEADER_BYTES} for the shard's header")
+        blocks = t.split(room // row_bytes)
+        split[name] = [f"{name}@{i}" for i in range(len(blocks))]
+        tensors.update({piece: b.contiguous() for piece, b in zip(split[name], blocks)})
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name in sorted(tensors, key=lambda n: -tensors[n].nbytes):
         nbytes = tensors[name].nbytes
-        if nbytes + SHARD_HEADER_BYTES > max_file_bytes:
-            raise ValueError(f"{name} alone is {nbytes} bytes, more than max_file_bytes = {max_file_bytes}")
-        if shards[-1] and size + nbytes + SHARD_HEADER_BYTES > max_file_bytes:
+        if shards[-1] and size + nbytes > room:
             shards.append({})
             size = 0
         shards[-1][name] = tensors[name]
@@ -300,7 +313,8 @@ def write_trained_shards(ckpt_dir: str | pathlib.Path, out_dir: str | pathlib.Pa
             save_file(shard, str(tmp))
         weight_map.update({t: name for t in shard})
         written.append(out / name)
-    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": dict(sorted(weight_map.items()))}
+    metadata = {"total_size": sum(t.nbytes for t in tensors.values()), **({"split": split} if split else {})}
+    index = {"metadata": metadata, "weight_map": dict(sorted(weight_map.items()))}
     write_atomic(out / "model.safetensors.index.json", json.dumps(index, indent=1) + "\n")
     # training.json says which run made the head.
     return [*written, out / "model.safetensors.index.json", *_copy_texts(src, out, ("config.json", "training.json"))]

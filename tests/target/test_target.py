@@ -288,10 +288,13 @@ def test_training_data_loops_write_the_same_answers(target, chats):
 
 
 def test_trained_shards_restore_the_checkpoint_bit_for_bit(target, smoke, tmp_path):
-    """write_trained_shards drops the target's embedding and splits the rest under a size limit; the head
+    """write_trained_shards drops the target's embedding and splits the rest under a size limit (a tensor
+    larger than a file into blocks of rows); the head
     loads from the shards (taking the target's embedding), and restore_checkpoint writes the original
     checkpoint's tensors and config again, bit for bit."""
-    from tfe.train_head import read_checkpoint, restore_checkpoint, write_trained_shards
+    import json
+
+    from tfe.train_head import SHARD_HEADER_BYTES, read_checkpoint, restore_checkpoint, write_trained_shards
 
     ckpt = smoke[0]
     files = write_trained_shards(ckpt, tmp_path / "shards", max_file_bytes=3 << 20)
@@ -307,8 +310,20 @@ def test_trained_shards_restore_the_checkpoint_bit_for_bit(target, smoke, tmp_pa
     assert all(want[k].dtype == got[k].dtype and torch.equal(want[k], got[k]) for k in want)
     for name in ("config.json", "training.json"):
         assert (tmp_path / "whole" / name).read_text() == (ckpt / name).read_text()
-    with pytest.raises(ValueError, match="more than max_file_bytes"):
-        write_trained_shards(ckpt, tmp_path / "small", max_file_bytes=2 << 20)
+    # A tensor larger than a file travels as blocks of rows, joined again on reading; a row larger than a
+    # file is refused.
+    lm_head = want["lm_head.weight"]
+    limit = lm_head.nbytes // 2 + SHARD_HEADER_BYTES
+    files = write_trained_shards(ckpt, tmp_path / "small", max_file_bytes=limit)
+    assert all(f.stat().st_size <= limit for f in files if f.suffix == ".safetensors")
+    split = json.loads((tmp_path / "small" / "model.safetensors.index.json").read_text())["metadata"]["split"]
+    assert len(split["lm_head.weight"]) == 2
+    restore_checkpoint(tmp_path / "small", target, tmp_path / "whole2")
+    again = read_checkpoint(tmp_path / "whole2")
+    assert again.keys() == want.keys() and all(torch.equal(want[k], again[k]) for k in want)
+    with pytest.raises(ValueError, match="one row of .* more than max_file_bytes"):
+        write_trained_shards(ckpt, tmp_path / "tiny", max_file_bytes=SHARD_HEADER_BYTES + 100)
+    assert not (tmp_path / "tiny").exists()
     index = tmp_path / "shards" / "model.safetensors.index.json"
     text = index.read_text()
     index.write_text(text.replace('"model-00001', '"../model-00001'))
