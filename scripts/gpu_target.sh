@@ -26,7 +26,8 @@
 #                                    to .target/head here, so that a later machine needs no training.
 #                                    $OUT/data.json.gz is the data it trained on (.target/data.json.gz here)
 #   scripts/gpu_target.sh study      there, as train: training settings compared on one data set (the carried
-#                                    or last data, else made first: the data bound of TRAIN_MINUTES, by default 10's). STUDY
+#                                    or last data, else made first: the data bound of TRAIN_MINUTES, by default 10's,
+#                                    and DATA_ARGS, the data phase's tfe.train_head flags). STUDY
 #                                    lists the runs' tfe.train_head flags, ';' between runs; each trains
 #                                    STUDY_MINUTES (default 3; a run is stopped STUDY_SLACK = 240 s past
 #                                    them); STUDY_PARALLEL=1 runs them at once (one GPU each where there
@@ -191,7 +192,7 @@ study() {  # STUDY: the runs' flags, ';' between runs; STUDY_MINUTES (3) each
   echo "== module built ($((SECONDS - t0)) s)" | tee "$out/study.log"
   if [ ! -f "$state/data.json.gz" ]; then
     # shellcheck disable=SC2086  # an optional flag and its value
-    python3 -m tfe.train_head --data-only --data "$state/data.json.gz" ${TRAIN_MINUTES:+--minutes $TRAIN_MINUTES} 2>&1 |
+    python3 -m tfe.train_head --data-only --data "$state/data.json.gz" ${TRAIN_MINUTES:+--minutes $TRAIN_MINUTES} ${DATA_ARGS:-} 2>&1 |
       grep --line-buffered -v "it/s\]" | tee -a "$out/study.log"
     [ -f "$state/data.json.gz" ] || die "the data phase wrote no data"
     keep_data

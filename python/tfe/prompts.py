@@ -367,12 +367,53 @@ TASK_TYPES = {  # self-instruct: what the target is asked to write a request for
 }
 
 
-def self_instruct_requests(count: int, seed: int = 0) -> list[Prompt]:
+# Areas the target names subjects in (`subject_requests`), for self-instruct requests beyond the fixed
+# training subjects: what people ask an assistant about, broad enough that sampled subjects rarely repeat.
+SUBJECT_AREAS = (
+    "cooking", "gardening", "personal finance", "travel", "sports", "music", "film and television", "history",
+    "geography", "medicine and health", "fitness", "psychology", "education", "careers and jobs", "law",
+    "economics", "small business", "marketing", "software engineering", "computer hardware", "the internet",
+    "video games", "board games", "painting and drawing", "photography", "architecture", "fashion",
+    "pets", "wild animals", "farming", "cars and driving", "space and astronomy", "chemistry", "physics",
+    "biology", "the ocean", "weather and climate", "energy", "philosophy", "mythology", "literature",
+    "languages", "parenting", "friendship", "home repair", "shopping", "nutrition", "government",
+    "mathematics", "statistics", "data and spreadsheets", "writing and editing", "public speaking",
+    "time management", "the environment", "transport", "crafts and hobbies", "holidays and traditions",
+)
+
+
+def subject_requests(count: int, seed: int = 0) -> list[Prompt]:
+    """Instructions that make the target name a subject itself, in one of SUBJECT_AREAS (class "subject"):
+    its sampled answers, through `clean_subject`, widen `self_instruct_requests`' subjects."""
+    rng = random.Random(f"subjects:{seed}")
+    return [Prompt("subject", f"Name one specific topic in {rng.choice(SUBJECT_AREAS)} that people often ask "
+                              "questions about. Write only the topic, in a few words.") for _ in range(count)]
+
+
+@functools.lru_cache(maxsize=1)
+def _evaluation_subjects() -> tuple[str, ...]:
+    return tuple(x.lower() for x in _TOPICS.eval + _CONCEPTS.eval + [t for t, _ in _TASKS.eval])
+
+
+def clean_subject(text: str) -> str | None:
+    """A subject the target named, as a subject for a request: its first line without quotes, labels or
+    closing punctuation, 3 to 60 characters; None where it is not one, or where it holds an evaluation
+    subject (evaluation's subjects stay out of everything training sees)."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    line = re.sub(r"^(topic|subject)\s*:\s*", "", line.strip().strip("*\"'").strip(), flags=re.IGNORECASE)
+    line = line.strip().strip("\"'").rstrip(".!").strip()
+    if not 3 <= len(line) <= 60 or any(e in line.lower() for e in _evaluation_subjects()):
+        return None
+    return line
+
+
+def self_instruct_requests(count: int, seed: int = 0, subjects: tuple[str, ...] | list[str] = ()) -> list[Prompt]:
     """Instructions that make the target write a user's request itself (self-instruct): a task type and a
-    training subject each. The class is the kind of request asked for; the target's answer becomes a prompt."""
+    subject each, from the training subjects and `subjects` (ones the target named: `subject_requests`). The
+    class is the kind of request asked for; the target's answer becomes a prompt."""
     rng = random.Random(f"self-instruct:{seed}")
-    subjects = _TOPICS.train + _CONCEPTS.train + [t for t, _ in _TASKS.train]
-    pairs = [(cls, subject) for cls in TASK_TYPES for subject in subjects]
+    pool = _TOPICS.train + _CONCEPTS.train + [t for t, _ in _TASKS.train] + list(subjects)
+    pairs = [(cls, subject) for cls in TASK_TYPES for subject in pool]
     rng.shuffle(pairs)
     # Past every pair once, pairs come again: the target's sampled requests still differ.
     out = []

@@ -1,7 +1,8 @@
 """The training data of tfe-train-head: the target's own answers to requests of every class, within a bound.
 
 - sources: tfe.prompts' training split (templated prompts of ten classes), human conversations
-  (chitchat-dataset, where installed), requests the target first writes itself (self-instruct), and chunks
+  (chitchat-dataset, where installed), requests the target first writes itself (self-instruct: about the
+  training subjects and, with `self_subjects`, subjects it names itself first), and chunks
   of the standard library's sources; held out: tfe.prompts.evaluation_prompts and held-out conversations.
 - answers: one greedy and `sampled_answers` sampled (temperature 0.8, top-p 0.95), as EAGLE-3 regenerates
   its data with the target, so the head learns the target's own continuations. They are written in batches of
@@ -39,6 +40,8 @@ class Settings:
     data_share: float = 0.3  # the data phase's bound, a share of `minutes` (2.9M tokens took under 144 s on an H100)
     prompts_per_class: int = 300  # templated training prompts of each class (fewer where a class has fewer)
     self_instruct: int = 2000  # requests the target writes itself
+    self_subjects: int = 0  # subjects the target names first, beside the fixed ones, for those requests
+    subject_tokens: int = 16  # the most a subject the target names may take
     # More conversations or sampled answers than these crowd the classes out of the data phase's bound and
     # cost held-out acceptance (BENCHMARKS.md): the loop drafts greedy answers to requests of every class.
     chitchat: int = 1000  # human conversations
@@ -77,6 +80,8 @@ class Settings:
             data_share=0.7,
             prompts_per_class=1,
             self_instruct=1,
+            self_subjects=2,
+            subject_tokens=8,
             chitchat=1,
             sampled_answers=1,
             answer_tokens=12,
@@ -202,9 +207,25 @@ def _hf_batches(target: Target, tokens: int, sample: bool):
     return run
 
 
-def self_instruct_prompts(target: Target, settings: Settings, clock: DataClock, log, loops: dict) -> list[prompt_sets.Prompt]:
-    """Requests the target writes itself (sampled, at most request_tokens), kept where they read as a request."""
-    asks = prompt_sets.self_instruct_requests(settings.self_instruct, settings.seed)
+def named_subjects(target: Target, settings: Settings, clock: DataClock, log, loops: dict) -> list[str]:
+    """Subjects the target names itself (sampled, at most subject_tokens each, `prompt_sets.subject_requests`),
+    cleaned and without repeats, in the order named."""
+    asks = prompt_sets.subject_requests(settings.self_subjects, settings.seed)
+    jobs = [(target.encode_chat(p.text), p.cls) for p in asks]
+    named: dict[str, str] = {}
+    for _, _, answer in generate(target, jobs, settings, clock, log, tokens=settings.subject_tokens, sample=True, seed=settings.seed + 1, loops=loops):
+        subject = prompt_sets.clean_subject(target.tokenizer.decode(answer, skip_special_tokens=True))
+        if subject:
+            named.setdefault(subject.lower(), subject)
+    log(f"subjects: the target named {len(named)} distinct of {len(asks)} asked")
+    return list(named.values())
+
+
+def self_instruct_prompts(target: Target, settings: Settings, clock: DataClock, log, loops: dict,
+                          subjects: list[str] = ()) -> list[prompt_sets.Prompt]:
+    """Requests the target writes itself (sampled, at most request_tokens) about the training subjects and
+    `subjects`, kept where they read as a request."""
+    asks = prompt_sets.self_instruct_requests(settings.self_instruct, settings.seed, subjects)
     jobs = [(target.encode_chat(p.text), p.cls) for p in asks]
     out = []
     for _, cls, answer in generate(target, jobs, settings, clock, log, tokens=settings.request_tokens, sample=True, seed=settings.seed, loops=loops):
@@ -263,7 +284,9 @@ def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], 
     # Training prompts: templated, conversations, then the target's own requests.
     sources = {"template": prompt_sets.training_prompts(settings.prompts_per_class, settings.seed)}
     sources["chitchat"], _ = prompt_sets.chitchat_prompts(settings.chitchat, settings.seed, split="train")
-    sources["self-instruct"] = self_instruct_prompts(target, settings, clock, log, loops)
+    subjects = named_subjects(target, settings, clock, log, loops) if settings.self_subjects else []
+    report["named_subjects"] = len(subjects)
+    sources["self-instruct"] = self_instruct_prompts(target, settings, clock, log, loops, subjects)
     rng = random.Random(settings.seed)
     prompts = [(p, src) for src, ps in sources.items() for p in ps]
     rng.shuffle(prompts)

@@ -359,9 +359,11 @@ def main(argv=None) -> int:
     p.add_argument("--data-share", type=float, help="the data phase's bound, a share of --minutes (default 0.3; smoke 0.7); checked between "
                    "batches of answers, so a slow machine passes it by up to one batch")
     p.add_argument("--prompts-per-class", type=int, help="templated training prompts of each class (default 300)")
-    p.add_argument("--self-instruct", type=int, help="requests the target writes itself")
-    p.add_argument("--chitchat", type=int, help="human conversations (chitchat-dataset)")
-    p.add_argument("--sampled-answers", type=int, help="sampled answers a prompt, beside the greedy one")
+    p.add_argument("--self-instruct", type=int, help="requests the target writes itself (default 2000; smoke 1)")
+    p.add_argument("--self-subjects", type=int, help="subjects the target names itself first, in broad areas, for "
+                   "those requests beside the fixed training subjects (default 0: the fixed ones alone; smoke 2)")
+    p.add_argument("--chitchat", type=int, help="human conversations (chitchat-dataset; default 1000, smoke 1)")
+    p.add_argument("--sampled-answers", type=int, help="sampled answers a prompt, beside the greedy one (default 1, smoke 1)")
     p.add_argument("--stdlib-chunks", type=int, help="chunks of standard-library sources trained on (default 600)")
     p.add_argument("--draft-vocab", type=int, help="the draft vocabulary: the data's most frequent tokens (default 8192)")
     p.add_argument("--ttt-steps", type=int, help="training-time-test steps a position, step k weighted 0.8^k (default 7)")
@@ -421,7 +423,7 @@ def main(argv=None) -> int:
     s = Settings.smoke() if a.smoke else Settings()
     limits = {  # name: (lowest, highest)
         "minutes": (0.05, 600), "data_share": (0.05, 0.95), "prompts_per_class": (0, 100_000),
-        "self_instruct": (0, 100_000), "chitchat": (0, 100_000), "sampled_answers": (0, 16),
+        "self_instruct": (0, 100_000), "self_subjects": (0, 100_000), "chitchat": (0, 100_000), "sampled_answers": (0, 16),
         "stdlib_chunks": (0, 1_000_000), "draft_vocab": (16, 1 << 20), "ttt_steps": (1, 16), "ffn": (16, 65536), "label_top": (1, 4096), "batch": (1, 4096),
         "lr": (1e-7, 1.0), "gen_batch": (1, 4096), "answer_tokens": (1, 4096), "max_updates": (1, 10**9),
     }

@@ -30,6 +30,25 @@ def test_evaluation_subjects_never_reach_training():
         assert f'"{name}"' not in train and f"`{name}`" not in train, name
 
 
+def test_subjects_the_target_names_are_cleaned_and_keep_evaluation_out():
+    """clean_subject keeps a named subject's first line without labels, quotes or closing punctuation, and
+    refuses what is not a subject or holds one of evaluation's; the requests then take the named subjects."""
+    assert prompts.clean_subject("Topic: Sourdough bread.") == "Sourdough bread"
+    assert prompts.clean_subject('"Budgeting for retirement"\nIt is a common question.') == "Budgeting for retirement"
+    assert prompts.clean_subject("**Subject: Tax returns**") == "Tax returns"
+    assert prompts.clean_subject("") is None and prompts.clean_subject("  \n ") is None
+    assert prompts.clean_subject("ok") is None and prompts.clean_subject("a" * 61) is None
+    held = prompts._CONCEPTS.eval[0]
+    assert prompts.clean_subject(f"Questions about {held.upper()}") is None
+    asks = prompts.subject_requests(50, seed=3)
+    assert len(asks) == 50 and {p.cls for p in asks} == {"subject"} and asks == prompts.subject_requests(50, seed=3)
+    assert len({p.text for p in asks}) > 20  # areas vary
+    every = len(prompts.TASK_TYPES) * 64  # past the fixed subjects' pairs, the named ones come too
+    named = " ".join(p.text for p in prompts.self_instruct_requests(every, subjects=["sourdough bread"]))
+    assert "sourdough bread" in named
+    assert "sourdough bread" not in " ".join(p.text for p in prompts.self_instruct_requests(every))
+
+
 def test_sources_split_by_file():
     train, held = set(prompts.stdlib_files("train")), set(prompts.stdlib_files("eval"))
     assert train and held and not train & held

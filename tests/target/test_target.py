@@ -602,6 +602,17 @@ def test_profile_logs_where_an_update_goes(smoke):
     assert "aten::" in report[0] and "Self CPU" in report[0]
 
 
+def test_smoke_data_has_subjects_the_target_named(smoke):
+    """The smoke run asks the target for subjects first (self_subjects): its log and its data report say how
+    many distinct ones it named, and every self-instruct request's job went through."""
+    import json
+
+    log = (smoke[0].parent / "train.log").read_text()
+    assert "subjects: the target named " in log and " distinct of 2 asked" in log, log[-2000:]
+    report = json.loads((smoke[0] / "training.json").read_text())["data"]
+    assert 0 <= report["named_subjects"] <= 2 and report["prompts"]["self-instruct"] <= 1
+
+
 def test_compiled_training_step_is_the_eager_one(target):
     """--compile: torch.compile's training step gives the eager step's loss, agreement and gradients on a
     smoke-shaped batch (fp32 on a CPU: equal up to the order of its sums)."""
