@@ -231,8 +231,8 @@ study() {  # STUDY: the runs' flags, ';' between runs; STUDY_MINUTES (3) each
 import json, pathlib, sys
 root, runs = pathlib.Path(sys.argv[1]), sys.argv[2:]
 got = []
-print("| run | flags | updates | held-out agreement, step 1 / 6 | the loop's tokens a round, S = 4 / 6 |")
-print("| --- | --- | --- | --- | --- |")
+print("| run | flags | updates | held-out agreement, step 1 / 6 | the loop's tokens a round, S = 4 / 6 | on a training sample, S = 6 |")
+print("| --- | --- | --- | --- | --- | --- |")
 for k, flags in enumerate(runs, 1):
     f = root / str(k) / "training.json"
     if not f.exists():
@@ -242,7 +242,8 @@ for k, flags in enumerate(runs, 1):
     got.append({"run": k, "flags": flags, **t})
     acc, tokens = t["held_out"]["acc"], t["held_out"]["loop_tokens_per_round"]
     at = lambda xs, i: f"{xs[i]:.3f}" if len(xs) > i else "-"
-    print(f"| {k} | {flags or 'the defaults'} | {t['updates']} | {at(acc, 0)} / {at(acc, 5)} | {at(tokens, 3)} / {at(tokens, 5)} |")
+    fit = t["held_out"].get("training_sample", {}).get("loop_tokens_per_round", [])
+    print(f"| {k} | {flags or 'the defaults'} | {t['updates']} | {at(acc, 0)} / {at(acc, 5)} | {at(tokens, 3)} / {at(tokens, 5)} | {at(fit, 5)} |")
 (root / "study.json").write_text(json.dumps(got, indent=1) + "\n")
 if got:  # the run whose simulated loop keeps most at S = 6 (or its largest S): its number in best
     best = max(got, key=lambda t: t["held_out"]["loop_tokens_per_round"][:6][-1])

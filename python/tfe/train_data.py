@@ -53,6 +53,7 @@ class Settings:
     eval_chitchat: int = 30  # held-out conversations: scored apart from the classes (`held_out_agreement`)
     eval_new_tokens: int = 128  # the simulated loop's new tokens a held-out prompt, as tfe-speedup --acceptance's
     eval_points: int = 8  # held-out evaluations, spread over the training time
+    fit_per_class: int = 6  # training answers of each class scored beside the held-out ones (train_eval.training_sample)
     seq_len: int = 512  # at most the head's window + 1, so that training attends what a draft attends
     draft_vocab: int = 8192
     ttt_steps: int = 7
@@ -90,6 +91,7 @@ class Settings:
             eval_per_class=1,
             eval_chitchat=1,
             eval_points=2,
+            fit_per_class=1,
             seq_len=96,
             draft_vocab=2048,
             ttt_steps=3,

@@ -1,6 +1,6 @@
 """The held-out score of a head: teacher-forced top-1 (and top-k) agreement by draft step, and the greedy
 loop's tokens a round simulated from the same drafts (`loop_rounds`), for the chain and for draft trees
-(`TREES`). The training logs it against time (tfe.train_head); `tfe-train-head --evaluate` scores any
+(`TREES`); the same on a sample of the training answers (`training_sample`), so that the gap shows. The training logs it against time (tfe.train_head); `tfe-train-head --evaluate` scores any
 checkpoint with it. The headline is the figure `tfe-speedup --acceptance` measures, which it predicts."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import random
 from dataclasses import replace
 
 import torch
@@ -125,6 +126,26 @@ def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, aut
     return out
 
 
+def training_sample(seqs: list[Sequence], settings: Settings) -> list[Sequence]:
+    """A fixed sample of the training answers, fit_per_class of each class (templated and self-instruct
+    prompts, answers of at least 32 tokens or answer_tokens), scored as the held-out ones are: what the head
+    does on prompts it trained on, beside what it does on prompts it never saw. Their gap says whether the
+    data generalizes."""
+    per_class, seed, least = settings.fit_per_class, settings.seed, min(32, settings.answer_tokens)
+    rng = random.Random(f"training-sample:{seed}")
+    out = []
+    for c in prompt_sets.CLASSES:
+        pool = [q for q in seqs if q.cls == c and q.source in ("template", "self-instruct") and len(q.ids) - q.scored_from >= least]
+        # Grouped by class, as the evaluation prompts are.
+        out += [replace(q, source="template") for q in rng.sample(pool, min(per_class, len(pool)))]
+    return out
+
+
+def loop_line(got: dict) -> str:
+    """The simulated loop's tokens a round at S = 1..steps, as the logs print it."""
+    return " ".join(f"{x:.2f}" for x in got["loop_tokens_per_round"])
+
+
 def evaluation_settings(ckpt: str | pathlib.Path, settings: Settings) -> Settings:
     """The settings a checkpoint is scored with: rows as it was trained on (its window + 1); one batch of the
     held-out prompts, not gen_batch rows: a CPU has memory for the cache of this many."""
@@ -133,27 +154,35 @@ def evaluation_settings(ckpt: str | pathlib.Path, settings: Settings) -> Setting
     return replace(settings, seq_len=window + 1, gen_batch=min(settings.gen_batch, held))
 
 
-def read_held_out(ckpt: str | pathlib.Path, data: pathlib.Path, settings: Settings) -> list[Sequence]:
-    """The held-out sequences of a data phase's file (the ones a training run on it scored), for rows of the
-    checkpoint's; refused naming --data where the file is another kind or was made for other rows."""
-    return load_data(data, evaluation_settings(ckpt, settings))[1]
+def read_held_out(ckpt: str | pathlib.Path, data: pathlib.Path, settings: Settings) -> tuple[list[Sequence], list[Sequence]]:
+    """The held-out sequences of a data phase's file (the ones a training run on it scored) and its
+    `training_sample`, for rows of the checkpoint's; refused naming --data where the file is another kind or
+    was made for other rows."""
+    seqs, held, _ = load_data(data, evaluation_settings(ckpt, settings))
+    return held, training_sample(seqs, settings)
 
 
 def evaluate_head(target: Target, ckpt: str | pathlib.Path, settings: Settings, log=print,
-                  held_out: tuple[pathlib.Path, list[Sequence]] | None = None) -> dict:
+                  held_out: tuple[pathlib.Path, list[Sequence], list[Sequence]] | None = None) -> dict:
     """`held_out_agreement` with TREES for a trained head, on held-out data the target writes now, or on
-    `held_out` (a data file and its read_held_out sequences): the training's held-out figures for any
-    checkpoint, on a CPU too."""
+    `held_out` (a data file and its read_held_out sequences, then also on its training sample): the
+    training's held-out figures for any checkpoint, on a CPU too."""
     head = Eagle3Head.load(ckpt, target).eval()
     settings = evaluation_settings(ckpt, settings)
+    autocast = head_autocast(target.device)
+    sample: list[Sequence] = []
     if held_out is not None:
-        source, evaluation = str(held_out[0]), held_out[1]
+        source, evaluation, sample = str(held_out[0]), held_out[1], held_out[2]
         log(f"held-out: {len(evaluation)} sequences from {source}")
     else:
         source, (evaluation, _) = "written now", held_out_data(target, settings, log)
     labels = Labels(target, pack(evaluation, settings.seq_len, packed=False), head.draft_ids, settings, log, "held-out")
-    return {"checkpoint": str(ckpt), "held_out_sequences": len(evaluation), "held_out_from": source,
-            **held_out_agreement(head, labels, settings, head_autocast(target.device), trees=True)}
+    out = {"checkpoint": str(ckpt), "held_out_sequences": len(evaluation), "held_out_from": source,
+           **held_out_agreement(head, labels, settings, autocast, trees=True)}
+    if sample:
+        fit = Labels(target, pack(sample, settings.seq_len, packed=False), head.draft_ids, settings, log, "training sample")
+        out["training_sample"] = {"sequences": len(sample), **held_out_agreement(head, fit, settings, autocast)}
+    return out
 
 
 def evaluation_table(got: dict) -> str:
@@ -168,6 +197,12 @@ def evaluation_table(got: dict) -> str:
         lines.append(f"{name:18}" + "".join(f"{f'{x:.2f} ({n})':>12}" for x, n in zip(t["tokens_per_round"], t["nodes"])))
     lines.append(f"the draft vocabulary holds {got['vocab_coverage']:.3f} of the target's tokens (by class: "
                  + ", ".join(f"{g} {v:.3f}" for g, v in got["vocab_coverage_by_class"].items()) + ")")
+    if "training_sample" in got:
+        fit = got["training_sample"]
+        lines.append(f"on a sample of the training answers ({fit['sequences']} sequences): the chain's tokens a round "
+                     f"at S = 1..{steps} {loop_line(fit)}; step-1 agreement by class "
+                     + ", ".join(f"{g} {v[0]:.2f}" for g, v in fit["by_class"].items()))
+        lines.append("held-out step-1 agreement by class: " + ", ".join(f"{g} {v[0]:.2f}" for g, v in got["by_class"].items()))
     lines.append("the chain by class (chitchat: the held-out conversations): " + ", ".join(f"{g} {v[-1]:.2f}" for g, v in got["loop_tokens_per_round_by_class"].items())
                  + f" at S = {steps}")
     return "\n".join(lines)

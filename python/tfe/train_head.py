@@ -60,7 +60,7 @@ from .outputs import replacing, write_atomic
 from .target import Target, load_target
 from .torch_head import Eagle3Head, read_checkpoint
 from .train_data import Settings, load_data, make_data, save_data
-from .train_eval import evaluate_head, evaluation_table, held_out_agreement, read_held_out
+from .train_eval import evaluate_head, evaluation_table, held_out_agreement, loop_line, read_held_out, training_sample
 from .train_rows import Labels, draft_vocabulary, head_autocast, pack, ttt_loss
 
 __all__ = ["Eagle3Head", "Settings", "read_checkpoint", "restore_checkpoint", "train", "write_trained_shards"]
@@ -128,6 +128,8 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
     start = time.perf_counter()
     train_labels = Labels(target, rows, draft_ids, settings, log, "training")
     held_labels = Labels(target, pack(evaluation, settings.seq_len, packed=False), draft_ids, settings, log, "held-out")
+    fit = training_sample(seqs, settings)
+    fit_labels = Labels(target, pack(fit, settings.seq_len, packed=False), draft_ids, settings, log, "training sample") if fit else None
     head = Eagle3Head(target, draft_ids, ffn=settings.ffn or None).to(dev)
     if settings.tap_scale == "channel":
         head.set_tap_scale(1.0 / train_labels.tap_rms().clamp_min(1e-3))
@@ -152,6 +154,9 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
         t, at = time.perf_counter(), clock()
         head.eval()
         got = held_out_agreement(head, held_labels, settings, autocast)
+        if fit_labels is not None:
+            fitted = held_out_agreement(head, fit_labels, settings, autocast)
+            got["training_sample"] = {k: fitted[k] for k in ("acc", "by_class", "loop_tokens_per_round")}
         head.train()
         held_curve.append({"update": update, "seconds": at, **got})
         paused += time.perf_counter() - t
@@ -159,8 +164,8 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
             log(f"held-out: the draft vocabulary holds {got['vocab_coverage']:.3f} of the target's tokens (by class: "
                 + ", ".join(f"{g} {v:.3f}" for g, v in got["vocab_coverage_by_class"].items()) + ")")
         log(f"held-out at {held_curve[-1]['seconds']:.0f} s (update {update}): top-1 agreement by step " + " ".join(f"{a:.2f}" for a in got["acc"])
-            + "; the loop's tokens a round at S = 1.." + str(len(got["loop_tokens_per_round"])) + ": "
-            + " ".join(f"{x:.2f}" for x in got["loop_tokens_per_round"]))
+            + "; the loop's tokens a round at S = 1.." + str(len(got["loop_tokens_per_round"])) + ": " + loop_line(got)
+            + (f" (on a training sample: {loop_line(got['training_sample'])})" if "training_sample" in got else ""))
 
     def point(loss, agree, counted, lr) -> None:
         accs = [float(a) / max(float(n), 1.0) for a, n in zip(agree, counted)]
@@ -444,7 +449,7 @@ def main(argv=None) -> int:
     held_out = None
     if a.evaluate and a.data:  # read once, and refused before the target loads
         try:
-            held_out = (pathlib.Path(a.data), read_held_out(a.evaluate, pathlib.Path(a.data), s))
+            held_out = (pathlib.Path(a.data), *read_held_out(a.evaluate, pathlib.Path(a.data), s))
         except ValueError as e:
             p.error(str(e))
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -481,7 +486,8 @@ def main(argv=None) -> int:
         f"{summary['train_seconds']:.1f} s; held-out top-1 agreement by step "
         + " ".join(f"{x:.2f}" for x in summary["held_out"]["acc"])
         + "; the loop's tokens a round at S = 1.." + str(len(summary["held_out"]["loop_tokens_per_round"])) + ": "
-        + " ".join(f"{x:.2f}" for x in summary["held_out"]["loop_tokens_per_round"])
+        + loop_line(summary["held_out"])
+        + (f" (on a training sample: {loop_line(summary['held_out']['training_sample'])})" if "training_sample" in summary["held_out"] else "")
         + (" (a smoke run: agreement near 0 is expected)" if a.smoke else "")
     )
     return 0

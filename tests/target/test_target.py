@@ -528,12 +528,20 @@ def test_evaluate_scores_a_checkpoint_on_fresh_held_out_data(target, smoke, tmp_
     from tfe.train_data import Sequence, save_data
 
     held = [Sequence(list(range(100, 150)), 20, c, "template") for c in ("prose", "code", "tool")]
-    save_data(tmp_path / "data.json", held, held, {"bound_seconds": 0.0}, train_head.Settings.smoke())
+    # Training answers: one of each class goes into the training sample (smoke: fit_per_class 1); answers
+    # under 12 tokens (smoke: answer_tokens), conversations and library text stay out.
+    trained = [Sequence(list(range(200, 260)), 20, c, src) for c, src in (("prose", "template"), ("prose", "template"),
+                                                                         ("math", "self-instruct"), ("chat", "chitchat"))]
+    trained += [Sequence(list(range(300, 331)), 20, "code", "template"), Sequence(list(range(400, 480)), 0, "stdlib", "stdlib")]
+    save_data(tmp_path / "data.json", trained, held, {"bound_seconds": 0.0}, train_head.Settings.smoke())
     assert train_head.main(["--smoke", "--device", "cpu", "--evaluate", str(ckpt), "--data", str(tmp_path / "data.json"),
                             "-o", str(tmp_path / "ev2")]) == 0
     got = json.loads((tmp_path / "ev2" / "evaluation.json").read_text())
     assert got["held_out_sequences"] == 3 and got["held_out_from"] == str(tmp_path / "data.json")
     assert sorted(got["loop_tokens_per_round_by_class"]) == ["code", "prose", "tool"]
+    fit = got["training_sample"]
+    assert fit["sequences"] == 2 and sorted(fit["by_class"]) == ["math", "prose"]
+    assert "on a sample of the training answers (2 sequences)" in capsys.readouterr().out
     # A file made for rows other than the head's is refused before the target loads.
     longer = train_head.Settings.smoke()
     longer.seq_len += 1
@@ -602,15 +610,20 @@ def test_profile_logs_where_an_update_goes(smoke):
     assert "aten::" in report[0] and "Self CPU" in report[0]
 
 
-def test_smoke_data_has_subjects_the_target_named(smoke):
+def test_smoke_run_names_subjects_and_scores_a_training_sample(smoke):
     """The smoke run asks the target for subjects first (self_subjects): its log and its data report say how
-    many distinct ones it named, and every self-instruct request's job went through."""
+    many distinct ones it named. Each held-out evaluation also scores a sample of the training answers."""
     import json
 
     log = (smoke[0].parent / "train.log").read_text()
     assert "subjects: the target named " in log and " distinct of 2 asked" in log, log[-2000:]
     report = json.loads((smoke[0] / "training.json").read_text())["data"]
     assert 0 <= report["named_subjects"] <= 2 and report["prompts"]["self-instruct"] <= 1
+    summary = json.loads((smoke[0] / "training.json").read_text())
+    for point in summary["held_out_curve"]:
+        fit = point["training_sample"]
+        assert len(fit["loop_tokens_per_round"]) == summary["settings"]["ttt_steps"] and fit["by_class"]
+    assert "(on a training sample: " in log
 
 
 def test_compiled_training_step_is_the_eager_one(target):
