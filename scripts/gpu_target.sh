@@ -25,6 +25,10 @@
 #                                    shards; the embedding is the target's) and training.json: copy that folder
 #                                    to .target/head here, so that a later machine needs no training.
 #                                    $OUT/data.json.gz is the data it trained on (.target/data.json.gz here)
+#   scripts/gpu_target.sh data       there, as train: the data phase alone (the data bound of TRAIN_MINUTES,
+#                                    by default 10's; DATA_ARGS: its tfe.train_head flags, such as
+#                                    --self-subjects); $OUT/data.json.gz, which a later train or study on the
+#                                    same machine trains on with TRAIN_REUSE_DATA=1
 #   scripts/gpu_target.sh study      there, as train: training settings compared on one data set (the carried
 #                                    or last data, else made first: the data bound of TRAIN_MINUTES, by default 10's,
 #                                    and DATA_ARGS, the data phase's tfe.train_head flags). STUDY
@@ -185,18 +189,30 @@ keep_data() {  # the data trained on, back through $OUT where it fits the 16 MiB
   fi
 }
 
+make_data() {  # the data phase alone (TRAIN_MINUTES' bound, DATA_ARGS) -> $state/data.json.gz and $OUT; log to $1
+  rm -f "$state/data.json.gz" "$state/data.received"
+  # shellcheck disable=SC2086  # an optional flag and its value; DATA_ARGS is a list of flags
+  python3 -m tfe.train_head --data-only --data "$state/data.json.gz" ${TRAIN_MINUTES:+--minutes $TRAIN_MINUTES} ${DATA_ARGS:-} 2>&1 |
+    grep --line-buffered -v "it/s\]" | tee -a "$1"
+  [ -f "$state/data.json.gz" ] || die "the data phase wrote no data"
+  keep_data
+}
+
+data() {
+  local t0=$SECONDS
+  assemble
+  build_module
+  echo "== module built ($((SECONDS - t0)) s)" | tee "$out/data.log"
+  make_data "$out/data.log" || exit 1
+  echo "== data in $((SECONDS - t0)) s; next: TRAIN_REUSE_DATA=1 ... train (or study) trains on it"
+}
+
 study() {  # STUDY: the runs' flags, ';' between runs; STUDY_MINUTES (3) each
   local t0=$SECONDS k=0 runs rc=0
   assemble
   build_module
   echo "== module built ($((SECONDS - t0)) s)" | tee "$out/study.log"
-  if [ ! -f "$state/data.json.gz" ]; then
-    # shellcheck disable=SC2086  # an optional flag and its value
-    python3 -m tfe.train_head --data-only --data "$state/data.json.gz" ${TRAIN_MINUTES:+--minutes $TRAIN_MINUTES} ${DATA_ARGS:-} 2>&1 |
-      grep --line-buffered -v "it/s\]" | tee -a "$out/study.log"
-    [ -f "$state/data.json.gz" ] || die "the data phase wrote no data"
-    keep_data
-  fi
+  [ -f "$state/data.json.gz" ] || make_data "$out/study.log" || exit 1
   IFS=';' read -r -a runs <<<"${STUDY:-}"
   [ ${#runs[@]} -gt 0 ] || runs=("")
   rm -rf "$state/study" && mkdir -p "$state/study"
@@ -381,11 +397,12 @@ for phase in "${phases[@]}"; do
     study) study ;;
     exact) exact ;;
     speed) speed ;;
+    data) data ;;
     acceptance) acceptance ;;
     tests) target_tests ;;
     measure) measure ;;
     tp) tensor_parallel ;;
     all) train && measure ;;
-    *) die "unknown phase '$phase' (stage receive train study exact speed acceptance tests measure tp all)" ;;
+    *) die "unknown phase '$phase' (stage receive data train study exact speed acceptance tests measure tp all)" ;;
   esac || exit 1
 done
