@@ -407,6 +407,25 @@ def clean_subject(text: str) -> str | None:
     return line
 
 
+def subject_prompts(subjects: list[str], seed: int = 0) -> list[Prompt]:
+    """Templated training prompts about subjects the target named (`subject_requests`): one a subject, in turn
+    prose, science and role play (the classes whose templates take a subject), each in a training form
+    that takes one (and, for role play, a training role). Clean requests on far more subjects than the fixed pools hold."""
+    rng = random.Random(f"subject-prompts:{seed}")
+    about = [f for f in _ROLE_FORMS.train if "{t}" in f]  # the role-play forms that take a subject
+    out = []
+    for i, subject in enumerate(subjects):
+        cls = ("prose", "science", "roleplay")[i % 3]
+        if cls == "prose":
+            text = _PROSE_FORMS.pick(rng, "train").format(t=subject)
+        elif cls == "science":
+            text = _SCIENCE_FORMS.pick(rng, "train").format(c=subject)
+        else:
+            text = rng.choice(about).format(role=_ROLES.pick(rng, "train"), t=subject)
+        out.append(Prompt(cls, text))
+    return out
+
+
 def self_instruct_requests(count: int, seed: int = 0, subjects: tuple[str, ...] | list[str] = ()) -> list[Prompt]:
     """Instructions that make the target write a user's request itself (self-instruct): a task type and a
     subject each, from the training subjects and `subjects` (ones the target named: `subject_requests`). The

@@ -2,7 +2,8 @@
 
 - sources: tfe.prompts' training split (templated prompts of ten classes), human conversations
   (chitchat-dataset, where installed), requests the target first writes itself (self-instruct: about the
-  training subjects and, with `self_subjects`, subjects it names itself first), and chunks
+  training subjects and, with `self_subjects`, subjects it names itself first, which also fill the prose,
+  science and role-play templates: source "named"), and chunks
   of the standard library's sources; held out: tfe.prompts.evaluation_prompts and held-out conversations.
 - answers: one greedy and `sampled_answers` sampled (temperature 0.8, top-p 0.95), as EAGLE-3 regenerates
   its data with the target, so the head learns the target's own continuations. They are written in batches of
@@ -288,6 +289,7 @@ def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], 
     sources["chitchat"], _ = prompt_sets.chitchat_prompts(settings.chitchat, settings.seed, split="train")
     subjects = named_subjects(target, settings, clock, log, loops) if settings.self_subjects else []
     report["named_subjects"] = len(subjects)
+    sources["named"] = prompt_sets.subject_prompts(subjects, settings.seed)
     sources["self-instruct"] = self_instruct_prompts(target, settings, clock, log, loops, subjects)
     rng = random.Random(settings.seed)
     prompts = [(p, src) for src, ps in sources.items() for p in ps]

@@ -365,8 +365,9 @@ def main(argv=None) -> int:
                    "batches of answers, so a slow machine passes it by up to one batch")
     p.add_argument("--prompts-per-class", type=int, help="templated training prompts of each class (default 300)")
     p.add_argument("--self-instruct", type=int, help="requests the target writes itself (default 2000; smoke 1)")
-    p.add_argument("--self-subjects", type=int, help="subjects the target names itself first, in broad areas, for "
-                   "those requests beside the fixed training subjects (default 0: the fixed ones alone; smoke 2)")
+    p.add_argument("--self-subjects", type=int, help="subjects the target names itself first, in broad areas: each "
+                   "fills a prose, science or role-play template, and they join the fixed subjects of the self-instruct requests "
+                   "(default 0: the fixed ones alone; smoke 2)")
     p.add_argument("--chitchat", type=int, help="human conversations (chitchat-dataset; default 1000, smoke 1)")
     p.add_argument("--sampled-answers", type=int, help="sampled answers a prompt, beside the greedy one (default 1, smoke 1)")
     p.add_argument("--stdlib-chunks", type=int, help="chunks of standard-library sources trained on (default 600)")

@@ -47,6 +47,15 @@ def test_subjects_the_target_names_are_cleaned_and_keep_evaluation_out():
     named = " ".join(p.text for p in prompts.self_instruct_requests(every, subjects=["sourdough bread"]))
     assert "sourdough bread" in named
     assert "sourdough bread" not in " ".join(p.text for p in prompts.self_instruct_requests(every))
+    # Each named subject fills a training template of prose, science or role play, in turn.
+    made = prompts.subject_prompts(["sourdough bread", "tax returns", "chess openings", "bird songs"], seed=1)
+    assert [p.cls for p in made] == ["prose", "science", "roleplay", "prose"]
+    assert all(s in p.text for s, p in zip(["sourdough bread", "tax returns", "chess openings", "bird songs"], made))
+    forms = " ".join(p.text for p in prompts.subject_prompts(["X"] * 300, seed=2))
+    for pool in (prompts._ROLES,):
+        assert not any(r in forms for r in pool.eval)
+    evaluation_forms = [f.split("{")[0] for f in prompts._PROSE_FORMS.eval + prompts._SCIENCE_FORMS.eval + prompts._ROLE_FORMS.eval]
+    assert not any(f and f in forms for f in evaluation_forms if len(f) > 12)
 
 
 def test_sources_split_by_file():
