@@ -179,11 +179,13 @@ write_shards() {  # a checkpoint's own weights -> $OUT/head; $OUT takes at most 
 keep_data() {  # the data trained on, back through $OUT where it fits the 16 MiB a file may take
   local size
   size=$(stat -c %s "$state/data.json.gz" 2>/dev/null || echo 0)
-  # Data that came with receive is already here: one file fewer of the 8 $OUT brings back.
+  # Data that came with receive, or went back in an earlier call, is already here: one file fewer of the 8
+  # $OUT brings back.
   if [ "$size" -gt 0 ] && [ "$(sha256sum <"$state/data.json.gz")" = "$(cat "$state/data.received" 2>/dev/null)" ]; then
-    echo "== trained on the received data (.target/data.json.gz)"
+    echo "== this data is already here (carried with receive, or in an earlier call's \$OUT)"
   elif [ "$size" -gt 0 ] && [ "$size" -le $((15 << 20)) ]; then
-    cp "$state/data.json.gz" "$out/" && echo "== the data trained on: \$OUT/data.json.gz; copy it to .target/data.json.gz here"
+    cp "$state/data.json.gz" "$out/" && sha256sum <"$state/data.json.gz" >"$state/data.received" &&
+      echo "== the data trained on: \$OUT/data.json.gz; copy it to .target/data.json.gz here"
   elif [ "$size" -gt 0 ]; then
     echo "== the data ($size bytes) is larger than a file \$OUT brings back: not kept"
   fi
