@@ -383,11 +383,30 @@ SUBJECT_AREAS = (
 
 
 def subject_requests(count: int, seed: int = 0) -> list[Prompt]:
-    """Instructions that make the target name a subject itself, in one of SUBJECT_AREAS (class "subject"):
-    its sampled answers, through `clean_subject`, widen `self_instruct_requests`' subjects."""
+    """Instructions that make the target list subjects itself, about ten at a time, in one of SUBJECT_AREAS
+    (class "subject"): the items of its sampled lists (`listed_items`, `clean_subject`) widen the training
+    subjects. A 135M target names a subject poorly when asked for one, and well as a numbered list."""
     rng = random.Random(f"subjects:{seed}")
-    return [Prompt("subject", f"Name one specific topic in {rng.choice(SUBJECT_AREAS)} that people often ask "
-                              "questions about. Write only the topic, in a few words.") for _ in range(count)]
+    return [Prompt("subject", f"List ten specific topics in {rng.choice(SUBJECT_AREAS)} that people often ask "
+                              "about, one per line, a few words each.") for _ in range(count)]
+
+
+def question_requests(count: int, seed: int = 0) -> list[Prompt]:
+    """Instructions that make the target list users' questions itself, about ten at a time, in one of
+    SUBJECT_AREAS (class "question"): the items of its sampled lists (`clean_question`) are training prompts."""
+    rng = random.Random(f"questions:{seed}")
+    return [Prompt("question", f"List ten questions people often ask an AI assistant about "
+                               f"{rng.choice(SUBJECT_AREAS)}, one per line.") for _ in range(count)]
+
+
+_NUMBERED = re.compile(r"(?:^|\s)\d{1,2}[.)]\s+")
+
+
+def listed_items(text: str, complete: bool) -> list[str]:
+    """The items of a numbered list the target wrote ("1. ..." a line, or in a run), in order, without what
+    comes before the first; where the text was cut at its token limit (not `complete`), without the last."""
+    items = [x.strip() for x in _NUMBERED.split(text)[1:]]
+    return [x for x in (items if complete else items[:-1]) if x]
 
 
 @functools.lru_cache(maxsize=1)
@@ -395,20 +414,35 @@ def _evaluation_subjects() -> tuple[str, ...]:
     return tuple(x.lower() for x in _TOPICS.eval + _CONCEPTS.eval + [t for t, _ in _TASKS.eval])
 
 
+def _holds_evaluation_subject(text: str) -> bool:
+    return any(e in text.lower() for e in _evaluation_subjects())
+
+
 def clean_subject(text: str) -> str | None:
-    """A subject the target named, as a subject for a request: its first line without quotes, labels or
-    closing punctuation, 3 to 60 characters; None where it is not one, or where it holds an evaluation
-    subject (evaluation's subjects stay out of everything training sees)."""
+    """A subject the target listed, as a subject for a request: its first line up to a colon or a dash (an
+    explanation follows them), without labels, a second number, emphasis, quotes or closing punctuation, 3
+    to 60 characters; None where it is not one (a question is not), or where it holds an evaluation subject (evaluation's subjects stay out of
+    everything training sees)."""
     line = text.strip().splitlines()[0] if text.strip() else ""
     line = re.sub(r"^(topic|subject)\s*:\s*", "", line.strip().strip("*\"'").strip(), flags=re.IGNORECASE)
-    line = line.strip().strip("\"'").rstrip(".!").strip()
-    if not 3 <= len(line) <= 60 or any(e in line.lower() for e in _evaluation_subjects()):
+    line = re.split(r":| - | \u2013 ", line)[0]
+    line = re.sub(r"^\d{1,2}[.)]\s*", "", line.strip().strip("*\"'").rstrip(".!").strip())
+    if not 3 <= len(line) <= 60 or line.endswith("?") or _holds_evaluation_subject(line):
+        return None
+    return line
+
+
+def clean_question(text: str) -> str | None:
+    """A question the target listed, as a training prompt: its first line, ending in a question mark, 12 to
+    200 characters; None where it is not one, or where it holds an evaluation subject."""
+    line = text.strip().splitlines()[0].strip().strip("*\"'").strip() if text.strip() else ""
+    if not line.endswith("?") or not 12 <= len(line) <= 200 or _holds_evaluation_subject(line):
         return None
     return line
 
 
 def subject_prompts(subjects: list[str], seed: int = 0) -> list[Prompt]:
-    """Templated training prompts about subjects the target named (`subject_requests`): one a subject, in turn
+    """Templated training prompts about subjects the target listed (`subject_requests`): one a subject, in turn
     prose, science and role play (the classes whose templates take a subject), each in a training form
     that takes one (and, for role play, a training role). Clean requests on far more subjects than the fixed pools hold."""
     rng = random.Random(f"subject-prompts:{seed}")

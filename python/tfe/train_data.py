@@ -2,8 +2,9 @@
 
 - sources: tfe.prompts' training split (templated prompts of ten classes), human conversations
   (chitchat-dataset, where installed), requests the target first writes itself (self-instruct: about the
-  training subjects and, with `self_subjects`, subjects it names itself first, which also fill the prose,
-  science and role-play templates: source "named"), and chunks
+  training subjects and, with `self_subjects`, subjects it lists itself first, which also fill the prose,
+  science and role-play templates: source "named"), questions it lists itself (`self_questions`: source
+  "questions"), and chunks
   of the standard library's sources; held out: tfe.prompts.evaluation_prompts and held-out conversations.
 - answers: one greedy and `sampled_answers` sampled (temperature 0.8, top-p 0.95), as EAGLE-3 regenerates
   its data with the target, so the head learns the target's own continuations. They are written in batches of
@@ -41,8 +42,9 @@ class Settings:
     data_share: float = 0.3  # the data phase's bound, a share of `minutes` (2.9M tokens took under 144 s on an H100)
     prompts_per_class: int = 300  # templated training prompts of each class (fewer where a class has fewer)
     self_instruct: int = 2000  # requests the target writes itself
-    self_subjects: int = 0  # subjects the target names first, beside the fixed ones, for those requests
-    subject_tokens: int = 16  # the most a subject the target names may take
+    self_subjects: int = 0  # lists of subjects (about ten each) the target writes first: templated prompts and requests about them
+    self_questions: int = 0  # lists of users' questions (about ten each) the target writes: each a training prompt
+    list_tokens: int = 96  # the most one of those lists may take
     # More conversations or sampled answers than these crowd the classes out of the data phase's bound and
     # cost held-out acceptance (BENCHMARKS.md): the loop drafts greedy answers to requests of every class.
     chitchat: int = 1000  # human conversations
@@ -82,8 +84,9 @@ class Settings:
             data_share=0.7,
             prompts_per_class=1,
             self_instruct=1,
-            self_subjects=2,
-            subject_tokens=8,
+            self_subjects=1,
+            self_questions=1,
+            list_tokens=24,
             chitchat=1,
             sampled_answers=1,
             answer_tokens=12,
@@ -210,18 +213,21 @@ def _hf_batches(target: Target, tokens: int, sample: bool):
     return run
 
 
-def named_subjects(target: Target, settings: Settings, clock: DataClock, log, loops: dict) -> list[str]:
-    """Subjects the target names itself (sampled, at most subject_tokens each, `prompt_sets.subject_requests`),
-    cleaned and without repeats, in the order named."""
-    asks = prompt_sets.subject_requests(settings.self_subjects, settings.seed)
+def listed_by_target(target: Target, settings: Settings, clock: DataClock, log, loops: dict, asks: list[prompt_sets.Prompt],
+                     clean, what: str, seed: int) -> list[str]:
+    """The items of the lists the target writes for `asks` (sampled, at most list_tokens each), through
+    `clean`, without repeats (ignoring case), in the order listed."""
     jobs = [(target.encode_chat(p.text), p.cls) for p in asks]
-    named: dict[str, str] = {}
-    for _, _, answer in generate(target, jobs, settings, clock, log, tokens=settings.subject_tokens, sample=True, seed=settings.seed + 1, loops=loops):
-        subject = prompt_sets.clean_subject(target.tokenizer.decode(answer, skip_special_tokens=True))
-        if subject:
-            named.setdefault(subject.lower(), subject)
-    log(f"subjects: the target named {len(named)} distinct of {len(asks)} asked")
-    return list(named.values())
+    eos = target.tokenizer.eos_token_id
+    listed: dict[str, str] = {}
+    for _, _, answer in generate(target, jobs, settings, clock, log, tokens=settings.list_tokens, sample=True, seed=seed, loops=loops):
+        text = target.tokenizer.decode(answer, skip_special_tokens=True)
+        for item in prompt_sets.listed_items(text, complete=bool(answer) and answer[-1] == eos):
+            kept = clean(item)
+            if kept:
+                listed.setdefault(kept.lower(), kept)
+    log(f"{what}: the target listed {len(listed)} distinct in {len(asks)} lists")
+    return list(listed.values())
 
 
 def self_instruct_prompts(target: Target, settings: Settings, clock: DataClock, log, loops: dict,
@@ -287,9 +293,13 @@ def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], 
     # Training prompts: templated, conversations, then the target's own requests.
     sources = {"template": prompt_sets.training_prompts(settings.prompts_per_class, settings.seed)}
     sources["chitchat"], _ = prompt_sets.chitchat_prompts(settings.chitchat, settings.seed, split="train")
-    subjects = named_subjects(target, settings, clock, log, loops) if settings.self_subjects else []
-    report["named_subjects"] = len(subjects)
+    subjects = listed_by_target(target, settings, clock, log, loops, prompt_sets.subject_requests(settings.self_subjects, settings.seed),
+                                prompt_sets.clean_subject, "subjects", settings.seed + 1) if settings.self_subjects else []
+    questions = listed_by_target(target, settings, clock, log, loops, prompt_sets.question_requests(settings.self_questions, settings.seed),
+                                 prompt_sets.clean_question, "questions", settings.seed + 2) if settings.self_questions else []
+    report["listed_subjects"], report["listed_questions"] = len(subjects), len(questions)
     sources["named"] = prompt_sets.subject_prompts(subjects, settings.seed)
+    sources["questions"] = [prompt_sets.Prompt("chat", q) for q in questions]
     sources["self-instruct"] = self_instruct_prompts(target, settings, clock, log, loops, subjects)
     rng = random.Random(settings.seed)
     prompts = [(p, src) for src, ps in sources.items() for p in ps]

@@ -365,9 +365,11 @@ def main(argv=None) -> int:
                    "batches of answers, so a slow machine passes it by up to one batch")
     p.add_argument("--prompts-per-class", type=int, help="templated training prompts of each class (default 300)")
     p.add_argument("--self-instruct", type=int, help="requests the target writes itself (default 2000; smoke 1)")
-    p.add_argument("--self-subjects", type=int, help="subjects the target names itself first, in broad areas: each "
-                   "fills a prose, science or role-play template, and they join the fixed subjects of the self-instruct requests "
-                   "(default 0: the fixed ones alone; smoke 2)")
+    p.add_argument("--self-subjects", type=int, help="lists of subjects (about ten each) the target writes first, in "
+                   "broad areas: each subject fills a prose, science or role-play template and joins the fixed subjects of "
+                   "the self-instruct requests (default 0; smoke 1)")
+    p.add_argument("--self-questions", type=int, help="lists of users' questions (about ten each) the target writes, "
+                   "in broad areas: each question is a training prompt (default 0; smoke 1)")
     p.add_argument("--chitchat", type=int, help="human conversations (chitchat-dataset; default 1000, smoke 1)")
     p.add_argument("--sampled-answers", type=int, help="sampled answers a prompt, beside the greedy one (default 1, smoke 1)")
     p.add_argument("--stdlib-chunks", type=int, help="chunks of standard-library sources trained on (default 600)")
@@ -429,7 +431,7 @@ def main(argv=None) -> int:
     s = Settings.smoke() if a.smoke else Settings()
     limits = {  # name: (lowest, highest)
         "minutes": (0.05, 600), "data_share": (0.05, 0.95), "prompts_per_class": (0, 100_000),
-        "self_instruct": (0, 100_000), "self_subjects": (0, 100_000), "chitchat": (0, 100_000), "sampled_answers": (0, 16),
+        "self_instruct": (0, 100_000), "self_subjects": (0, 100_000), "self_questions": (0, 100_000), "chitchat": (0, 100_000), "sampled_answers": (0, 16),
         "stdlib_chunks": (0, 1_000_000), "draft_vocab": (16, 1 << 20), "ttt_steps": (1, 16), "ffn": (16, 65536), "label_top": (1, 4096), "batch": (1, 4096),
         "lr": (1e-7, 1.0), "gen_batch": (1, 4096), "answer_tokens": (1, 4096), "max_updates": (1, 10**9),
     }

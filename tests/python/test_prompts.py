@@ -30,32 +30,45 @@ def test_evaluation_subjects_never_reach_training():
         assert f'"{name}"' not in train and f"`{name}`" not in train, name
 
 
-def test_subjects_the_target_names_are_cleaned_and_keep_evaluation_out():
-    """clean_subject keeps a named subject's first line without labels, quotes or closing punctuation, and
-    refuses what is not a subject or holds one of evaluation's; the requests then take the named subjects."""
+def test_lists_the_target_writes_become_subjects_and_questions():
+    """listed_items takes a numbered list's items (a line each or in a run; a list cut at its token limit loses
+    its last); clean_subject keeps a subject without labels, explanations, quotes or closing punctuation, and
+    clean_question a question; both refuse what holds an evaluation subject. Subjects then fill training
+    templates and the self-instruct requests."""
+    text = "Sure, here are ten topics:\n\n1. Air Pollution\n2. **Credit score**: what lenders see\n3. Tax preparation - forms\n4. Environmental Awa"
+    assert prompts.listed_items(text, complete=False) == ["Air Pollution", "**Credit score**: what lenders see", "Tax preparation - forms"]
+    assert prompts.listed_items(text, complete=True)[-1] == "Environmental Awa"
+    assert prompts.listed_items("1. Financial planning, 2. Home ownership, 3. Bank cards", complete=True) == [
+        "Financial planning,", "Home ownership,", "Bank cards"]
+    assert prompts.listed_items("No list here.", complete=True) == []
+    assert [prompts.clean_subject(x) for x in prompts.listed_items(text, complete=False)] == ["Air Pollution", "Credit score", "Tax preparation"]
     assert prompts.clean_subject("Topic: Sourdough bread.") == "Sourdough bread"
+    assert prompts.clean_subject("2. Chemistry and the Laboratory") == "Chemistry and the Laboratory"
+    assert prompts.clean_subject("What's the best board game?") is None
     assert prompts.clean_subject('"Budgeting for retirement"\nIt is a common question.') == "Budgeting for retirement"
-    assert prompts.clean_subject("**Subject: Tax returns**") == "Tax returns"
-    assert prompts.clean_subject("") is None and prompts.clean_subject("  \n ") is None
-    assert prompts.clean_subject("ok") is None and prompts.clean_subject("a" * 61) is None
+    assert prompts.clean_subject("") is None and prompts.clean_subject("ok") is None and prompts.clean_subject("a" * 61) is None
     held = prompts._CONCEPTS.eval[0]
     assert prompts.clean_subject(f"Questions about {held.upper()}") is None
-    asks = prompts.subject_requests(50, seed=3)
-    assert len(asks) == 50 and {p.cls for p in asks} == {"subject"} and asks == prompts.subject_requests(50, seed=3)
-    assert len({p.text for p in asks}) > 20  # areas vary
-    every = len(prompts.TASK_TYPES) * 64  # past the fixed subjects' pairs, the named ones come too
+    assert prompts.clean_question("How can I improve my time management?") == "How can I improve my time management?"
+    assert prompts.clean_question("What is architecture") is None and prompts.clean_question("Why?") is None
+    assert prompts.clean_question(f"How does {held} work?") is None
+    for make, cls in ((prompts.subject_requests, "subject"), (prompts.question_requests, "question")):
+        asks = make(50, seed=3)
+        assert len(asks) == 50 and {p.cls for p in asks} == {cls} and asks == make(50, seed=3)
+        assert len({p.text for p in asks}) > 20  # areas vary
+    every = len(prompts.TASK_TYPES) * 64  # past the fixed subjects' pairs, the listed ones come too
     named = " ".join(p.text for p in prompts.self_instruct_requests(every, subjects=["sourdough bread"]))
     assert "sourdough bread" in named
     assert "sourdough bread" not in " ".join(p.text for p in prompts.self_instruct_requests(every))
-    # Each named subject fills a training template of prose, science or role play, in turn.
-    made = prompts.subject_prompts(["sourdough bread", "tax returns", "chess openings", "bird songs"], seed=1)
+    # Each listed subject fills a training template of prose, science or role play, in turn.
+    subjects = ["sourdough bread", "tax returns", "chess openings", "bird songs"]
+    made = prompts.subject_prompts(subjects, seed=1)
     assert [p.cls for p in made] == ["prose", "science", "roleplay", "prose"]
-    assert all(s in p.text for s, p in zip(["sourdough bread", "tax returns", "chess openings", "bird songs"], made))
+    assert all(s in p.text for s, p in zip(subjects, made))
     forms = " ".join(p.text for p in prompts.subject_prompts(["X"] * 300, seed=2))
-    for pool in (prompts._ROLES,):
-        assert not any(r in forms for r in pool.eval)
+    assert not any(r in forms for r in prompts._ROLES.eval)
     evaluation_forms = [f.split("{")[0] for f in prompts._PROSE_FORMS.eval + prompts._SCIENCE_FORMS.eval + prompts._ROLE_FORMS.eval]
-    assert not any(f and f in forms for f in evaluation_forms if len(f) > 12)
+    assert not any(f in forms for f in evaluation_forms if len(f) > 12)
 
 
 def test_sources_split_by_file():

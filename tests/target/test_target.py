@@ -610,15 +610,18 @@ def test_profile_logs_where_an_update_goes(smoke):
     assert "aten::" in report[0] and "Self CPU" in report[0]
 
 
-def test_smoke_run_names_subjects_and_scores_a_training_sample(smoke):
-    """The smoke run asks the target for subjects first (self_subjects): its log and its data report say how
-    many distinct ones it named. Each held-out evaluation also scores a sample of the training answers."""
+def test_smoke_run_lists_subjects_and_questions_and_scores_a_training_sample(smoke):
+    """The smoke run asks the target for lists of subjects and questions first (self_subjects,
+    self_questions): its log and its data report say how many distinct ones it listed. Each held-out
+    evaluation also scores a sample of the training answers."""
     import json
 
     log = (smoke[0].parent / "train.log").read_text()
-    assert "subjects: the target named " in log and " distinct of 2 asked" in log, log[-2000:]
+    for what in ("subjects", "questions"):
+        assert f"{what}: the target listed " in log and " distinct in 1 lists" in log, log[-2000:]
     report = json.loads((smoke[0] / "training.json").read_text())["data"]
-    assert 0 <= report["named_subjects"] <= 2 and report["prompts"]["self-instruct"] <= 1
+    assert report["prompts"]["named"] == report["listed_subjects"] and report["prompts"]["questions"] == report["listed_questions"]
+    assert report["prompts"]["self-instruct"] <= 1
     summary = json.loads((smoke[0] / "training.json").read_text())
     for point in summary["held_out_curve"]:
         fit = point["training_sample"]
