@@ -1,7 +1,8 @@
 """The held-out score of a head: teacher-forced top-1 (and top-k) agreement by draft step, and the greedy
 loop's tokens a round simulated from the same drafts (`loop_rounds`), for the chain and for draft trees
-(`TREES`); the same on a sample of the training answers (`training_sample`), so that the gap shows. The training logs it against time (tfe.train_head); `tfe-train-head --evaluate` scores any
-checkpoint with it. The headline is the figure `tfe-speedup --acceptance` measures, which it predicts."""
+(`TREES`); the same on a sample of the training answers (`training_sample`), so that the gap shows. The
+training logs it against time (tfe.train_head); `tfe-train-head --evaluate` scores any checkpoint with it.
+The headline is the figure `tfe-speedup --acceptance` measures, which it predicts."""
 
 from __future__ import annotations
 
@@ -126,16 +127,19 @@ def held_out_agreement(head: Eagle3Head, labels: Labels, settings: Settings, aut
     return out
 
 
+PROMPTED = ("template", "named", "questions", "self-instruct")  # the sources of prompts of the classes
+
+
 def training_sample(seqs: list[Sequence], settings: Settings) -> list[Sequence]:
-    """A fixed sample of the training answers, fit_per_class of each class (templated, listed-subject,
-    listed-question and self-instruct prompts, answers of at least 32 tokens or answer_tokens), scored as the held-out ones are: what the head
-    does on prompts it trained on, beside what it does on prompts it never saw. Their gap says whether the
-    data generalizes."""
+    """A fixed sample of the training answers, fit_per_class of each class (to templated, listed-subject,
+    listed-question and self-instruct prompts; answers of at least 32 tokens, or answer_tokens), scored as
+    the held-out ones are: what the head does on prompts it trained on, beside what it does on prompts it
+    never saw. Their gap says whether the data generalizes."""
     per_class, seed, least = settings.fit_per_class, settings.seed, min(32, settings.answer_tokens)
     rng = random.Random(f"training-sample:{seed}")
     out = []
     for c in prompt_sets.CLASSES:
-        pool = [q for q in seqs if q.cls == c and q.source in ("template", "named", "questions", "self-instruct") and len(q.ids) - q.scored_from >= least]
+        pool = [q for q in seqs if q.cls == c and q.source in PROMPTED and len(q.ids) - q.scored_from >= least]
         # Grouped by class, as the evaluation prompts are.
         out += [replace(q, source="template") for q in rng.sample(pool, min(per_class, len(pool)))]
     return out
