@@ -184,7 +184,7 @@ def _captured_batches(target: Target, settings: Settings, tokens: int, sampling:
     and the longest answer, so that one shape, captured and compiled once, serves the whole phase."""
     key = "greedy" if sampling.greedy else "sampled"  # their accept graphs differ
     if key not in loops:
-        columns = settings.seq_len + max(settings.answer_tokens, settings.request_tokens) + 1
+        columns = settings.seq_len + max(settings.answer_tokens, settings.request_tokens, settings.list_tokens) + 1
         loops[key] = CapturedDecoder(target, sampling=sampling, rivals=False, columns=columns)
     decoder = loops[key]
 
