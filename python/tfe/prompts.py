@@ -246,6 +246,18 @@ EVALUATION = [
     Prompt("chat", "Can you suggest a simple breakfast recipe?"),
 ]
 
+# What the evaluation prompts are about, beyond the evaluation halves' subjects: a key in lower case that
+# a text the target lists (`clean_subject`, `clean_question`) must not hold, so that none of them asks an
+# evaluation prompt again in other words. Every evaluation prompt of a class about a subject holds one (test).
+_EVALUATION_KEYS = (
+    "bicycle", "fibonacci", "vienna", "new language", "tulip", "rabbit", "acme", "globex", "initech", "ship's cook",
+    "voyage", "spoon", "post office", "refrigerator", "stack", "breakfast", "volcano", "market in the morning",
+    "walk in the rain", "old library", "bakery", "first flight", "violin", "night train", "airport", "ice float",
+    "dna", "leaves change", "season", "earthquake", "maximum of a list", "celsius", "fahrenheit", "gcd",
+    "greatest common divisor", "e-mail address", "email address", "roman numeral", "robot", "space station",
+    "tech-support", "tech support", "game show", "get_weather", "send_email", "play_music",
+)
+
 
 def _prose(rng, split):
     return _PROSE_FORMS.pick(rng, split).format(t=_TOPICS.pick(rng, split))
@@ -399,22 +411,25 @@ def question_requests(count: int, seed: int = 0) -> list[Prompt]:
                                f"{rng.choice(SUBJECT_AREAS)}, one per line.") for _ in range(count)]
 
 
-_NUMBERED = re.compile(r"(?:^|\s)\d{1,2}[.)]\s+")
+# An item's number: at the text's start, a line's, or after a comma or semicolon (a run "1. a, 2. b").
+_NUMBERED = re.compile(r"(?:^|\n|[,;])[ \t]*\d{1,2}[.)][ \t]+")
 
 
 def listed_items(text: str, complete: bool) -> list[str]:
     """The items of a numbered list the target wrote ("1. ..." a line, or in a run), in order, without what
     comes before the first; where the text was cut at its token limit (not `complete`), without the last."""
-    items = [x.strip() for x in _NUMBERED.split(text)[1:]]
+    items = [re.sub(r"^[-\u2022]\s+", "", x.strip()) for x in _NUMBERED.split(text)[1:]]  # and a bullet after a number
     return [x for x in (items if complete else items[:-1]) if x]
 
 
 @functools.lru_cache(maxsize=1)
 def _evaluation_subjects() -> tuple[str, ...]:
-    return tuple(x.lower() for x in _TOPICS.eval + _CONCEPTS.eval + [t for t, _ in _TASKS.eval])
+    pools = _TOPICS.eval + _CONCEPTS.eval + [t for t, _ in _TASKS.eval] + _ROLES.eval
+    return tuple(x.lower() for x in pools) + _EVALUATION_KEYS
 
 
 def _holds_evaluation_subject(text: str) -> bool:
+    """Whether a text holds an evaluation subject or key (`_EVALUATION_KEYS`), ignoring case."""
     return any(e in text.lower() for e in _evaluation_subjects())
 
 

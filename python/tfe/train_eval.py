@@ -134,12 +134,20 @@ def training_sample(seqs: list[Sequence], settings: Settings) -> list[Sequence]:
     """A fixed sample of the training answers, fit_per_class of each class (to templated, listed-subject,
     listed-question and self-instruct prompts; answers of at least 32 tokens, or answer_tokens), scored as
     the held-out ones are: what the head does on prompts it trained on, beside what it does on prompts it
-    never saw. Their gap says whether the data generalizes."""
+    never saw. Their gap says whether the data generalizes. Greedy answers alone, as the held-out ones: a
+    prompt's first answer in `seqs` is its greedy one (the data phase writes the greedy round first)."""
     per_class, seed, least = settings.fit_per_class, settings.seed, min(32, settings.answer_tokens)
     rng = random.Random(f"training-sample:{seed}")
+    seen: set[tuple[int, ...]] = set()
+    greedy = []
+    for q in seqs:
+        prompt = tuple(q.ids[: q.scored_from])
+        if q.source in PROMPTED and prompt not in seen:
+            seen.add(prompt)
+            greedy.append(q)
     out = []
     for c in prompt_sets.CLASSES:
-        pool = [q for q in seqs if q.cls == c and q.source in PROMPTED and len(q.ids) - q.scored_from >= least]
+        pool = [q for q in greedy if q.cls == c and len(q.ids) - q.scored_from >= least]
         # Grouped by class, as the evaluation prompts are.
         out += [replace(q, source="template") for q in rng.sample(pool, min(per_class, len(pool)))]
     return out

@@ -39,7 +39,9 @@ def test_lists_the_target_writes_become_subjects_and_questions():
     assert prompts.listed_items(text, complete=False) == ["Air Pollution", "**Credit score**: what lenders see", "Tax preparation - forms"]
     assert prompts.listed_items(text, complete=True)[-1] == "Environmental Awa"
     assert prompts.listed_items("1. Financial planning, 2. Home ownership, 3. Bank cards", complete=True) == [
-        "Financial planning,", "Home ownership,", "Bank cards"]
+        "Financial planning", "Home ownership", "Bank cards"]
+    # A number inside an item starts none; a bullet after the number goes.
+    assert prompts.listed_items("1. Web version 2. 0\n2) - Room 12) decor", complete=True) == ["Web version 2. 0", "Room 12) decor"]
     assert prompts.listed_items("No list here.", complete=True) == []
     assert [prompts.clean_subject(x) for x in prompts.listed_items(text, complete=False)] == ["Air Pollution", "Credit score", "Tax preparation"]
     assert prompts.clean_subject("Topic: Sourdough bread.") == "Sourdough bread"
@@ -52,6 +54,14 @@ def test_lists_the_target_writes_become_subjects_and_questions():
     assert prompts.clean_question("How can I improve my time management?") == "How can I improve my time management?"
     assert prompts.clean_question("What is architecture") is None and prompts.clean_question("Why?") is None
     assert prompts.clean_question(f"How does {held} work?") is None
+    # Nor, in other words, what an evaluation prompt asks: every one about a subject holds a key.
+    for asked in ("How do earthquakes happen?", "What does DNA do?", "Why does ice float on water?",
+                  "Can you suggest a quick breakfast?", "How does a fridge or refrigerator work?"):
+        assert prompts.clean_question(asked) is None, asked
+    assert prompts.clean_subject("Volcanoes") is None and prompts.clean_subject("Stock market") == "Stock market"
+    for p in prompts.evaluation_prompts(per_class=prompts.EVAL_PER_CLASS):
+        if p.cls in ("prose", "code", "chat", "roleplay", "science"):
+            assert prompts._holds_evaluation_subject(p.text), p.text
     for make, cls in ((prompts.subject_requests, "subject"), (prompts.question_requests, "question")):
         asks = make(50, seed=3)
         assert len(asks) == 50 and {p.cls for p in asks} == {cls} and asks == make(50, seed=3)

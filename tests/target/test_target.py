@@ -508,6 +508,27 @@ def test_held_out_loop_figure_is_the_acceptance_studys(monkeypatch):
     assert got["vocab_coverage"] == (2 * scored - 10) / (2 * scored)  # the classes' rows alone
 
 
+def test_training_sample_takes_greedy_answers_of_every_class():
+    """training_sample: fit_per_class answers of each class to prompts of the classes' sources, each a
+    prompt's first answer (its greedy one: the data phase writes the greedy round first), none too short."""
+    from tfe.train_data import Sequence, Settings
+    from tfe.train_eval import training_sample
+
+    s = Settings.smoke()
+    s.fit_per_class = 2
+    prompt = list(range(100, 120))
+    seqs = [Sequence(prompt + list(range(500, 540)), 20, "prose", "template"),  # greedy
+            Sequence(prompt + list(range(600, 640)), 20, "prose", "template"),  # sampled: the same prompt again
+            Sequence(list(range(1, 21)) + list(range(700, 740)), 20, "prose", "named"),
+            Sequence(list(range(30, 50)) + list(range(700, 705)), 20, "prose", "named"),  # too short an answer
+            Sequence(list(range(60, 80)) + list(range(800, 840)), 20, "chat", "questions"),
+            Sequence(list(range(90, 99)) + list(range(800, 840)), 9, "chat", "chitchat"),  # not a class's prompt
+            Sequence(list(range(900, 996)), 0, "stdlib", "stdlib")]
+    got = training_sample(seqs, s)
+    assert sorted((q.cls, q.ids[20]) for q in got) == [("chat", 800), ("prose", 500), ("prose", 700)]
+    assert {q.source for q in got} == {"template"}  # grouped by class, as the held-out prompts
+
+
 def test_evaluate_scores_a_checkpoint_on_fresh_held_out_data(target, smoke, tmp_path, monkeypatch, capsys):
     """tfe-train-head --evaluate: the held-out figures of a trained checkpoint, written to evaluation.json
     and printed as a table, with no training."""
