@@ -121,7 +121,7 @@ receive() {  # what this call carried of .target/{gguf.1,chitchat,data.json.gz,h
   fi
   [ $got = 1 ] || die "nothing to receive: carry .target/gguf.1 (scripts/gpu_target.sh stage makes it), and .target/head or .target/data.json.gz where there are"
   [ -f "$state/gguf.1" ] || echo "no GGUF part yet: the next receive carries .target/gguf.1"
-  if [ -d "$state/head" ]; then echo "next call: exact, speed or acceptance"; else echo "next call: train or study"; fi
+  if [ -d "$state/head" ]; then echo "next call: exact, speed or acceptance"; else echo "next call: data, train or study"; fi
 }
 
 assemble() {
@@ -180,7 +180,7 @@ keep_data() {  # the data trained on, back through $OUT where it fits the 16 MiB
   local size
   size=$(stat -c %s "$state/data.json.gz" 2>/dev/null || echo 0)
   # Data that came with receive, or went back in an earlier call, is already here: one file fewer of the 8
-  # $OUT brings back.
+  # $OUT brings back. (Marked when copied to $OUT: a call whose $OUT is lost leaves it marked.)
   if [ "$size" -gt 0 ] && [ "$(sha256sum <"$state/data.json.gz")" = "$(cat "$state/data.received" 2>/dev/null)" ]; then
     echo "== this data is already here (carried with receive, or in an earlier call's \$OUT)"
   elif [ "$size" -gt 0 ] && [ "$size" -le $((15 << 20)) ]; then

@@ -282,7 +282,8 @@ def write_trained_shards(ckpt_dir: str | pathlib.Path, out_dir: str | pathlib.Pa
     where there is one, training.json: what `restore_checkpoint` makes whole again with the target's
     embedding. Small enough to move where a whole checkpoint (the embedding is most of it) cannot go. A
     tensor larger than a file travels as blocks of rows, "NAME@0", "NAME@1", ..., which the index's
-    metadata lists under "split" and read_checkpoint joins again. Returns the files written."""
+    metadata lists under "split" and read_checkpoint joins again: such shards are tfe's to read (restore
+    them before `tfe-plan convert` or another loader). Returns the files written."""
     from safetensors.torch import save_file
 
     src, out = pathlib.Path(ckpt_dir), pathlib.Path(out_dir)
@@ -402,8 +403,8 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="log where a training update's time goes (torch.profiler "
                    "over the 11th to 15th updates)")
     p.add_argument("--evaluate", metavar="DIR", help="train nothing: score the checkpoint in DIR on held-out data the "
-                   "target writes now, or on the held-out answers of --data FILE (agreement by step and top k, the loop's "
-                   "tokens a round by draft tree) and write evaluation.json into --out")
+                   "target writes now, or on the held-out answers of --data FILE and a sample of its training answers (agreement "
+                   "by step and top k, the loop's tokens a round by draft tree) and write evaluation.json into --out")
     a = p.parse_args(argv)
     from .outputs import check_output_dir, check_output_file
 
