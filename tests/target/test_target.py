@@ -551,8 +551,8 @@ def test_evaluate_scores_a_checkpoint_on_fresh_held_out_data(target, smoke, tmp_
     held = [Sequence(list(range(100, 150)), 20, c, "template") for c in ("prose", "code", "tool")]
     # Training answers: one of each class goes into the training sample (smoke: fit_per_class 1); answers
     # under 12 tokens (smoke: answer_tokens), conversations and library text stay out.
-    trained = [Sequence(list(range(200, 260)), 20, c, src) for c, src in (("prose", "template"), ("prose", "template"),
-                                                                         ("math", "self-instruct"), ("chat", "chitchat"))]
+    trained = [Sequence(list(range(a, a + 60)), 20, c, src) for a, c, src in ((200, "prose", "template"), (210, "prose", "template"),
+                                                                              (220, "math", "self-instruct"), (230, "chat", "chitchat"))]
     trained += [Sequence(list(range(300, 331)), 20, "code", "template"), Sequence(list(range(400, 480)), 0, "stdlib", "stdlib")]
     save_data(tmp_path / "data.json", trained, held, {"bound_seconds": 0.0}, train_head.Settings.smoke())
     assert train_head.main(["--smoke", "--device", "cpu", "--evaluate", str(ckpt), "--data", str(tmp_path / "data.json"),
