@@ -433,13 +433,17 @@ def _holds_evaluation_subject(text: str) -> bool:
     return any(e in text.lower() for e in _evaluation_subjects())
 
 
+def _first_line(text: str) -> str:
+    """A listed item's first line, without the emphasis or quotes around it."""
+    return text.strip().splitlines()[0].strip().strip("*\"'").strip() if text.strip() else ""
+
+
 def clean_subject(text: str) -> str | None:
     """A subject the target listed, as a subject for a request: its first line up to a colon or a dash (an
     explanation follows them), without labels, a second number, emphasis, quotes or closing punctuation, 3
-    to 60 characters; None where it is not one (a question is not), or where it holds an evaluation subject (evaluation's subjects stay out of
-    everything training sees)."""
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    line = re.sub(r"^(topic|subject)\s*:\s*", "", line.strip().strip("*\"'").strip(), flags=re.IGNORECASE)
+    to 60 characters; None where it is not one (a question is not), or where it holds an evaluation subject
+    (evaluation's subjects stay out of everything training sees)."""
+    line = re.sub(r"^(topic|subject)\s*:\s*", "", _first_line(text), flags=re.IGNORECASE)
     line = re.split(r":| - | \u2013 ", line)[0]
     line = re.sub(r"^\d{1,2}[.)]\s*", "", line.strip().strip("*\"'").rstrip(".!").strip())
     if not 3 <= len(line) <= 60 or line.endswith("?") or _holds_evaluation_subject(line):
@@ -450,7 +454,7 @@ def clean_subject(text: str) -> str | None:
 def clean_question(text: str) -> str | None:
     """A question the target listed, as a training prompt: its first line, ending in a question mark, 12 to
     200 characters; None where it is not one, or where it holds an evaluation subject."""
-    line = text.strip().splitlines()[0].strip().strip("*\"'").strip() if text.strip() else ""
+    line = _first_line(text)
     if not line.endswith("?") or not 12 <= len(line) <= 200 or _holds_evaluation_subject(line):
         return None
     return line
@@ -459,7 +463,8 @@ def clean_question(text: str) -> str | None:
 def subject_prompts(subjects: list[str], seed: int = 0) -> list[Prompt]:
     """Templated training prompts about subjects the target listed (`subject_requests`): one a subject, in turn
     prose, science and role play (the classes whose templates take a subject), each in a training form
-    that takes one (and, for role play, a training role). Clean requests on far more subjects than the fixed pools hold."""
+    that takes one (and, for role play, a training role): clean requests on far more subjects than the
+    fixed pools hold."""
     rng = random.Random(f"subject-prompts:{seed}")
     about = [f for f in _ROLE_FORMS.train if "{t}" in f]  # the role-play forms that take a subject
     out = []

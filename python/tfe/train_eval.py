@@ -158,6 +158,18 @@ def loop_line(got: dict) -> str:
     return " ".join(f"{x:.2f}" for x in got["loop_tokens_per_round"])
 
 
+def loop_and_fit_line(got: dict) -> str:
+    """`held_out_agreement`'s loop figures as the logs print them, with the training sample's beside them."""
+    fit = f" (on a training sample: {loop_line(got['training_sample'])})" if "training_sample" in got else ""
+    return f"the loop's tokens a round at S = 1..{len(got['loop_tokens_per_round'])}: {loop_line(got)}{fit}"
+
+
+def coverage_line(got: dict) -> str:
+    """`held_out_agreement`'s vocabulary coverage as the logs print it."""
+    return (f"the draft vocabulary holds {got['vocab_coverage']:.3f} of the target's tokens (by class: "
+            + ", ".join(f"{g} {v:.3f}" for g, v in got["vocab_coverage_by_class"].items()) + ")")
+
+
 def evaluation_settings(ckpt: str | pathlib.Path, settings: Settings) -> Settings:
     """The settings a checkpoint is scored with: rows as it was trained on (its window + 1); one batch of the
     held-out prompts, not gen_batch rows: a CPU has memory for the cache of this many."""
@@ -207,8 +219,7 @@ def evaluation_table(got: dict) -> str:
     lines.append(f"{'tree':18}" + "".join(f"{f'S={S}':>12}" for S in range(1, steps + 1)))
     for name, t in got["trees"].items():
         lines.append(f"{name:18}" + "".join(f"{f'{x:.2f} ({n})':>12}" for x, n in zip(t["tokens_per_round"], t["nodes"])))
-    lines.append(f"the draft vocabulary holds {got['vocab_coverage']:.3f} of the target's tokens (by class: "
-                 + ", ".join(f"{g} {v:.3f}" for g, v in got["vocab_coverage_by_class"].items()) + ")")
+    lines.append(coverage_line(got))
     if "training_sample" in got:
         fit = got["training_sample"]
         lines.append(f"on a sample of the training answers ({fit['sequences']} sequences): the chain's tokens a round "

@@ -60,7 +60,8 @@ from .outputs import replacing, write_atomic
 from .target import Target, load_target
 from .torch_head import Eagle3Head, read_checkpoint
 from .train_data import Settings, load_data, make_data, save_data
-from .train_eval import evaluate_head, evaluation_table, held_out_agreement, loop_line, read_held_out, training_sample
+from .train_eval import (coverage_line, evaluate_head, evaluation_table, held_out_agreement, loop_and_fit_line, read_held_out,
+                         training_sample)
 from .train_rows import Labels, draft_vocabulary, head_autocast, pack, ttt_loss
 
 __all__ = ["Eagle3Head", "Settings", "read_checkpoint", "restore_checkpoint", "train", "write_trained_shards"]
@@ -161,11 +162,9 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
         held_curve.append({"update": update, "seconds": at, **got})
         paused += time.perf_counter() - t
         if len(held_curve) == 1:
-            log(f"held-out: the draft vocabulary holds {got['vocab_coverage']:.3f} of the target's tokens (by class: "
-                + ", ".join(f"{g} {v:.3f}" for g, v in got["vocab_coverage_by_class"].items()) + ")")
+            log(f"held-out: {coverage_line(got)}")
         log(f"held-out at {held_curve[-1]['seconds']:.0f} s (update {update}): top-1 agreement by step " + " ".join(f"{a:.2f}" for a in got["acc"])
-            + "; the loop's tokens a round at S = 1.." + str(len(got["loop_tokens_per_round"])) + ": " + loop_line(got)
-            + (f" (on a training sample: {loop_line(got['training_sample'])})" if "training_sample" in got else ""))
+            + "; " + loop_and_fit_line(got))
 
     def point(loss, agree, counted, lr) -> None:
         accs = [float(a) / max(float(n), 1.0) for a, n in zip(agree, counted)]
@@ -489,9 +488,7 @@ def main(argv=None) -> int:
         f"wrote {a.out}: {summary['updates']} updates, data {summary['data_seconds']:.1f} s, training "
         f"{summary['train_seconds']:.1f} s; held-out top-1 agreement by step "
         + " ".join(f"{x:.2f}" for x in summary["held_out"]["acc"])
-        + "; the loop's tokens a round at S = 1.." + str(len(summary["held_out"]["loop_tokens_per_round"])) + ": "
-        + loop_line(summary["held_out"])
-        + (f" (on a training sample: {loop_line(summary['held_out']['training_sample'])})" if "training_sample" in summary["held_out"] else "")
+        + "; " + loop_and_fit_line(summary["held_out"])
         + (" (a smoke run: agreement near 0 is expected)" if a.smoke else "")
     )
     return 0

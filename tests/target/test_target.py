@@ -321,6 +321,13 @@ def test_trained_shards_restore_the_checkpoint_bit_for_bit(target, smoke, tmp_pa
     restore_checkpoint(tmp_path / "small", target, tmp_path / "whole2")
     again = read_checkpoint(tmp_path / "whole2")
     assert again.keys() == want.keys() and all(torch.equal(want[k], again[k]) for k in want)
+    # An index that lists a block the shards lack is refused, naming it.
+    index = tmp_path / "small" / "model.safetensors.index.json"
+    spec = json.loads(index.read_text())
+    spec["metadata"]["split"]["lm_head.weight"].append("lm_head.weight@9")
+    index.write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match="the shards lack lm_head.weight@9"):
+        read_checkpoint(tmp_path / "small")
     with pytest.raises(ValueError, match="one row of .* more than max_file_bytes"):
         write_trained_shards(ckpt, tmp_path / "tiny", max_file_bytes=SHARD_HEADER_BYTES + 100)
     assert not (tmp_path / "tiny").exists()
