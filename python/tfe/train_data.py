@@ -119,6 +119,10 @@ class Sequence:
     source: str  # template, self-instruct, chitchat, stdlib
 
 
+def prompt_limit(settings: Settings) -> int:
+    """The longest training prompt answered: a longer one leaves its answer under 8 tokens of a sequence."""
+    return settings.seq_len - 9
+
 
 def encode(target: Target, p: prompt_sets.Prompt) -> list[int]:
     """A prompt with its earlier turns in the model's chat template, ready for the assistant's answer."""
@@ -184,7 +188,9 @@ def _captured_batches(target: Target, settings: Settings, tokens: int, sampling:
     and the longest answer, so that one shape, captured and compiled once, serves the whole phase."""
     key = "greedy" if sampling.greedy else "sampled"  # their accept graphs differ
     if key not in loops:
-        columns = settings.seq_len + max(settings.answer_tokens, settings.request_tokens, settings.list_tokens) + 1
+        # Room for the longest prompt answered and the longest answer: every column past what a row reaches is
+        # still read by each step's attention.
+        columns = prompt_limit(settings) + max(settings.answer_tokens, settings.request_tokens, settings.list_tokens) + 1
         loops[key] = CapturedDecoder(target, sampling=sampling, rivals=False, columns=columns)
     decoder = loops[key]
 
@@ -305,7 +311,7 @@ def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], 
     prompts = [(p, src) for src, ps in sources.items() for p in ps]
     rng.shuffle(prompts)
     jobs = [(encode(target, p), (p.cls, src)) for p, src in prompts]
-    jobs = [j for j in jobs if len(j[0]) < settings.seq_len - 8]
+    jobs = [j for j in jobs if len(j[0]) <= prompt_limit(settings)]
     report["prompts"] = {src: len(ps) for src, ps in sources.items()}
     made = []
     t0 = time.perf_counter()
