@@ -46,7 +46,8 @@
 #                                    split it over calls;
 #                                    SPEED_NEW_TOKENS (128) a sequence
 #   scripts/gpu_target.sh acceptance there: tokens per round by class and S = 1..8 on all 30 held-out prompts
-#                                    (tfe-speedup --acceptance); SPEED_NEW_TOKENS (128) a sequence. Its one
+#                                    (tfe-speedup --acceptance); SPEED_NEW_TOKENS (128) a sequence;
+#                                    SPEED_BRANCHES=K: K chains a sequence a round (the PyTorch port drafts). Its one
 #                                    file, acceptance.json, keeps "train acceptance" in one call within the
 #                                    8 files $OUT brings back
 #   scripts/gpu_target.sh tests      there, after receive, carrying .target/gguf.2 .target/wheels .deps: tests/target
@@ -342,8 +343,10 @@ speed() {  # SPEED_SEQUENCES (1,4,16), SPEED_STEPS (1..8), SPEED_WINDOWS (128,51
 acceptance() {
   ready
   local t0=$SECONDS rc=0
+  # SPEED_BRANCHES=K: K chains a sequence a round, drafted by the PyTorch port (tfe's runtime drafts chains)
   python3 -m tfe.speedup --head "$state/head.tfe" --artifact "$state/deploy" --sequences "" --acceptance \
-    --steps "${SPEED_STEPS:-1,2,3,4,5,6,7,8}" --max-new-tokens "${SPEED_NEW_TOKENS:-128}" -o "$out" 2>&1 |
+    --steps "${SPEED_STEPS:-1,2,3,4,5,6,7,8}" --max-new-tokens "${SPEED_NEW_TOKENS:-128}" \
+    --branches "${SPEED_BRANCHES:-1}" --checkpoint "$state/eagle3" -o "$out" 2>&1 |
     grep --line-buffered -v "it/s\]" || rc=1
   echo "== acceptance in $((SECONDS - t0)) s"
   return $rc

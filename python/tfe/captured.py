@@ -17,6 +17,12 @@ causality by position keeps later rows from reading it before then. A sequence t
 advancing (its position and last token stay, on the device) while the others finish, so the cache never
 needs more than prompt + new tokens + S + 1 columns.
 
+With `branches` k > 1 (greedy), each sequence drafts k chains that differ from their first step: chain r
+starts from the head's rank-r token, then continues greedily ("k then chains"). They take k rows of every
+buffer, the target's cache included, and k drafter slots; each row verifies its own chain, and the accept
+piece copies the row that kept the most (the lowest rank at a tie) over its siblings, its cache columns of
+the round included, so that the k rows of a sequence leave every round equal but for their next drafts.
+
 Without a GPU (or with graphs=False) the same pieces run eagerly, in the same order: the CPU tests check the
 very code the GPU replays. tfe.speculative.Decoder is the eager loop over transformers' own cache, kept as the
 reference this loop is checked against.
@@ -35,7 +41,8 @@ from .speculative import (RIVALS, Decoder, Result, Sampling, _as_rivals, _rivals
 from .static_target import StaticTarget
 from .target import Target
 
-COLUMN_STEP = 256  # cache columns are rounded up to this, so that runs of similar length share graphs
+COLUMN_STEP = 256
+MAX_BRANCHES = 8  # cache columns are rounded up to this, so that runs of similar length share graphs
 
 
 def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -69,11 +76,13 @@ def accept_sampled_fixed(
 
 
 class _Shape:
-    """What one (B, S, columns) needs: the static target, fixed buffers, and the graphs of its round."""
+    """What one (B, S, columns) needs: the static target, fixed buffers, and the graphs of its round. B
+    counts rows: a sequence's `branches` rows side by side."""
 
-    def __init__(self, target: Target, B: int, S: int, columns: int, compile_layers: bool, rivals: bool):
+    def __init__(self, target: Target, B: int, S: int, columns: int, compile_layers: bool, rivals: bool, branches: int = 1):
         dev = target.device
-        self.B, self.S, self.q = B, S, S + 1
+        self.B, self.S, self.q, self.branches = B, S, S + 1, branches
+        self.ranks = torch.arange(B, device=dev) % branches  # the rank a row's first draft step takes
         self.static = StaticTarget(target, B, columns, compile_layers=compile_layers)
         self.columns = columns
         self.slot_ids = torch.arange(B, dtype=torch.int32, device=dev)
@@ -108,7 +117,9 @@ class CapturedDecoder:
     `rivals`: keep the target's next best tokens beside each emitted one (Result.rivals, which the exactness
     checks read); a timed run leaves them out, as an engine would.
     `columns`: the least KV cache columns to allocate, so that calls of different lengths share one shape
-    (its cache, graphs and compiled layer) instead of growing it."""
+    (its cache, graphs and compiled layer) instead of growing it.
+    `branches`: chains a sequence drafts, the r-th from the head's rank-r first token (greedy; a drafter with
+    `drafts_from_rank`); each takes a row of every buffer and a drafter slot."""
 
     def __init__(
         self,
@@ -125,8 +136,18 @@ class CapturedDecoder:
         prefill_chunk: int | None = None,
         rivals: bool = True,
         columns: int = 0,
+        branches: int = 1,
     ):
         check_taps(target, drafter)
+        if branches < 1 or branches > MAX_BRANCHES:
+            raise ValueError(f"branches = {branches}: 1 .. {MAX_BRANCHES}")
+        if branches > 1:
+            if drafter is None or not getattr(drafter, "drafts_from_rank", False):
+                raise ValueError(f"branches = {branches} needs a drafter whose first step can take another rank than "
+                                 "its best (drafter torch); this drafter drafts chains only: use branches = 1")
+            if sampling is not None and not sampling.greedy:
+                raise ValueError(f"branches = {branches} is greedy only: the sampled rule keeps one chain")
+        self.branches = branches
         self.target = target
         self.min_columns = columns
         self.prefill_chunk = prefill_chunk
@@ -146,7 +167,9 @@ class CapturedDecoder:
     # --- the pieces of a round -------------------------------------------------------------------------
 
     def _draft(self, sh: _Shape) -> None:
-        if hasattr(self.drafter, "draft_into"):
+        if sh.branches > 1:
+            sh.drafts.copy_(self.drafter.draft(range(sh.B), sh.S, first_ranks=sh.ranks))
+        elif hasattr(self.drafter, "draft_into"):
             self.drafter.draft_into(sh.slot_ids, sh.S, sh.drafts)
         else:
             sh.drafts.copy_(self.drafter.draft(range(sh.B), sh.S))
@@ -170,10 +193,15 @@ class CapturedDecoder:
         active = sh.produced < sh.max_new
         emitted = torch.cat([drafts, torch.zeros(sh.B, 1, dtype=drafts.dtype, device=drafts.device)], dim=1)
         emitted.scatter_(1, kept[:, None], nxt[:, None])
+        take = self._winners(sh, kept) if sh.branches > 1 else None
+        if take is not None:
+            kept, nxt, emitted = kept[take], nxt[take], emitted[take]
         sh.emitted.copy_(emitted)
         parts = [kept[:, None], emitted]
         if sh.rivals:
             ids, gaps = _rivals(sh.logits)
+            if take is not None:
+                ids, gaps = ids[take], gaps[take]
             parts += [ids.flatten(1), gaps.flatten(1)]
         torch.cat([t.double() for t in parts], dim=1, out=sh.report)
         step = (kept + 1) * active
@@ -184,6 +212,22 @@ class CapturedDecoder:
             sh.report_host.copy_(sh.report, non_blocking=True)
         else:
             sh.report_host.copy_(sh.report)
+
+    @staticmethod
+    def _winners(sh: _Shape, kept: torch.Tensor) -> torch.Tensor:
+        """Per row, the row of its sequence that kept the most drafts (the lowest rank at a tie); its taps and
+        its cache columns of this round are copied over the sequence's other rows, so that they extend and
+        attend what the winner verified."""
+        k = sh.branches
+        groups = sh.B // k
+        best = kept.view(groups, k).argmax(1)  # the first of equal maxima
+        take = (torch.arange(groups, device=kept.device) * k + best).repeat_interleave(k)
+        sh.taps.copy_(sh.taps[take])
+        rows = torch.arange(sh.B, device=kept.device)[:, None]
+        columns = sh.pos[:, None] + torch.arange(sh.q, device=kept.device)  # a sequence's rows share positions
+        for cache in (sh.static.keys, sh.static.values):
+            cache[:, rows, :, columns] = cache[:, take[:, None], :, columns]
+        return take
 
     def _extend(self, sh: _Shape, active: list[int], first: list[int], counts: list[int]) -> None:
         if not active:
@@ -239,16 +283,26 @@ class CapturedDecoder:
         sh = self._shape
         if sh is None or (sh.B, sh.S) != (B, self.steps) or sh.columns < columns:
             self._shape = None  # the old cache and graphs go first: they may be large
-            sh = self._shape = _Shape(self.target, B, self.steps, columns, self.compile_layers, self.rivals)
+            sh = self._shape = _Shape(self.target, B, self.steps, columns, self.compile_layers, self.rivals, self.branches)
         return sh
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> Result:
         """Exactly max_new_tokens new tokens per prompt (end-of-text does not stop a sequence, so that runs
         compare token for token)."""
-        dev, B, S = self.target.device, len(prompts), self.steps
-        if B == 0 or max_new_tokens < 1 or any(len(p) == 0 for p in prompts):
+        if len(prompts) == 0 or max_new_tokens < 1 or any(len(p) == 0 for p in prompts):
             raise ValueError("generate needs at least one non-empty prompt and max_new_tokens >= 1")
+        k = self.branches
+        if k == 1:
+            return self._generate(prompts, max_new_tokens)
+        # A sequence's rows stay equal but for their drafts: its first row speaks for it.
+        rows = self._generate([p for p in prompts for _ in range(k)], max_new_tokens, primary=k)
+        rows.tokens, rows.rivals, rows.accepted_by_sequence = rows.tokens[::k], rows.rivals[::k], rows.accepted_by_sequence[::k]
+        return rows
+
+    def _generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, primary: int = 1) -> Result:
+        """generate over rows; the round's counts come from every `primary`-th row alone."""
+        dev, B, S = self.target.device, len(prompts), self.steps
         needed = max(len(p) for p in prompts) + max_new_tokens + S + 1
         columns = -(-max(needed, self.min_columns) // COLUMN_STEP) * COLUMN_STEP
         sh = self._shape_for(B, columns)
@@ -280,7 +334,7 @@ class CapturedDecoder:
         if self.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=B * max_new_tokens, unit="tok", desc="decode", file=sys.stderr, initial=B)
+            bar = tqdm(total=B // primary * max_new_tokens, unit="tok", desc="decode", file=sys.stderr, initial=B // primary)
         report = sh.report_host.numpy()
         q = S + 1
         mark = clock.mark if clock is not None else (lambda i: None)
@@ -309,8 +363,10 @@ class CapturedDecoder:
                 result.tokens[b] += [int(t) for t in row[1 : 2 + k]]
                 if sh.rivals:
                     packed_rivals[b].append((row[1 + q :].tolist(), k + 1))
-                result.accepted_per_round.append(k)
                 result.accepted_by_sequence[b].append(k)
+                if b % primary:
+                    continue
+                result.accepted_per_round.append(k)
                 for j in range(S):
                     result.asked[j] += 1
                     result.kept[j] += int(j < k)
@@ -319,12 +375,12 @@ class CapturedDecoder:
                 self._extend(sh, active, first, counts)
                 mark(5)
             if self.accept_log is not None and S:
-                self.accept_log.record([c - 1 for c in counts], S)
+                self.accept_log.record([c - 1 for b, c in zip(active, counts) if b % primary == 0], S)
             result.rounds += 1
             if clock is not None:
                 clock.round_done()
             if bar is not None:
-                bar.update(sum(min(c, max_new_tokens) for c in counts))
+                bar.update(sum(min(c, max_new_tokens) for b, c in zip(active, counts) if b % primary == 0))
         if bar is not None:
             bar.close()
         self._sync()

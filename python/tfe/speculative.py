@@ -230,7 +230,10 @@ class RuntimeDrafter:
 class TorchDrafter:
     """The head run by PyTorch (tfe.torch_head: Eagle3Head loaded from the EAGLE-3 checkpoint, drafting
     through a DraftRing): the comparison point for tfe in the same loop, under the same contract as the
-    runtime. bf16 on a GPU, fp32 on a CPU, unless `dtype` says."""
+    runtime. bf16 on a GPU, fp32 on a CPU, unless `dtype` says. It drafts the branches of a tree too
+    (`first_ranks`, tfe.captured's `branches`)."""
+
+    drafts_from_rank = True
 
     def __init__(self, checkpoint, target: Target, *, max_slots: int = 16, max_steps: int = 8, window: int = 511, dtype=None):
         from .torch_head import DraftRing, Eagle3Head
@@ -248,8 +251,8 @@ class TorchDrafter:
         for slot, pos, taps, tokens in requests:
             self.ring.extend(slot, pos, taps, tokens)
 
-    def draft(self, slots, steps: int) -> torch.Tensor:
-        return self.ring.draft(slots, steps)
+    def draft(self, slots, steps: int, first_ranks: torch.Tensor | None = None) -> torch.Tensor:
+        return self.ring.draft(slots, steps, first_ranks=first_ranks)
 
 
 @dataclass

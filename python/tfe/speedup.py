@@ -25,7 +25,9 @@ split.png (the round split as stacked bars), and prints the tables last.
 With --acceptance it measures acceptance alone, on every held-out prompt (tfe.prompts.evaluation_prompts:
 3 in each of 10 classes, none trained on) at each S of --steps: tokens per round by class and S, the mean over
 classes, the weakest class, and the share of rounds that keep at least j drafts; acceptance.json. Greedy
-acceptance does not depend on the batch, so the prompts run 15 at a time.
+acceptance does not depend on the batch, so the prompts run 15 at a time. With --branches K (and
+--checkpoint) each round drafts K chains a sequence, the r-th from the head's rank-r first token, verifies
+them side by side and keeps the longest (tfe.captured); the PyTorch port drafts them.
 
 With --windows (e.g. 128,511) it also measures acceptance on prompts longer than the largest window
 (prompts.long_prompts): the head converted at each window and run by tfe, against its PyTorch port at the
@@ -45,7 +47,7 @@ import warnings
 import torch
 
 from . import prompts as prompt_sets
-from .captured import CapturedDecoder
+from .captured import MAX_BRANCHES, CapturedDecoder
 from .outputs import check_output_dir, replacing, write_atomic
 from .speculative import TorchDrafter, hf_generate, left_padded, make_drafter, read_taps
 from .target import Target, load_target
@@ -153,17 +155,19 @@ def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int]
                 tfe_row(PORT, best, drafters[PORT])
 
 
-def acceptance(target: Target, drafter, steps: list[int], new: int, batch: int = 15) -> dict:
+def acceptance(target: Target, drafter, steps: list[int], new: int, batch: int = 15, branches: int = 1) -> dict:
     """Acceptance on every held-out prompt at each S: by class, tokens per round and, per window position j,
-    the share of rounds that kept at least j drafts (the accept log's rate by position)."""
+    the share of rounds that kept at least j drafts (the accept log's rate by position). With `branches` k,
+    each round verifies k chains a sequence (tfe.captured) and keeps the longest: the drafter needs
+    batch x k slots."""
     evaluation = prompt_sets.evaluation_prompts()
     if any(p.history for p in evaluation):
         raise ValueError("an evaluation prompt has earlier turns; encode_chat takes one user turn")
     prompts = [target.encode_chat(p.text) for p in evaluation]
     classes = sorted({p.cls for p in evaluation})
-    report: dict = {"prompts": len(prompts), "classes": classes, "max_new_tokens": new, "by_steps": {}}
+    report: dict = {"prompts": len(prompts), "classes": classes, "max_new_tokens": new, "branches": branches, "by_steps": {}}
     for s in steps:
-        decoder = CapturedDecoder(target, drafter, steps=s, rivals=False)
+        decoder = CapturedDecoder(target, drafter, steps=s, rivals=False, branches=branches)
         rounds: dict[str, list[int]] = {c: [] for c in classes}
         for a in range(0, len(prompts), batch):
             result = decoder.generate(prompts[a : a + batch], new)
@@ -179,15 +183,16 @@ def acceptance(target: Target, drafter, steps: list[int], new: int, batch: int =
         first = sum(r["kept_at_least"][0] for r in per_class.values()) / len(per_class)
         report["by_steps"][str(s)] = {"by_class": per_class, "mean_tokens_per_round": mean,
                                       "mean_kept_at_position_1": first, "weakest_class": weakest}
-        print(f"acceptance S={s}: {mean:.2f} tokens a round (mean of {len(per_class)} classes), position 1 kept "
+        print(f"acceptance S={s}{f' x {branches} branches' if branches > 1 else ''}: {mean:.2f} tokens a round (mean of {len(per_class)} classes), position 1 kept "
               f"{first:.2f}, weakest {weakest} {per_class[weakest]['tokens_per_round']:.2f}", flush=True)
     return report
 
 
 def print_acceptance(report: dict) -> None:
     steps = list(report["by_steps"])
+    tree = f", {report['branches']} branches a round" if report.get("branches", 1) > 1 else ""
     print(f"\nheld-out acceptance: tokens per round by class and S ({report['prompts']} prompts, "
-          f"{report['max_new_tokens']} new tokens each, greedy)")
+          f"{report['max_new_tokens']} new tokens each, greedy{tree})")
     print(f"{'class':<12}" + "".join(f"{'S=' + s:>7}" for s in steps))
     for c in report["classes"]:
         cells = [report["by_steps"][s]["by_class"].get(c, {}).get("tokens_per_round") for s in steps]
@@ -276,6 +281,9 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", default="", help="e.g. 128,511: acceptance on long prompts at these windows "
                     "against the PyTorch port over the whole context (needs --checkpoint)")
     ap.add_argument("--window-steps", type=int, default=4, help="draft steps S of the window study")
+    ap.add_argument("--branches", type=int, default=1, help=f"with --acceptance: chains a round verifies per sequence, "
+                    f"the r-th from the head's rank-r first token (1..{MAX_BRANCHES}; above 1 the drafter is the PyTorch "
+                    "port: needs --checkpoint)")
     ap.add_argument("--gguf")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args(argv)
@@ -291,6 +299,11 @@ def main(argv=None) -> int:
         ap.error("--steps: each 1..8")
     if windows and not a.checkpoint:
         ap.error("--windows compares against the PyTorch port: pass --checkpoint")
+    if not 1 <= a.branches <= MAX_BRANCHES:
+        ap.error(f"--branches {a.branches}: 1..{MAX_BRANCHES}")
+    if a.branches > 1 and not (a.acceptance and a.checkpoint):
+        ap.error(f"--branches {a.branches}: measured with --acceptance, drafted by the PyTorch port (--checkpoint); "
+                 "tfe's runtime drafts chains only")
     if not pathlib.Path(a.head).is_file():
         ap.error(f"--head {a.head}: no such file")
     try:
@@ -311,9 +324,12 @@ def main(argv=None) -> int:
 
     max_steps = max([8, *steps])
     if a.acceptance:
-        drafter = make_drafter(a.drafter, a.head, max_slots=16, max_steps=max_steps, artifact=a.artifact)
-        study = acceptance(target, drafter, steps, a.max_new_tokens)
-        study.update(head=a.head, dtype=a.dtype, device=device, drafter=a.drafter)
+        if a.branches > 1:
+            drafter = make_drafter("torch", None, max_slots=15 * a.branches, max_steps=max_steps, checkpoint=a.checkpoint, target=target)
+        else:
+            drafter = make_drafter(a.drafter, a.head, max_slots=16, max_steps=max_steps, artifact=a.artifact)
+        study = acceptance(target, drafter, steps, a.max_new_tokens, branches=a.branches)
+        study.update(head=a.head, dtype=a.dtype, device=device, drafter="torch" if a.branches > 1 else a.drafter)
         write_atomic(out / "acceptance.json", json.dumps(study, indent=1) + "\n")
         print_acceptance(study)
         del drafter

@@ -337,15 +337,17 @@ class DraftRing:
         self.g[slot] = g[0, -1]
         self.token[slot] = tokens[-1]
 
-    def draft(self, slots, steps: int) -> torch.Tensor:
+    def draft(self, slots, steps: int, first_ranks: torch.Tensor | None = None) -> torch.Tensor:
         """Target token ids [len(slots), steps]: step j's token is the draft for position last + j + 1."""
-        return self.run(slots, steps)[0]
+        return self.run(slots, steps, first_ranks=first_ranks)[0]
 
     @torch.inference_mode()
-    def run(self, slots, steps: int, follow: torch.Tensor | None = None):
+    def run(self, slots, steps: int, follow: torch.Tensor | None = None, first_ranks: torch.Tensor | None = None):
         """The draft pass: (target token ids [B, steps], logits over the draft vocabulary [B, steps, Vd]).
         With `follow` [B, >= steps - 1] (target ids), step j + 1 reads follow[:, j] instead of step j's own
-        draft: another drafter's chain, to compare this head's choice with it step by step."""
+        draft: another drafter's chain, to compare this head's choice with it step by step. With
+        `first_ranks` [B], step 1 takes each slot's token of that rank (0: the best; equal logits rank by
+        the lower id, as the best does) and the later steps their best, a branch of a draft tree."""
         h = self.head
         s = torch.tensor(list(slots), device=self.keys.device)
         g, tok, pos = self.g[s][:, None], self.token[s][:, None], self.last[s]
@@ -359,6 +361,10 @@ class DraftRing:
             o = h.attend(q, self.keys[s], self.values[s], seen[:, None, :])
             g = h.rest_of_layer(g, o)
             logits.append(h.logits(g)[:, 0])
-            out.append(h.draft_ids[logits[-1].argmax(-1)])
+            if j == 0 and first_ranks is not None:
+                ranked = logits[-1].sort(dim=-1, descending=True, stable=True).indices
+                out.append(h.draft_ids[ranked.gather(1, first_ranks.to(s.device).long()[:, None])[:, 0]])
+            else:
+                out.append(h.draft_ids[logits[-1].argmax(-1)])
             tok = (out[-1] if follow is None else follow[:, j].to(s.device).long())[:, None]
         return torch.stack(out, 1), torch.stack(logits, 1)

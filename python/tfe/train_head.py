@@ -364,16 +364,16 @@ def main(argv=None) -> int:
     p.add_argument("--data-share", type=float, help="the data phase's bound, a share of --minutes (default 0.3; smoke 0.7); checked between "
                    "batches of answers, so a slow machine passes it by up to one batch")
     p.add_argument("--prompts-per-class", type=int, help="templated training prompts of each class (default 300)")
-    p.add_argument("--self-instruct", type=int, help="requests the target writes itself (default 2000; smoke 1)")
+    p.add_argument("--self-instruct", type=int, help="requests the target writes itself (default 4000; smoke 1)")
     p.add_argument("--self-subjects", type=int, help="lists of subjects (about ten each) the target writes first, in "
                    "broad areas: each subject fills a prose, science or role-play template and joins the fixed subjects of "
-                   "the self-instruct requests (default 0; smoke 1)")
+                   "the self-instruct requests (default 600; smoke 1)")
     p.add_argument("--self-questions", type=int, help="lists of users' questions (about ten each) the target writes, "
-                   "in broad areas: each question is a training prompt (default 0; smoke 1)")
+                   "in broad areas: each question is a training prompt (default 1000; smoke 1)")
     p.add_argument("--chitchat", type=int, help="human conversations (chitchat-dataset; default 1000, smoke 1)")
     p.add_argument("--sampled-answers", type=int, help="sampled answers a prompt, beside the greedy one (default 1, smoke 1)")
     p.add_argument("--stdlib-chunks", type=int, help="chunks of standard-library sources trained on (default 600)")
-    p.add_argument("--draft-vocab", type=int, help="the draft vocabulary: the data's most frequent tokens (default 8192)")
+    p.add_argument("--draft-vocab", type=int, help="the draft vocabulary: the data's most frequent tokens (default 16384; smoke 2048)")
     p.add_argument("--ttt-steps", type=int, help="training-time-test steps a position, step k weighted 0.8^k (default 7)")
     p.add_argument("--ffn", type=int, help="the head's MLP width (default: the target's intermediate size); the draft "
                    "step reads it from memory, and its time is small beside the target's verify pass")
@@ -383,7 +383,7 @@ def main(argv=None) -> int:
     p.add_argument("--tap-scale", choices=["channel", "none"], help="channel (the default): train fc on the taps "
                    "scaled to unit RMS per channel, folded into fc's weight at the end; none: on the taps as they are")
     p.add_argument("--lr", type=float, help="peak learning rate")
-    p.add_argument("--gen-batch", type=int, help="prompts a generate call")
+    p.add_argument("--gen-batch", type=int, help="prompts a generate call of the data phase (default 512; smoke 16)")
     p.add_argument("--data-loop", choices=["captured", "generate"], help="how the target writes the data: tfe's captured loop with drafts off (default) or transformers' generate")
     p.add_argument("--answer-tokens", type=int, help="tokens the target generates per prompt")
     p.add_argument("--max-updates", type=int, help="stop after this many updates, if the time lasts")

@@ -847,3 +847,38 @@ def test_kept_and_online_labels_take_the_same_rows(target, chats):
     which = torch.tensor([3, 0, 2])
     for a, b in zip(kept.take(which.to(target.device)), online.take(which)):
         assert a.device == b.device and torch.equal(a, b)
+
+
+def test_branches_keep_the_targets_tokens_and_more_drafts(target, smoke, chats):
+    """Four chains a sequence (the r-th from the head's rank-r first token) keep the target's greedy tokens,
+    as the chain does, and keep position 1 more often: the rank-0 branch is the chain, so a round keeps at
+    least what the chain would from the same state. The branches' drafts: rank 0 is the chain's, the others
+    start from the next best tokens and then go on greedily."""
+    from tfe.speculative import TorchDrafter
+
+    alone = CapturedDecoder(target).generate(chats, NEW).tokens
+    chain = CapturedDecoder(target, TorchDrafter(smoke[0], target, max_slots=4), steps=3).generate(chats, NEW)
+    drafter = TorchDrafter(smoke[0], target, max_slots=16)
+    tree = CapturedDecoder(target, drafter, steps=3, branches=4).generate(chats, NEW)
+    assert chain.tokens == alone and tree.tokens == alone
+    assert len(tree.accepted_by_sequence) == len(chats) and sum(tree.asked) == 3 * len(tree.accepted_per_round)
+    assert tree.kept[0] / tree.asked[0] > chain.kept[0] / chain.asked[0]
+    # One state's first step at ranks 0..3 (the same slot four times: step 1 alone, as later steps would
+    # write one another's rows), and rank 0 throughout is the chain.
+    ring = drafter.ring
+    first, logits = ring.run([0, 0, 0, 0], 1, first_ranks=torch.arange(4))
+    order = logits[0, 0].sort(descending=True, stable=True).indices[:4]
+    assert first[:, 0].tolist() == ring.head.draft_ids[order].tolist() and len(set(first[:, 0].tolist())) == 4
+    assert torch.equal(ring.draft([0], 3, first_ranks=torch.zeros(1, dtype=torch.long)), ring.draft([0], 3))
+
+
+def test_branches_are_refused_where_they_cannot_run(target, smoke):
+    """Branches need a drafter that drafts from another rank (the PyTorch port) and the greedy rule."""
+    from tfe.speculative import TorchDrafter
+
+    with pytest.raises(ValueError, match="branches = 4 needs a drafter"):
+        CapturedDecoder(target, ReferenceDrafter(smoke[1], max_slots=16), branches=4)
+    with pytest.raises(ValueError, match="greedy only"):
+        CapturedDecoder(target, TorchDrafter(smoke[0], target, max_slots=16), branches=2, sampling=Sampling(temperature=0.8))
+    with pytest.raises(ValueError, match="branches = 9"):
+        CapturedDecoder(target, TorchDrafter(smoke[0], target, max_slots=16), branches=9)
