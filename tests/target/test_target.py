@@ -415,6 +415,8 @@ def test_transformers_generate_runs_past_end_of_text(target, monkeypatch):
         ("exactness", ["--head", "{head}", "--samples", "-1"], "--samples -1: must be >= 0"),
         ("speedup", ["--head", "{head}", "-o", "{out}", "--sequences", "1,17"], "--sequences: each 1..16"),
         ("speedup", ["--head", "{head}", "-o", "{out}", "--steps", "x"], "comma-separated integers"),
+        ("speedup", ["--head", "{head}", "-o", "{out}", "--acceptance", "--branches", "9"], "--branches 9: 1..8"),
+        ("speedup", ["--head", "{head}", "-o", "{out}", "--acceptance", "--branches", "4"], "drafted by the PyTorch port (--checkpoint)"),
         ("train_head", ["-o", "{out}", "--evaluate", "{out}"], "no config.json there"),
         ("train_head", ["-o", "{out}", "--evaluate", "{out}", "--profile"], "--evaluate trains nothing"),
         ("train_head", ["-o", "{out}", "--evaluate", "{out}", "--data", "missing.json"], "--data missing.json: no such file"),
