@@ -150,7 +150,8 @@ train() {
   assemble
   build_module
   echo "== module built ($((SECONDS - t0)) s)"
-  rm -rf "$state/eagle3"  # a checkpoint left by an earlier run must not pass for this one's
+  # A checkpoint or deployed head left by an earlier run must not pass for this one's
+  rm -rf "$state/eagle3" "$state/head.tfe" "$state/deploy"
   # The data phase's sequences stay in $state/data.json.gz: TRAIN_REUSE_DATA=1 trains on them again (the
   # whole of TRAIN_MINUTES then trains), so that runs compare training settings alone.
   [ "${TRAIN_REUSE_DATA:-0}" = 1 ] || rm -f "$state/data.json.gz"

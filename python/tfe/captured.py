@@ -14,8 +14,9 @@ A round, for a batch of B sequences and S draft steps, is four pieces on one str
 The host waits once a round, for the copy, and then only appends tokens and enqueues the extend. A rejected
 draft needs no cleanup: its K/V column is written again by the next round at the same position, and
 causality by position keeps later rows from reading it before then. A sequence that has its tokens stops
-advancing (its position and last token stay, on the device) while the others finish, so the cache never
-needs more than prompt + new tokens + S + 1 columns.
+advancing (its position and last token stay, on the device) while the others finish. Its last round may
+have overshot its tokens by up to S, and it still verifies S + 1 columns from there each round, so the cache
+needs prompt + new tokens + 2S columns.
 
 With `branches` k > 1 (greedy), each sequence drafts k chains that differ from their first step: chain r
 starts from the head's rank-r token, then continues greedily ("k then chains"). They take k rows of every
@@ -41,8 +42,8 @@ from .speculative import (RIVALS, Decoder, Result, Sampling, _as_rivals, _rivals
 from .static_target import StaticTarget
 from .target import Target
 
-COLUMN_STEP = 256
-MAX_BRANCHES = 8  # cache columns are rounded up to this, so that runs of similar length share graphs
+COLUMN_STEP = 256  # cache columns are rounded up to this, so that runs of similar length share graphs
+MAX_BRANCHES = 8
 
 
 def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -295,6 +296,12 @@ class CapturedDecoder:
         k = self.branches
         if k == 1:
             return self._generate(prompts, max_new_tokens)
+        if not self.sampling.greedy:
+            raise ValueError(f"branches = {k} is greedy only: the sampled rule keeps one chain")
+        slots = getattr(self.drafter, "max_slots", None)
+        if slots is not None and len(prompts) * k > slots:
+            raise ValueError(f"{len(prompts)} sequences x {k} branches take {len(prompts) * k} drafter slots; "
+                             f"the drafter has {slots}")
         # A sequence's rows stay equal but for their drafts: its first row speaks for it.
         rows = self._generate([p for p in prompts for _ in range(k)], max_new_tokens, primary=k)
         rows.tokens, rows.rivals, rows.accepted_by_sequence = rows.tokens[::k], rows.rivals[::k], rows.accepted_by_sequence[::k]
@@ -303,7 +310,7 @@ class CapturedDecoder:
     def _generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, primary: int = 1) -> Result:
         """generate over rows; the round's counts come from every `primary`-th row alone."""
         dev, B, S = self.target.device, len(prompts), self.steps
-        needed = max(len(p) for p in prompts) + max_new_tokens + S + 1
+        needed = max(len(p) for p in prompts) + max_new_tokens + 2 * S  # the module docstring says why
         columns = -(-max(needed, self.min_columns) // COLUMN_STEP) * COLUMN_STEP
         sh = self._shape_for(B, columns)
         if self.graphs and not sh.graphs:

@@ -241,6 +241,7 @@ class TorchDrafter:
         self.dtype = dtype or (torch.bfloat16 if target.device.type == "cuda" else torch.float32)
         self.head = Eagle3Head.load(checkpoint, target).to(self.dtype).eval()
         self.window = window
+        self.max_slots = max_slots
         self.ring = DraftRing(self.head, max_slots=max_slots, max_steps=max_steps, window=window)
         self.head_taps = checkpoint_taps(checkpoint)
 
@@ -265,7 +266,7 @@ class Result:
     rivals: list[list[list[tuple[int, float]]]]
     steps: int
     rounds: int = 0
-    asked: list[int] = field(default_factory=list)  # per window position j = 1..S: drafts offered
+    asked: list[int] = field(default_factory=list)  # per window position j = 1..S: rounds that offered a draft there
     kept: list[int] = field(default_factory=list)  # ... and accepted
     accepted_per_round: list[int] = field(default_factory=list)  # k of every sequence and round
     accepted_by_sequence: list[list[int]] = field(default_factory=list)  # the same, per sequence

@@ -155,7 +155,10 @@ def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int]
                 tfe_row(PORT, best, drafters[PORT])
 
 
-def acceptance(target: Target, drafter, steps: list[int], new: int, batch: int = 15, branches: int = 1) -> dict:
+ACCEPTANCE_BATCH = 15  # held-out prompts a generate call: greedy acceptance does not depend on the batch
+
+
+def acceptance(target: Target, drafter, steps: list[int], new: int, batch: int = ACCEPTANCE_BATCH, branches: int = 1) -> dict:
     """Acceptance on every held-out prompt at each S: by class, tokens per round and, per window position j,
     the share of rounds that kept at least j drafts (the accept log's rate by position). With `branches` k,
     each round verifies k chains a sequence (tfe.captured) and keeps the longest: the drafter needs
@@ -301,9 +304,11 @@ def main(argv=None) -> int:
         ap.error("--windows compares against the PyTorch port: pass --checkpoint")
     if not 1 <= a.branches <= MAX_BRANCHES:
         ap.error(f"--branches {a.branches}: 1..{MAX_BRANCHES}")
-    if a.branches > 1 and not (a.acceptance and a.checkpoint):
-        ap.error(f"--branches {a.branches}: measured with --acceptance, drafted by the PyTorch port (--checkpoint); "
-                 "tfe's runtime drafts chains only")
+    if a.branches > 1 and not (a.acceptance and a.checkpoint and not sequences):
+        ap.error(f"--branches {a.branches}: measured with --acceptance alone (--sequences ''), drafted by the PyTorch "
+                 "port (--checkpoint); tfe's runtime drafts chains only")
+    if a.branches > 1 and not pathlib.Path(a.checkpoint, "config.json").is_file():
+        ap.error(f"--checkpoint {a.checkpoint}: no config.json there (an EAGLE-3 checkpoint directory)")
     if not pathlib.Path(a.head).is_file():
         ap.error(f"--head {a.head}: no such file")
     try:
@@ -325,11 +330,14 @@ def main(argv=None) -> int:
     max_steps = max([8, *steps])
     if a.acceptance:
         if a.branches > 1:
-            drafter = make_drafter("torch", None, max_slots=15 * a.branches, max_steps=max_steps, checkpoint=a.checkpoint, target=target)
+            drafter = make_drafter("torch", None, max_slots=ACCEPTANCE_BATCH * a.branches, max_steps=max_steps,
+                                   checkpoint=a.checkpoint, target=target)
         else:
             drafter = make_drafter(a.drafter, a.head, max_slots=16, max_steps=max_steps, artifact=a.artifact)
         study = acceptance(target, drafter, steps, a.max_new_tokens, branches=a.branches)
         study.update(head=a.head, dtype=a.dtype, device=device, drafter="torch" if a.branches > 1 else a.drafter)
+        if a.branches > 1:
+            study["checkpoint"] = a.checkpoint  # the head that drafted
         write_atomic(out / "acceptance.json", json.dumps(study, indent=1) + "\n")
         print_acceptance(study)
         del drafter

@@ -4,7 +4,7 @@ transformers' static cache writes every sequence of a batch at the same column (
 batch whose sequences stand at different positions has to grow the cache by S + 1 columns a round and mask
 the rejected ones. Here each sequence writes its K/V at its own positions (column = position), as gpt-fast
 and the serving engines do: a rejected draft's column is simply written again by the next round, the cache
-never grows past prompt + new tokens + S + 1 columns, and the mask is causality by position, computed on the
+never grows past prompt + new tokens + 2S columns (tfe.captured), and the mask is causality by position, computed on the
 device from the positions themselves. Every shape is fixed for a (batch, S) pair, so a round's forward is
 captured once as a CUDA graph and replayed (tfe.captured).
 

@@ -347,7 +347,8 @@ class DraftRing:
         With `follow` [B, >= steps - 1] (target ids), step j + 1 reads follow[:, j] instead of step j's own
         draft: another drafter's chain, to compare this head's choice with it step by step. With
         `first_ranks` [B], step 1 takes each slot's token of that rank (0: the best; equal logits rank by
-        the lower id, as the best does) and the later steps their best, a branch of a draft tree."""
+        the lower draft-vocabulary index, as the best does) and the later steps their best, a branch of a
+        draft tree."""
         h = self.head
         s = torch.tensor(list(slots), device=self.keys.device)
         g, tok, pos = self.g[s][:, None], self.token[s][:, None], self.last[s]

@@ -120,7 +120,7 @@ class Sequence:
 
 
 def prompt_limit(settings: Settings) -> int:
-    """The longest training prompt answered: a longer one leaves its answer under 8 tokens of a sequence."""
+    """The longest training prompt answered: a longer one leaves its answer at most 8 tokens of a sequence."""
     return settings.seq_len - 9
 
 

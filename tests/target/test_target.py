@@ -416,7 +416,9 @@ def test_transformers_generate_runs_past_end_of_text(target, monkeypatch):
         ("speedup", ["--head", "{head}", "-o", "{out}", "--sequences", "1,17"], "--sequences: each 1..16"),
         ("speedup", ["--head", "{head}", "-o", "{out}", "--steps", "x"], "comma-separated integers"),
         ("speedup", ["--head", "{head}", "-o", "{out}", "--acceptance", "--branches", "9"], "--branches 9: 1..8"),
-        ("speedup", ["--head", "{head}", "-o", "{out}", "--acceptance", "--branches", "4"], "drafted by the PyTorch port (--checkpoint)"),
+        ("speedup", ["--head", "{head}", "-o", "{out}", "--acceptance", "--branches", "4"], "measured with --acceptance alone"),
+        ("speedup", ["--head", "{head}", "-o", "{out}", "--acceptance", "--sequences", "", "--branches", "4", "--checkpoint", "{out}"],
+         "no config.json there"),
         ("train_head", ["-o", "{out}", "--evaluate", "{out}"], "no config.json there"),
         ("train_head", ["-o", "{out}", "--evaluate", "{out}", "--profile"], "--evaluate trains nothing"),
         ("train_head", ["-o", "{out}", "--evaluate", "{out}", "--data", "missing.json"], "--data missing.json: no such file"),
@@ -861,10 +863,20 @@ def test_branches_keep_the_targets_tokens_and_more_drafts(target, smoke, chats):
     alone = CapturedDecoder(target).generate(chats, NEW).tokens
     chain = CapturedDecoder(target, TorchDrafter(smoke[0], target, max_slots=4), steps=3).generate(chats, NEW)
     drafter = TorchDrafter(smoke[0], target, max_slots=16)
-    tree = CapturedDecoder(target, drafter, steps=3, branches=4).generate(chats, NEW)
+    decoder = CapturedDecoder(target, drafter, steps=3, branches=4)
+    tree = decoder.generate(chats, NEW)
     assert chain.tokens == alone and tree.tokens == alone
-    assert len(tree.accepted_by_sequence) == len(chats) and sum(tree.asked) == 3 * len(tree.accepted_per_round)
+    assert len(tree.accepted_by_sequence) == len(chats)
+    assert sorted(sum(tree.accepted_by_sequence, [])) == sorted(tree.accepted_per_round)
     assert tree.kept[0] / tree.asked[0] > chain.kept[0] / chain.asked[0]
+    # A sequence's four rows end equal, bit for bit, but for their drafts: the target's cache, the taps,
+    # the positions, and their drafter slots' last real row.
+    sh, ring = decoder._shape, drafter.ring
+    for rows in torch.arange(16).view(4, 4):
+        for t in (sh.static.keys, sh.static.values):
+            assert all(torch.equal(t[:, rows[0]], t[:, r]) for r in rows[1:])
+        for t in (sh.taps, sh.pos, sh.last, sh.produced, ring.g, ring.token, ring.last, ring.first):
+            assert all(torch.equal(t[rows[0]], t[r]) for r in rows[1:])
     # One state's first step at ranks 0..3 (the same slot four times: step 1 alone, as later steps would
     # write one another's rows), and rank 0 throughout is the chain.
     ring = drafter.ring
@@ -884,3 +896,42 @@ def test_branches_are_refused_where_they_cannot_run(target, smoke):
         CapturedDecoder(target, TorchDrafter(smoke[0], target, max_slots=16), branches=2, sampling=Sampling(temperature=0.8))
     with pytest.raises(ValueError, match="branches = 9"):
         CapturedDecoder(target, TorchDrafter(smoke[0], target, max_slots=16), branches=9)
+    with pytest.raises(ValueError, match="5 sequences x 4 branches take 20 drafter slots; the drafter has 16"):
+        CapturedDecoder(target, TorchDrafter(smoke[0], target, max_slots=16), branches=4).generate([[1, 2]] * 5, 4)
+
+
+class _OracleDrafter:
+    """Drafts a slot's known continuation (its tokens from position last + 2 on), or token 0 where it knows
+    none: every draft kept, or nearly every draft rejected."""
+
+    def __init__(self, texts: dict[int, list[int]]):
+        self.texts, self.last = texts, {}
+
+    def reset(self, slot: int) -> None:
+        self.last.pop(slot, None)
+
+    def extend(self, requests) -> None:
+        for slot, pos, _taps, tokens in requests:
+            self.last[slot] = pos + len(tokens) - 1
+
+    def draft(self, slots, steps: int) -> torch.Tensor:
+        out = torch.zeros(len(slots), steps, dtype=torch.long)
+        for i, slot in enumerate(slots):
+            known = self.texts.get(slot, [])[self.last[slot] + 2 : self.last[slot] + 2 + steps]
+            out[i, : len(known)] = torch.tensor(known, dtype=torch.long)
+        return out
+
+
+def test_a_finished_sequence_verifies_within_the_cache(target, chats):
+    """A sequence that keeps every draft finishes up to S tokens past its count and still verifies S + 1
+    columns from there while another goes on: the cache holds prompt + new + 2S columns. Here the longest
+    prompt (222 tokens, 30 new, S = 3) would write 2 columns past a cache of prompt + new + S + 1."""
+    S, new = 3, 30
+    long_prompt = (chats[0] * 8)[:222]
+    answer = CapturedDecoder(target).generate([long_prompt], new + 2 * S).tokens[0]
+    alone = CapturedDecoder(target).generate([long_prompt, chats[1]], new).tokens
+    drafter = _OracleDrafter({0: long_prompt + answer})
+    result = CapturedDecoder(target, drafter, steps=S, rivals=False).generate([long_prompt, chats[1]], new)
+    assert result.tokens == alone
+    assert result.accepted_by_sequence[0] == [S] * len(result.accepted_by_sequence[0])  # it kept every draft
+    assert len(result.accepted_by_sequence[1]) > len(result.accepted_by_sequence[0])  # and finished first
