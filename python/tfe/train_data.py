@@ -287,8 +287,10 @@ def held_out_data(target: Target, settings: Settings, log, loops: dict | None = 
     return evaluation, why
 
 
-def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], list[Sequence], dict]:
-    """(training sequences, held-out sequences, the phase's report), within the data bound."""
+def make_data(target: Target, settings: Settings, log, profiler=None) -> tuple[list[Sequence], list[Sequence], dict]:
+    """(training sequences, held-out sequences, the phase's report), within the data bound. `profiler`
+    (tfe.train_head.profiled): one more greedy batch of the first answers runs under it, outside the bound,
+    and its report goes to the log: where a step of the answers' loop goes."""
     clock = DataClock(settings.minutes * 60 * settings.data_share)
     report: dict = {}
     loops: dict = {}  # the captured loops (greedy, sampled), kept for the phase
@@ -313,6 +315,14 @@ def make_data(target: Target, settings: Settings, log) -> tuple[list[Sequence], 
     jobs = [(encode(target, p), (p.cls, src)) for p, src in prompts]
     jobs = [j for j in jobs if len(j[0]) <= prompt_limit(settings)]
     report["prompts"] = {src: len(ps) for src, ps in sources.items()}
+    if profiler is not None and jobs:
+        batch = [p for p, _ in jobs[: settings.gen_batch]]
+        run = _captured_batches(target, settings, settings.answer_tokens, Sampling(), 0, loops) if settings.data_loop == "captured" \
+            else _hf_batches(target, settings.answer_tokens, False)
+        t = time.perf_counter()
+        run(batch, 0)  # captured and compiled before the profile (the held-out answers have done it already)
+        log(profiler(lambda: run(batch, 0), settings.answer_tokens, "a step of the greedy answers"))
+        clock.start += time.perf_counter() - t
     made = []
     t0 = time.perf_counter()
     for round in range(1 + settings.sampled_answers):

@@ -91,11 +91,22 @@ class Profiler:
     def stop(self) -> None:
         self.prof.__exit__(None, None, None)
 
-    def report(self, updates: int) -> str:
+    def report(self, count: int, unit: str = "an update") -> str:
         seconds = self.now() - self.t0
         self.stop()
         table = self.prof.key_averages().table(sort_by=self.sort, row_limit=25)
-        return f"profile: {seconds / updates * 1e3:.1f} ms an update over {updates} updates (profiled, so slower)\n{table}"
+        return f"profile: {seconds / count * 1e3:.1f} ms {unit} over {count} (profiled, so slower)\n{table}"
+
+
+def profiled(dev: torch.device):
+    """make_data's `profiler`: runs fn under torch.profiler and reports its time per one of `count`."""
+
+    def run(fn, count: int, unit: str) -> str:
+        p = Profiler(dev)
+        fn()
+        return p.report(count, unit)
+
+    return run
 
 
 def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, data: pathlib.Path | None = None,
@@ -104,7 +115,8 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
     the data phase's sequences are read from that file where it exists (the whole budget then trains), else
     written there after the phase, so that later runs on the same data compare training settings alone.
     With `profile`, updates PROFILED (after ten warm ones) run under torch.profiler, no held-out evaluation
-    among them, and the log gets their time an update and the operators that took it."""
+    among them, and the log gets their time an update and the operators that took it; so does one greedy
+    batch of the data phase, where it runs (make_data)."""
     torch.manual_seed(settings.seed)
     dev = target.device
     t0 = time.perf_counter()
@@ -113,7 +125,7 @@ def train(target: Target, settings: Settings, out_dir: pathlib.Path, log=print, 
         data_report = {**data_report, "read_from": str(data)}
         log(f"data: read {len(seqs)} sequences and {len(evaluation)} held-out from {data}")
     else:
-        seqs, evaluation, data_report = make_data(target, settings, log)
+        seqs, evaluation, data_report = make_data(target, settings, log, profiled(dev) if profile else None)
         if data is not None:
             save_data(data, seqs, evaluation, data_report, settings)
     draft_ids = draft_vocabulary(seqs, target.vocab, settings.draft_vocab)
@@ -400,7 +412,8 @@ def main(argv=None) -> int:
                    help="the training step through torch.compile (inductor) in this mode, or none: eager (default: "
                    "default; smoke: none; reduce-overhead adds CUDA graphs); its first update compiles it, within --minutes")
     p.add_argument("--profile", action="store_true", help="log where a training update's time goes (torch.profiler "
-                   "over the 11th to 15th updates)")
+                   "over the 11th to 15th updates) and, where the data phase runs (--data-only too), a step of its "
+                   "greedy answers (one batch more, profiled)")
     p.add_argument("--evaluate", metavar="DIR", help="train nothing: score the checkpoint in DIR on held-out data the "
                    "target writes now, or on the held-out answers of --data FILE and a sample of its training answers (agreement "
                    "by step and top k, the loop's tokens a round by draft tree) and write evaluation.json into --out")
@@ -472,7 +485,7 @@ def main(argv=None) -> int:
     print(f"target loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     if a.data_only:
         log = lambda m: print(m, flush=True)  # noqa: E731
-        seqs, evaluation, report = make_data(target, s, log)
+        seqs, evaluation, report = make_data(target, s, log, profiled(target.device) if a.profile else None)
         save_data(pathlib.Path(a.data), seqs, evaluation, report, s)
         print(f"wrote {a.data}: {len(seqs)} training sequences, {len(evaluation)} held-out")
         return 0

@@ -632,14 +632,16 @@ def test_acceptance_study_counts_every_held_out_prompt(target, smoke):
 
 
 def test_profile_logs_where_an_update_goes(smoke):
-    """tfe-train-head --profile (the smoke fixture trains so): the log gets the profiled updates' time and
-    the operators that took it, once."""
-    from tfe.train_head import PROFILED
+    """tfe-train-head --profile (the smoke fixture trains so): the log gets, once each, a data-phase step's
+    time (a greedy batch of the answers) and the profiled updates', with the operators that took them."""
+    from tfe.train_head import PROFILED, Settings
 
     log = (smoke[0].parent / "train.log").read_text()
     report = log.split("profile: ")[1:]
-    assert len(report) == 1 and f"over {len(PROFILED)} updates" in report[0], log[-2000:]
-    assert "aten::" in report[0] and "Self CPU" in report[0]
+    assert len(report) == 2, log[-2000:]
+    assert f"ms a step of the greedy answers over {Settings.smoke().answer_tokens}" in report[0]
+    assert f"ms an update over {len(PROFILED)}" in report[1]
+    assert all("aten::" in r and "Self CPU" in r for r in report)
 
 
 def test_smoke_run_lists_subjects_and_questions_and_scores_a_training_sample(smoke):
