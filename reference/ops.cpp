@@ -225,6 +225,16 @@ Top1 top1(std::span<const float> logits) {
   return r;
 }
 
+Top1 ranked(std::span<const float> logits, int rank) {
+  const Top1 best = top1(logits);
+  if (rank == 0) return best;
+  const int64_t id = topk(logits, rank + 1)[static_cast<size_t>(rank)];
+  const float max = logits[static_cast<size_t>(best.id)];
+  float sum = 0.0f;
+  for (float l : logits) sum += std::exp(l - max);
+  return {id, std::exp(logits[static_cast<size_t>(id)] - max) / sum};
+}
+
 std::vector<int32_t> topk(std::span<const float> scores, int k) {
   if (k < 1 || static_cast<size_t>(k) > scores.size())
     fail("topk: k = {} is outside 1..{} (the number of scores)", k, scores.size());

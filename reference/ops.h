@@ -87,6 +87,9 @@ struct Top1 {
   float confidence = 0.0f;
 };
 Top1 top1(std::span<const float> logits);
+// The logit of rank `rank` (0: top1's), equal logits ranked by the lower id; confidence = softmax there,
+// expf(l - max) / sum_i expf(l_i - max), the sum as top1's (rank 0: top1 itself).
+Top1 ranked(std::span<const float> logits, int rank);
 
 // The k largest scores, best first; equal scores in ascending id order.
 std::vector<int32_t> topk(std::span<const float> scores, int k);

@@ -187,8 +187,25 @@ void Reference::extend(std::span<const ExtendRequest> requests, ExtendTrace* tra
 }
 
 DraftResult Reference::draft(std::span<const int> slot_ids, int steps, DraftTrace* trace) {
+  return draft(slot_ids, steps, {}, trace);
+}
+
+DraftResult Reference::draft(std::span<const int> slot_ids, int steps, std::span<const int> first_ranks,
+                             DraftTrace* trace) {
   slots_.check_draft(slot_ids, steps);
   const HeadHeader& h = header_;
+  if (!first_ranks.empty()) {
+    if (first_ranks.size() != slot_ids.size())
+      fail("draft: first_ranks has {} entries for {} slots (one a slot, or none)", first_ranks.size(), slot_ids.size());
+    const int highest = static_cast<int>(std::min<int64_t>(kMaxFirstRank, h.draft_vocab - 1));
+    for (size_t i = 0; i < first_ranks.size(); ++i) {
+      if (first_ranks[i] < 0 || first_ranks[i] > highest)
+        fail("draft: first_ranks[{}] = {} is outside 0..{} (kMaxFirstRank, below draft_vocab)", i, first_ranks[i],
+             highest);
+      if (first_ranks[i] > 0 && h.head_type != HeadType::dense)
+        fail("draft: first_ranks[{}] = {}: a two_stage head drafts its best token only", i, first_ranks[i]);
+    }
+  }
   const int64_t B = static_cast<int64_t>(slot_ids.size()), H = h.hidden, hd = h.head_dim;
   const int64_t q_width = h.heads * hd, kv_width = h.kv_heads * hd, F = h.ffn, Vd = h.draft_vocab;
   const auto d2t = file_.tensor("d2t").as<int32_t>();
@@ -280,7 +297,8 @@ DraftResult Reference::draft(std::span<const int> slot_ids, int steps, DraftTrac
       std::vector<int32_t> candidates;
       std::vector<float> exact;
       if (dense) {
-        const auto top = ref::top1(row(std::span<const float>(logits), b, Vd));
+        const int rank = step == 1 && !first_ranks.empty() ? first_ranks[static_cast<size_t>(b)] : 0;
+        const auto top = ref::ranked(row(std::span<const float>(logits), b, Vd), rank);
         draft_id = static_cast<int32_t>(top.id);
         target = draft_id + d2t[static_cast<size_t>(draft_id)];
         confidence = top.confidence;

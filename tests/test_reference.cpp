@@ -349,6 +349,28 @@ TEST_CASE("reference ops: top-k is best first with ties in ascending id") {
   CHECK_THROWS_WITH_AS(ref::topk(s, 201), doctest::Contains("k = 201 is outside 1..200"), Error);
 }
 
+TEST_CASE("reference ops: ranked is top1 at rank 0 and top-k's rank-th after, with softmax there") {
+  const uint64_t seed = fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  std::vector<float> l(300);
+  // Few distinct values: ranks fall on ties, which go to the lower id.
+  for (auto& v : l) v = static_cast<float>(rng() % 17) * 0.5f;
+  const auto top = ref::top1(l), zero = ref::ranked(l, 0);
+  CHECK(zero.id == top.id);
+  CHECK(std::memcmp(&zero.confidence, &top.confidence, sizeof(float)) == 0);
+  const auto order = ref::topk(l, 8);
+  double sum = 0;
+  for (float v : l) sum += std::exp(double(v) - l[size_t(top.id)]);
+  for (int r = 1; r < 8; ++r) {
+    CAPTURE(r);
+    const auto got = ref::ranked(l, r);
+    CHECK(got.id == order[size_t(r)]);
+    CHECK(got.confidence ==
+          doctest::Approx(std::exp(double(l[size_t(got.id)]) - l[size_t(top.id)]) / sum).epsilon(1e-5));
+  }
+}
+
 TEST_CASE("reference ops: rescore picks the largest exact logit, ties to the lower target id") {
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
@@ -832,4 +854,58 @@ TEST_CASE("reference: a cand_k override rescores that many candidates, and is re
   const HeadFile dense_file = open_bytes(dense_bytes);
   CHECK_THROWS_WITH_AS(Reference(dense_file, {.max_slots = 1, .cand_k = 4}),
                        doctest::Contains("cand_k = 4 is set, but the head is dense"), Error);
+}
+
+TEST_CASE(
+    "reference: first_ranks take step 1's token of that rank and the best after it; a refused call changes nothing") {
+  const uint64_t seed = fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  const HeadHeader h = preset_header("tiny");
+  const auto bytes = test::random_head_bytes(h, rng());
+  const HeadFile file = open_bytes(bytes);
+  const Rows a = random_rows(h, 12, rng);
+  Reference ref(file, {.max_slots = 4, .max_steps = 3});
+  for (int slot = 0; slot < 4; ++slot) {
+    const std::vector<ExtendRequest> req = {request(slot, 0, a, 0, 12, h)};
+    ref.extend(req);
+  }
+  const std::vector<int> slots = {0, 1, 2, 3}, ranks = {0, 1, 2, 3}, one = {0};
+  const DraftResult chain = ref.draft(one, 3);
+  DraftTrace trace;
+  const DraftResult tree = ref.draft(slots, 3, ranks, &trace);
+  // Rank 0 is the chain, bit for bit; the four slots hold one state, so step 1 reads the same logits and
+  // slot r takes their rank-r token.
+  for (int step = 1; step <= 3; ++step) {
+    CHECK(tree.token(0, step) == chain.token(0, step));
+    CHECK(std::memcmp(&tree.confidences[size_t(step - 1)], &chain.confidences[size_t(step - 1)], sizeof(float)) == 0);
+  }
+  const auto order = ref::topk(trace.at(0, 1).logits, 4);
+  std::set<int32_t> firsts;
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(trace.at(r, 1).logits == trace.at(0, 1).logits);
+    CHECK(trace.at(r, 1).draft_id == order[size_t(r)]);
+    firsts.insert(tree.token(r, 1));
+  }
+  CHECK(firsts.size() == 4);
+
+  const std::vector<int> too_high = {8}, short_ranks = {0, 1}, negative = {-1};
+  CHECK_THROWS_WITH_AS(ref.draft(one, 3, too_high), doctest::Contains("first_ranks[0] = 8 is outside 0..7"), Error);
+  CHECK_THROWS_WITH_AS(ref.draft(one, 3, negative), doctest::Contains("first_ranks[0] = -1 is outside 0..7"), Error);
+  CHECK_THROWS_WITH_AS(ref.draft(slots, 3, short_ranks), doctest::Contains("first_ranks has 2 entries for 4 slots"),
+                       Error);
+  CHECK(same(ref.draft(one, 3), chain));
+
+  const HeadHeader h2 = preset_header("tiny-two-stage");
+  const auto bytes2 = test::random_head_bytes(h2, rng());
+  const HeadFile file2 = open_bytes(bytes2);
+  const Rows b = random_rows(h2, 9, rng);
+  Reference two(file2, {.max_slots = 1, .max_steps = 2});
+  const std::vector<ExtendRequest> req = {request(0, 0, b, 0, 9, h2)};
+  two.extend(req);
+  const std::vector<int> second = {1}, best = {0};
+  CHECK_THROWS_WITH_AS(two.draft(one, 2, second), doctest::Contains("a two_stage head drafts its best token only"),
+                       Error);
+  CHECK(same(two.draft(one, 2, best), two.draft(one, 2)));
 }

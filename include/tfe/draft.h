@@ -28,6 +28,10 @@ struct DeviceExtendRequest {
   const int32_t* tokens = nullptr;  // device memory: [n_rows] contiguous
 };
 
+// A draft's first step may take, per slot, the token of another rank than the best (0), the branches of a
+// draft tree: ranks 0 .. kMaxFirstRank, equal logits ranked by the lower draft id as the best is.
+constexpr int kMaxFirstRank = 7;
+
 // Outputs of a draft over `streams` slots (in the order given) and `steps` steps.
 struct DraftResult {
   int streams = 0;

@@ -96,6 +96,10 @@ class Reference {
   // Drafts `steps` tokens for each slot. Writes the draft rows' K/V into the rings (overwritten by the
   // next extend); slots' real state is unchanged.
   DraftResult draft(std::span<const int> slots, int steps, DraftTrace* trace = nullptr);
+  // The same, step 1 taking for slots[i] the token of rank first_ranks[i] (0 .. kMaxFirstRank, below the
+  // draft vocabulary; a dense head's alone): the branches of a draft tree. Empty: every slot's best.
+  DraftResult draft(std::span<const int> slots, int steps, std::span<const int> first_ranks,
+                    DraftTrace* trace = nullptr);
   void reset(int slot);
 
   // A slot's ring [R, nkv, hd], row = position mod R; zeros where nothing was written.

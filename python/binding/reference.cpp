@@ -87,21 +87,28 @@ void bind_reference(nb::module_& m) {
           "counts[i] rows from row starts[i] (default: right after the previous request's rows).")
       .def(
           "draft",
-          [](PyReference& r, nb::handle slots, nb::handle steps) {
+          [](PyReference& r, nb::handle slots, nb::handle steps, nb::handle first_ranks) {
             const std::vector<int> s = check_slots(slots);
             const int n = as_int32(steps, "steps");
+            std::vector<int> ranks;
+            if (!first_ranks.is_none())
+              for (const int64_t v : host_ints(first_ranks, "first_ranks", "draft", 0, tfe::kMaxFirstRank))
+                ranks.push_back(static_cast<int>(v));
             tfe::DraftResult d;
             {
               nb::gil_scoped_release release;
               const std::lock_guard lock(r.mu);
-              d = r.ref->draft(s, n);
+              d = r.ref->draft(s, n, ranks);
             }
             return draft_result(std::move(d));
           },
-          "slots"_a.none(), "steps"_a.none(),
-          nb::sig("def draft(self, slots: Sequence[int] | object, steps: int) -> DraftResult"),
+          "slots"_a.none(), "steps"_a.none(), nb::kw_only(), "first_ranks"_a.none() = nb::none(),
+          nb::sig("def draft(self, slots: Sequence[int] | object, steps: int, *, "
+                  "first_ranks: Sequence[int] | object | None = None) -> DraftResult"),
           "Drafts `steps` tokens (1..max_steps) after each slot's last row: (tokens, confidences), numpy\n"
-          "[slots, steps] int32 and float32. The slots keep their rows: the next extend continues them.")
+          "[slots, steps] int32 and float32. The slots keep their rows: the next extend continues them.\n"
+          "first_ranks: per slot, the rank of step 1's token (0: the best .. 7; a dense head's), the branches\n"
+          "of a draft tree.")
       .def(
           "reset",
           [](PyReference& r, nb::handle slot) {

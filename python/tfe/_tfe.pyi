@@ -155,9 +155,12 @@ class Reference:
     ) -> None:
         """Request i: slots[i] at first_pos[i], counts[i] rows of taps/tokens from row starts[i] (default: right
         after the previous request's rows)."""
-    def draft(self, slots: Sequence[int] | _ArrayLike, steps: int) -> DraftResult:
+    def draft(
+        self, slots: Sequence[int] | _ArrayLike, steps: int, *, first_ranks: Sequence[int] | _ArrayLike | None = None
+    ) -> DraftResult:
         """`steps` tokens (1..max_steps) after each slot's last row: (tokens, confidences), numpy [slots, steps]
-        int32 and float32. The slots keep their rows: the next extend continues them."""
+        int32 and float32. The slots keep their rows: the next extend continues them. first_ranks: per slot,
+        the rank of step 1's token (0: the best .. 7; a dense head's), the branches of a draft tree."""
     def reset(self, slot: int) -> None:
         """Empties the slot: its next extend starts a new sequence."""
     @property

@@ -43,7 +43,7 @@ from .static_target import StaticTarget
 from .target import Target
 
 COLUMN_STEP = 256  # cache columns are rounded up to this, so that runs of similar length share graphs
-MAX_BRANCHES = 8
+MAX_BRANCHES = 8  # first-step ranks 0..7: tfe::kMaxFirstRank + 1
 
 
 def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -145,7 +145,7 @@ class CapturedDecoder:
         if branches > 1:
             if drafter is None or not getattr(drafter, "drafts_from_rank", False):
                 raise ValueError(f"branches = {branches} needs a drafter whose first step can take another rank than "
-                                 "its best (drafter torch); this drafter drafts chains only: use branches = 1")
+                                 "its best (drafter reference or torch); this drafter drafts chains only: use branches = 1")
             if sampling is not None and not sampling.greedy:
                 raise ValueError(f"branches = {branches} is greedy only: the sampled rule keeps one chain")
         self.branches = branches

@@ -141,11 +141,15 @@ def packed(call, device):
 
 
 class ReferenceDrafter:
-    """The CPU reference (tfe.Reference) as the drafter: taps go over as host bf16 tensors."""
+    """The CPU reference (tfe.Reference) as the drafter: taps go over as host bf16 tensors. It drafts the
+    branches of a tree too (`first_ranks`, tfe.captured's `branches`)."""
+
+    drafts_from_rank = True
 
     def __init__(self, head, *, max_slots: int = 16, max_steps: int = 8, threads: int = 0):
         import tfe
 
+        self.max_slots = max_slots
         self.ref = tfe.Reference(head, max_slots=max_slots, max_steps=max_steps, threads=threads)
         self.ring_rows = self.ref.ring_rows
         self.head_taps = head_taps(self.ref)
@@ -158,8 +162,9 @@ class ReferenceDrafter:
             slots, first, counts, taps, tokens = packed(call, "cpu")
             self.ref.extend_batch(slots, first, counts, taps, tokens)
 
-    def draft(self, slots, steps: int) -> torch.Tensor:
-        tokens, _ = self.ref.draft(list(slots), steps)
+    def draft(self, slots, steps: int, first_ranks: torch.Tensor | None = None) -> torch.Tensor:
+        ranks = None if first_ranks is None else first_ranks.cpu().tolist()
+        tokens, _ = self.ref.draft(list(slots), steps, first_ranks=ranks)
         return torch.from_numpy(np.asarray(tokens)).long()
 
     def extend_batch(self, slots, first, counts, taps, tokens, starts) -> None:

@@ -25,9 +25,10 @@ split.png (the round split as stacked bars), and prints the tables last.
 With --acceptance it measures acceptance alone, on every held-out prompt (tfe.prompts.evaluation_prompts:
 3 in each of 10 classes, none trained on) at each S of --steps: tokens per round by class and S, the mean over
 classes, the weakest class, and the share of rounds that keep at least j drafts; acceptance.json. Greedy
-acceptance does not depend on the batch, so the prompts run 15 at a time. With --branches K (and
---checkpoint) each round drafts K chains a sequence, the r-th from the head's rank-r first token, verifies
-them side by side and keeps the longest (tfe.captured); the PyTorch port drafts them.
+acceptance does not depend on the batch, so the prompts run 15 at a time. With --branches K each
+round drafts K chains a sequence, the r-th from the head's rank-r first token, verifies them side by side and
+keeps the longest (tfe.captured); tfe's reference drafts them (--drafter reference), or the PyTorch port
+(--checkpoint) in place of the runtime, which drafts chains only.
 
 With --windows (e.g. 128,511) it also measures acceptance on prompts longer than the largest window
 (prompts.long_prompts): the head converted at each window and run by tfe, against its PyTorch port at the
@@ -285,8 +286,8 @@ def main(argv=None) -> int:
                     "against the PyTorch port over the whole context (needs --checkpoint)")
     ap.add_argument("--window-steps", type=int, default=4, help="draft steps S of the window study")
     ap.add_argument("--branches", type=int, default=1, help=f"with --acceptance: chains a round verifies per sequence, "
-                    f"the r-th from the head's rank-r first token (1..{MAX_BRANCHES}; above 1 the drafter is the PyTorch "
-                    "port: needs --checkpoint)")
+                    f"the r-th from the head's rank-r first token (1..{MAX_BRANCHES}); drafted by --drafter reference, "
+                    "or in place of the runtime by the PyTorch port (--checkpoint)")
     ap.add_argument("--gguf")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args(argv)
@@ -304,10 +305,11 @@ def main(argv=None) -> int:
         ap.error("--windows compares against the PyTorch port: pass --checkpoint")
     if not 1 <= a.branches <= MAX_BRANCHES:
         ap.error(f"--branches {a.branches}: 1..{MAX_BRANCHES}")
-    if a.branches > 1 and not (a.acceptance and a.checkpoint and not sequences):
-        ap.error(f"--branches {a.branches}: measured with --acceptance alone (--sequences ''), drafted by the PyTorch "
-                 "port (--checkpoint); tfe's runtime drafts chains only")
-    if a.branches > 1 and not pathlib.Path(a.checkpoint, "config.json").is_file():
+    port = a.branches > 1 and a.drafter == "runtime"  # tfe's runtime drafts chains only: the PyTorch port drafts
+    if a.branches > 1 and (not a.acceptance or sequences or (port and not a.checkpoint)):
+        ap.error(f"--branches {a.branches}: measured with --acceptance alone (--sequences ''), drafted by tfe's "
+                 "reference (--drafter reference) or the PyTorch port (--checkpoint); tfe's runtime drafts chains only")
+    if port and not pathlib.Path(a.checkpoint, "config.json").is_file():
         ap.error(f"--checkpoint {a.checkpoint}: no config.json there (an EAGLE-3 checkpoint directory)")
     if not pathlib.Path(a.head).is_file():
         ap.error(f"--head {a.head}: no such file")
@@ -329,14 +331,14 @@ def main(argv=None) -> int:
 
     max_steps = max([8, *steps])
     if a.acceptance:
-        if a.branches > 1:
-            drafter = make_drafter("torch", None, max_slots=ACCEPTANCE_BATCH * a.branches, max_steps=max_steps,
-                                   checkpoint=a.checkpoint, target=target)
+        slots = max(16, ACCEPTANCE_BATCH * a.branches)
+        if port:
+            drafter = make_drafter("torch", None, max_slots=slots, max_steps=max_steps, checkpoint=a.checkpoint, target=target)
         else:
-            drafter = make_drafter(a.drafter, a.head, max_slots=16, max_steps=max_steps, artifact=a.artifact)
+            drafter = make_drafter(a.drafter, a.head, max_slots=slots, max_steps=max_steps, artifact=a.artifact)
         study = acceptance(target, drafter, steps, a.max_new_tokens, branches=a.branches)
-        study.update(head=a.head, dtype=a.dtype, device=device, drafter="torch" if a.branches > 1 else a.drafter)
-        if a.branches > 1:
+        study.update(head=a.head, dtype=a.dtype, device=device, drafter="torch" if port else a.drafter)
+        if port:
             study["checkpoint"] = a.checkpoint  # the head that drafted
         write_atomic(out / "acceptance.json", json.dumps(study, indent=1) + "\n")
         print_acceptance(study)

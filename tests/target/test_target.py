@@ -417,6 +417,7 @@ def test_transformers_generate_runs_past_end_of_text(target, monkeypatch):
         ("speedup", ["--head", "{head}", "-o", "{out}", "--steps", "x"], "comma-separated integers"),
         ("speedup", ["--head", "{head}", "-o", "{out}", "--acceptance", "--branches", "9"], "--branches 9: 1..8"),
         ("speedup", ["--head", "{head}", "-o", "{out}", "--acceptance", "--branches", "4"], "measured with --acceptance alone"),
+        ("speedup", ["--head", "{head}", "-o", "{out}", "--acceptance", "--sequences", "", "--branches", "4"], "or the PyTorch port (--checkpoint)"),
         ("speedup", ["--head", "{head}", "-o", "{out}", "--acceptance", "--sequences", "", "--branches", "4", "--checkpoint", "{out}"],
          "no config.json there"),
         ("train_head", ["-o", "{out}", "--evaluate", "{out}"], "no config.json there"),
@@ -856,10 +857,10 @@ def test_kept_and_online_labels_take_the_same_rows(target, chats):
 
 
 def test_branches_keep_the_targets_tokens_and_more_drafts(target, smoke, chats):
-    """Four chains a sequence (the r-th from the head's rank-r first token) keep the target's greedy tokens,
-    as the chain does, and keep position 1 more often: the rank-0 branch is the chain, so a round keeps at
-    least what the chain would from the same state. The branches' drafts: rank 0 is the chain's, the others
-    start from the next best tokens and then go on greedily."""
+    """Four chains a sequence (the r-th from the head's rank-r first token; drafted by the PyTorch port and by
+    tfe's reference) keep the target's greedy tokens, as the chain does, and keep position 1 more often: the
+    rank-0 branch is the chain, so a round keeps at least what the chain would from the same state. The
+    branches' drafts: rank 0 is the chain's, the others start from the next best tokens, then go greedily."""
     from tfe.speculative import TorchDrafter
 
     alone = CapturedDecoder(target).generate(chats, NEW).tokens
@@ -879,6 +880,10 @@ def test_branches_keep_the_targets_tokens_and_more_drafts(target, smoke, chats):
             assert all(torch.equal(t[:, rows[0]], t[:, r]) for r in rows[1:])
         for t in (sh.taps, sh.pos, sh.last, sh.produced, ring.g, ring.token, ring.last, ring.first):
             assert all(torch.equal(t[rows[0]], t[r]) for r in rows[1:])
+    # tfe's reference drafts them too.
+    by_reference = CapturedDecoder(target, ReferenceDrafter(smoke[1], max_slots=16), steps=3, branches=4).generate(chats, NEW)
+    assert by_reference.tokens == alone
+    assert by_reference.kept[0] / by_reference.asked[0] > chain.kept[0] / chain.asked[0]
     # One state's first step at ranks 0..3 (the same slot four times: step 1 alone, as later steps would
     # write one another's rows), and rank 0 throughout is the chain.
     ring = drafter.ring
@@ -889,11 +894,12 @@ def test_branches_keep_the_targets_tokens_and_more_drafts(target, smoke, chats):
 
 
 def test_branches_are_refused_where_they_cannot_run(target, smoke):
-    """Branches need a drafter that drafts from another rank (the PyTorch port) and the greedy rule."""
+    """Branches need a drafter that drafts from another rank (tfe's reference, the PyTorch port), the greedy
+    rule, and a drafter slot a row."""
     from tfe.speculative import TorchDrafter
 
     with pytest.raises(ValueError, match="branches = 4 needs a drafter"):
-        CapturedDecoder(target, ReferenceDrafter(smoke[1], max_slots=16), branches=4)
+        CapturedDecoder(target, _OracleDrafter({}), branches=4)
     with pytest.raises(ValueError, match="greedy only"):
         CapturedDecoder(target, TorchDrafter(smoke[0], target, max_slots=16), branches=2, sampling=Sampling(temperature=0.8))
     with pytest.raises(ValueError, match="branches = 9"):
