@@ -226,6 +226,8 @@ Top1 top1(std::span<const float> logits) {
 }
 
 Top1 ranked(std::span<const float> logits, int rank) {
+  if (rank < 0 || static_cast<size_t>(rank) >= logits.size())
+    fail("ranked: rank = {} is outside 0..{} (below the number of logits)", rank, logits.size() - 1);
   const Top1 best = top1(logits);
   if (rank == 0) return best;
   const int64_t id = topk(logits, rank + 1)[static_cast<size_t>(rank)];

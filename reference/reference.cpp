@@ -200,8 +200,8 @@ DraftResult Reference::draft(std::span<const int> slot_ids, int steps, std::span
     const int highest = static_cast<int>(std::min<int64_t>(kMaxFirstRank, h.draft_vocab - 1));
     for (size_t i = 0; i < first_ranks.size(); ++i) {
       if (first_ranks[i] < 0 || first_ranks[i] > highest)
-        fail("draft: first_ranks[{}] = {} is outside 0..{} (kMaxFirstRank, below draft_vocab)", i, first_ranks[i],
-             highest);
+        fail("draft: first_ranks[{}] = {} is outside 0..{} (kMaxFirstRank = {}, draft_vocab = {})", i, first_ranks[i],
+             highest, kMaxFirstRank, h.draft_vocab);
       if (first_ranks[i] > 0 && h.head_type != HeadType::dense)
         fail("draft: first_ranks[{}] = {}: a two_stage head drafts its best token only", i, first_ranks[i]);
     }

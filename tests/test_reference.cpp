@@ -349,26 +349,39 @@ TEST_CASE("reference ops: top-k is best first with ties in ascending id") {
   CHECK_THROWS_WITH_AS(ref::topk(s, 201), doctest::Contains("k = 201 is outside 1..200"), Error);
 }
 
-TEST_CASE("reference ops: ranked is top1 at rank 0 and top-k's rank-th after, with softmax there") {
+TEST_CASE("reference ops: ranked is top1 at rank 0 and the rank-th by (logit, lower id) after, with softmax there") {
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 3.0f);
   std::vector<float> l(300);
-  // Few distinct values: ranks fall on ties, which go to the lower id.
-  for (auto& v : l) v = static_cast<float>(rng() % 17) * 0.5f;
+  for (auto& v : l) v = d(rng);
+  const auto order = [&] {  // ids by logit, equal logits by the lower id: independent of ranked and topk
+    std::vector<int32_t> ids(l.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    std::stable_sort(ids.begin(), ids.end(), [&](int32_t x, int32_t y) { return l[size_t(x)] > l[size_t(y)]; });
+    return ids;
+  };
+  // Ranks 2 and 3 tie: the lower id goes first.
+  auto ids = order();
+  l[size_t(std::max(ids[2], ids[3]))] = l[size_t(std::min(ids[2], ids[3]))];
+  ids = order();
+  CHECK(ids[2] < ids[3]);
   const auto top = ref::top1(l), zero = ref::ranked(l, 0);
+  CHECK(top.id == ids[0]);
   CHECK(zero.id == top.id);
   CHECK(std::memcmp(&zero.confidence, &top.confidence, sizeof(float)) == 0);
-  const auto order = ref::topk(l, 8);
   double sum = 0;
-  for (float v : l) sum += std::exp(double(v) - l[size_t(top.id)]);
+  for (float v : l) sum += std::exp(double(v) - l[size_t(ids[0])]);
   for (int r = 1; r < 8; ++r) {
     CAPTURE(r);
     const auto got = ref::ranked(l, r);
-    CHECK(got.id == order[size_t(r)]);
+    CHECK(got.id == ids[size_t(r)]);
+    CHECK(got.confidence < top.confidence);
     CHECK(got.confidence ==
-          doctest::Approx(std::exp(double(l[size_t(got.id)]) - l[size_t(top.id)]) / sum).epsilon(1e-5));
+          doctest::Approx(std::exp(double(l[size_t(got.id)]) - l[size_t(ids[0])]) / sum).epsilon(1e-5));
   }
+  CHECK_THROWS_WITH_AS(ref::ranked(l, 300), doctest::Contains("rank = 300 is outside 0..299"), Error);
 }
 
 TEST_CASE("reference ops: rescore picks the largest exact logit, ties to the lower target id") {
@@ -880,22 +893,35 @@ TEST_CASE(
     CHECK(tree.token(0, step) == chain.token(0, step));
     CHECK(std::memcmp(&tree.confidences[size_t(step - 1)], &chain.confidences[size_t(step - 1)], sizeof(float)) == 0);
   }
-  const auto order = ref::topk(trace.at(0, 1).logits, 4);
+  const auto& logits = trace.at(0, 1).logits;
+  const auto order = ref::topk(logits, 4);
+  double sum = 0;
+  for (float v : logits) sum += std::exp(double(v) - logits[size_t(order[0])]);
   std::set<int32_t> firsts;
   for (int r = 0; r < 4; ++r) {
     CAPTURE(r);
-    CHECK(trace.at(r, 1).logits == trace.at(0, 1).logits);
+    CHECK(trace.at(r, 1).logits == logits);
     CHECK(trace.at(r, 1).draft_id == order[size_t(r)]);
+    const double want = std::exp(double(logits[size_t(order[size_t(r)])]) - logits[size_t(order[0])]) / sum;
+    CHECK(tree.confidence(r, 1) == doctest::Approx(want).epsilon(1e-5));
     firsts.insert(tree.token(r, 1));
   }
   CHECK(firsts.size() == 4);
 
+  // Refused before anything is written: a fresh slot's ring keeps its zeros past the real rows.
+  Reference fresh(file, {.max_slots = 4, .max_steps = 3});
+  const std::vector<ExtendRequest> rows = {request(0, 0, a, 0, 12, h)};
+  fresh.extend(rows);
+  const std::vector<bf16_bits> ring(fresh.ring_k(0).begin(), fresh.ring_k(0).end());
   const std::vector<int> too_high = {8}, short_ranks = {0, 1}, negative = {-1};
-  CHECK_THROWS_WITH_AS(ref.draft(one, 3, too_high), doctest::Contains("first_ranks[0] = 8 is outside 0..7"), Error);
-  CHECK_THROWS_WITH_AS(ref.draft(one, 3, negative), doctest::Contains("first_ranks[0] = -1 is outside 0..7"), Error);
-  CHECK_THROWS_WITH_AS(ref.draft(slots, 3, short_ranks), doctest::Contains("first_ranks has 2 entries for 4 slots"),
+  CHECK_THROWS_WITH_AS(fresh.draft(one, 3, too_high),
+                       doctest::Contains("first_ranks[0] = 8 is outside 0..7 (kMaxFirstRank = 7, draft_vocab ="),
                        Error);
-  CHECK(same(ref.draft(one, 3), chain));
+  CHECK_THROWS_WITH_AS(fresh.draft(one, 3, negative), doctest::Contains("first_ranks[0] = -1 is outside 0..7"), Error);
+  CHECK_THROWS_WITH_AS(fresh.draft(one, 3, short_ranks), doctest::Contains("first_ranks has 2 entries for 1 slots"),
+                       Error);
+  CHECK(std::equal(ring.begin(), ring.end(), fresh.ring_k(0).begin(), fresh.ring_k(0).end()));
+  CHECK(same(fresh.draft(one, 3), chain));
 
   const HeadHeader h2 = preset_header("tiny-two-stage");
   const auto bytes2 = test::random_head_bytes(h2, rng());

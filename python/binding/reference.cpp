@@ -92,7 +92,9 @@ void bind_reference(nb::module_& m) {
             const int n = as_int32(steps, "steps");
             std::vector<int> ranks;
             if (!first_ranks.is_none())
-              for (const int64_t v : host_ints(first_ranks, "first_ranks", "draft", 0, tfe::kMaxFirstRank))
+              // Any int: the reference's own check names the field and its limits, as the C++ caller sees it.
+              for (const int64_t v : host_ints(first_ranks, "first_ranks", "draft", std::numeric_limits<int>::min(),
+                                               std::numeric_limits<int>::max()))
                 ranks.push_back(static_cast<int>(v));
             tfe::DraftResult d;
             {
@@ -104,7 +106,7 @@ void bind_reference(nb::module_& m) {
           },
           "slots"_a.none(), "steps"_a.none(), nb::kw_only(), "first_ranks"_a.none() = nb::none(),
           nb::sig("def draft(self, slots: Sequence[int] | object, steps: int, *, "
-                  "first_ranks: Sequence[int] | object | None = None) -> DraftResult"),
+                  "first_ranks: Sequence[int] | None = None) -> DraftResult"),
           "Drafts `steps` tokens (1..max_steps) after each slot's last row: (tokens, confidences), numpy\n"
           "[slots, steps] int32 and float32. The slots keep their rows: the next extend continues them.\n"
           "first_ranks: per slot, the rank of step 1's token (0: the best .. 7; a dense head's), the branches\n"

@@ -156,7 +156,7 @@ class Reference:
         """Request i: slots[i] at first_pos[i], counts[i] rows of taps/tokens from row starts[i] (default: right
         after the previous request's rows)."""
     def draft(
-        self, slots: Sequence[int] | _ArrayLike, steps: int, *, first_ranks: Sequence[int] | _ArrayLike | None = None
+        self, slots: Sequence[int] | _ArrayLike, steps: int, *, first_ranks: Sequence[int] | None = None
     ) -> DraftResult:
         """`steps` tokens (1..max_steps) after each slot's last row: (tokens, confidences), numpy [slots, steps]
         int32 and float32. The slots keep their rows: the next extend continues them. first_ranks: per slot,

@@ -142,15 +142,14 @@ def packed(call, device):
 
 class ReferenceDrafter:
     """The CPU reference (tfe.Reference) as the drafter: taps go over as host bf16 tensors. It drafts the
-    branches of a tree too (`first_ranks`, tfe.captured's `branches`)."""
-
-    drafts_from_rank = True
+    branches of a tree too (`first_ranks`, tfe.captured's `branches`), with a dense head."""
 
     def __init__(self, head, *, max_slots: int = 16, max_steps: int = 8, threads: int = 0):
         import tfe
 
         self.max_slots = max_slots
         self.ref = tfe.Reference(head, max_slots=max_slots, max_steps=max_steps, threads=threads)
+        self.drafts_from_rank = self.ref.header["head_type"] == "dense"  # a two_stage head drafts its best only
         self.ring_rows = self.ref.ring_rows
         self.head_taps = head_taps(self.ref)
 
@@ -163,7 +162,7 @@ class ReferenceDrafter:
             self.ref.extend_batch(slots, first, counts, taps, tokens)
 
     def draft(self, slots, steps: int, first_ranks: torch.Tensor | None = None) -> torch.Tensor:
-        ranks = None if first_ranks is None else first_ranks.cpu().tolist()
+        ranks = None if first_ranks is None else torch.as_tensor(first_ranks).tolist()
         tokens, _ = self.ref.draft(list(slots), steps, first_ranks=ranks)
         return torch.from_numpy(np.asarray(tokens)).long()
 

@@ -27,8 +27,8 @@ With --acceptance it measures acceptance alone, on every held-out prompt (tfe.pr
 classes, the weakest class, and the share of rounds that keep at least j drafts; acceptance.json. Greedy
 acceptance does not depend on the batch, so the prompts run 15 at a time. With --branches K each
 round drafts K chains a sequence, the r-th from the head's rank-r first token, verifies them side by side and
-keeps the longest (tfe.captured); tfe's reference drafts them (--drafter reference), or the PyTorch port
-(--checkpoint) in place of the runtime, which drafts chains only.
+keeps the longest (tfe.captured); the PyTorch port drafts them where --checkpoint is given, else tfe's
+reference (--drafter reference; the runtime drafts chains only).
 
 With --windows (e.g. 128,511) it also measures acceptance on prompts longer than the largest window
 (prompts.long_prompts): the head converted at each window and run by tfe, against its PyTorch port at the
@@ -286,8 +286,8 @@ def main(argv=None) -> int:
                     "against the PyTorch port over the whole context (needs --checkpoint)")
     ap.add_argument("--window-steps", type=int, default=4, help="draft steps S of the window study")
     ap.add_argument("--branches", type=int, default=1, help=f"with --acceptance: chains a round verifies per sequence, "
-                    f"the r-th from the head's rank-r first token (1..{MAX_BRANCHES}); drafted by --drafter reference, "
-                    "or in place of the runtime by the PyTorch port (--checkpoint)")
+                    f"the r-th from the head's rank-r first token (1..{MAX_BRANCHES}); drafted by the PyTorch port with "
+                    "--checkpoint, else by --drafter reference")
     ap.add_argument("--gguf")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args(argv)
@@ -305,7 +305,9 @@ def main(argv=None) -> int:
         ap.error("--windows compares against the PyTorch port: pass --checkpoint")
     if not 1 <= a.branches <= MAX_BRANCHES:
         ap.error(f"--branches {a.branches}: 1..{MAX_BRANCHES}")
-    port = a.branches > 1 and a.drafter == "runtime"  # tfe's runtime drafts chains only: the PyTorch port drafts
+    # Branches: drafted by the PyTorch port where --checkpoint names it (tfe's runtime drafts chains only),
+    # else by --drafter, which must be the reference
+    port = a.branches > 1 and (a.checkpoint is not None or a.drafter == "runtime")
     if a.branches > 1 and (not a.acceptance or sequences or (port and not a.checkpoint)):
         ap.error(f"--branches {a.branches}: measured with --acceptance alone (--sequences ''), drafted by tfe's "
                  "reference (--drafter reference) or the PyTorch port (--checkpoint); tfe's runtime drafts chains only")

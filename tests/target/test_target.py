@@ -880,10 +880,15 @@ def test_branches_keep_the_targets_tokens_and_more_drafts(target, smoke, chats):
             assert all(torch.equal(t[:, rows[0]], t[:, r]) for r in rows[1:])
         for t in (sh.taps, sh.pos, sh.last, sh.produced, ring.g, ring.token, ring.last, ring.first):
             assert all(torch.equal(t[rows[0]], t[r]) for r in rows[1:])
-    # tfe's reference drafts them too.
-    by_reference = CapturedDecoder(target, ReferenceDrafter(smoke[1], max_slots=16), steps=3, branches=4).generate(chats, NEW)
-    assert by_reference.tokens == alone
-    assert by_reference.kept[0] / by_reference.asked[0] > chain.kept[0] / chain.asked[0]
+    # tfe's reference drafts them too: more kept at position 1 than its own chain, and after the run a
+    # sequence's four slots hold one state, whose first step it drafts at ranks 0..3.
+    reference = ReferenceDrafter(smoke[1], max_slots=16)
+    ref_chain = CapturedDecoder(target, ReferenceDrafter(smoke[1], max_slots=4), steps=3).generate(chats, NEW)
+    by_reference = CapturedDecoder(target, reference, steps=3, branches=4).generate(chats, NEW)
+    assert ref_chain.tokens == alone and by_reference.tokens == alone
+    assert by_reference.kept[0] / by_reference.asked[0] > ref_chain.kept[0] / ref_chain.asked[0]
+    ranked = reference.draft([0, 1, 2, 3], 3, first_ranks=torch.arange(4))
+    assert torch.equal(ranked[0], reference.draft([0], 3)[0]) and len(set(ranked[:, 0].tolist())) == 4
     # One state's first step at ranks 0..3 (the same slot four times: step 1 alone, as later steps would
     # write one another's rows), and rank 0 throughout is the chain.
     ring = drafter.ring
@@ -891,6 +896,26 @@ def test_branches_keep_the_targets_tokens_and_more_drafts(target, smoke, chats):
     order = logits[0, 0].sort(descending=True, stable=True).indices[:4]
     assert first[:, 0].tolist() == ring.head.draft_ids[order].tolist() and len(set(first[:, 0].tolist())) == 4
     assert torch.equal(ring.draft([0], 3, first_ranks=torch.zeros(1, dtype=torch.long)), ring.draft([0], 3))
+
+
+def test_speedup_takes_branches_drafted_by_the_reference(tmp_path, monkeypatch):
+    """tfe-speedup --acceptance --branches with --drafter reference and no checkpoint passes its checks (the
+    target would load next); with --checkpoint the PyTorch port would draft."""
+    from tfe import speedup
+
+    class Loaded(Exception):
+        pass
+
+    def load(*args, **kwargs):
+        raise Loaded
+
+    monkeypatch.setattr(speedup, "load_target", load)
+    head = tmp_path / "head.tfe"
+    head.write_bytes(b"")
+    monkeypatch.setattr(speedup, "read_taps", lambda parser, head: None)
+    with pytest.raises(Loaded):
+        speedup.main(["--head", str(head), "-o", str(tmp_path / "out"), "--drafter", "reference", "--acceptance",
+                      "--sequences", "", "--branches", "4"])
 
 
 def test_branches_are_refused_where_they_cannot_run(target, smoke):
