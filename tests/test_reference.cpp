@@ -67,6 +67,14 @@ double fp32_gamma(int64_t n) {
 
 HeadFile open_bytes(const std::vector<std::byte>& bytes) { return HeadFile::from_bytes(bytes); }
 
+// n logits ~ N(0, 3^2).
+std::vector<float> normal_logits(size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> d(0.0f, 3.0f);
+  std::vector<float> l(n);
+  for (auto& v : l) v = d(rng);
+  return l;
+}
+
 std::vector<int32_t> random_tokens(size_t n, int64_t vocab, std::mt19937_64& rng) {
   std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
   std::vector<int32_t> t(n);
@@ -321,9 +329,7 @@ TEST_CASE("reference ops: top-1 confidence is the softmax at the argmax, and tie
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, 3.0f);
-  std::vector<float> l(500);
-  for (auto& v : l) v = d(rng);
+  std::vector<float> l = normal_logits(500, rng);
   const size_t a = 100 + rng() % 100, b = a + 1 + rng() % 200;  // a < b
   l[a] = l[b] = *std::max_element(l.begin(), l.end()) + 0.5f;
   const auto top = ref::top1(l);
@@ -353,9 +359,7 @@ TEST_CASE("reference ops: ranked is top1 at rank 0 and the rank-th by (logit, lo
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, 3.0f);
-  std::vector<float> l(300);
-  for (auto& v : l) v = d(rng);
+  std::vector<float> l = normal_logits(300, rng);
   const auto order = [&] {  // ids by logit, equal logits by the lower id: independent of ranked and topk
     std::vector<int32_t> ids(l.size());
     std::iota(ids.begin(), ids.end(), 0);
@@ -870,7 +874,8 @@ TEST_CASE("reference: a cand_k override rescores that many candidates, and is re
 }
 
 TEST_CASE(
-    "reference: first_ranks take step 1's token of that rank and the best after it; a refused call changes nothing") {
+    "reference: first_ranks take step 1's token of that rank and the best after it, and a refused call changes "
+    "nothing") {
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
