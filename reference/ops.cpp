@@ -213,15 +213,20 @@ void attention(std::span<const bf16_bits> q, std::span<const bf16_bits> k, std::
   }
 }
 
+// sum_i expf(l_i - max), in ascending i: the softmax denominator of top1, ranked and rescore.
+static float softmax_sum(std::span<const float> logits, float max) {
+  float sum = 0.0f;
+  for (float l : logits) sum += std::exp(l - max);
+  return sum;
+}
+
 Top1 top1(std::span<const float> logits) {
   if (logits.empty()) fail("top1: no logits");
   Top1 r;
   for (size_t i = 1; i < logits.size(); ++i)
     if (logits[i] > logits[static_cast<size_t>(r.id)]) r.id = static_cast<int64_t>(i);
   const float max = logits[static_cast<size_t>(r.id)];
-  float sum = 0.0f;
-  for (float l : logits) sum += std::exp(l - max);
-  r.confidence = 1.0f / sum;
+  r.confidence = 1.0f / softmax_sum(logits, max);
   return r;
 }
 
@@ -232,9 +237,7 @@ Top1 ranked(std::span<const float> logits, int rank) {
   if (rank == 0) return best;
   const int64_t id = topk(logits, rank + 1)[static_cast<size_t>(rank)];
   const float max = logits[static_cast<size_t>(best.id)];
-  float sum = 0.0f;
-  for (float l : logits) sum += std::exp(l - max);
-  return {id, std::exp(logits[static_cast<size_t>(id)] - max) / sum};
+  return {id, std::exp(logits[static_cast<size_t>(id)] - max) / softmax_sum(logits, max)};
 }
 
 std::vector<int32_t> topk(std::span<const float> scores, int k) {
@@ -256,9 +259,7 @@ Rescored rescore(std::span<const float> exact, std::span<const int32_t> target) 
   size_t best = 0;
   for (size_t c = 1; c < exact.size(); ++c)
     if (exact[c] > exact[best] || (exact[c] == exact[best] && target[c] < target[best])) best = c;
-  float sum = 0.0f;
-  for (float e : exact) sum += std::exp(e - exact[best]);
-  return {static_cast<int64_t>(best), target[best], 1.0f / sum};
+  return {static_cast<int64_t>(best), target[best], 1.0f / softmax_sum(exact, exact[best])};
 }
 
 }  // namespace tfe::ref

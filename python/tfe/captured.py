@@ -146,8 +146,6 @@ class CapturedDecoder:
             if drafter is None or not getattr(drafter, "drafts_from_rank", False):
                 raise ValueError(f"branches = {branches} needs a drafter whose first step can take another rank than "
                                  "its best (drafter reference or torch); this drafter drafts chains only: use branches = 1")
-            if sampling is not None and not sampling.greedy:
-                raise ValueError(f"branches = {branches} is greedy only: the sampled rule keeps one chain")
         self.branches = branches
         self.target = target
         self.min_columns = columns
@@ -156,6 +154,7 @@ class CapturedDecoder:
         self.drafter = drafter
         self.steps = steps if drafter is not None else 0
         self.sampling = sampling or Sampling()
+        self._check_greedy()
         self.graphs = graphs and target.device.type == "cuda"
         # Inductor's fused layer is about twice as fast in a graph as the eager ops (BENCHMARKS.md); on a CPU
         # compiling would cost more than it saves in a test.
@@ -164,6 +163,10 @@ class CapturedDecoder:
         self.accept_log = accept_log
         self.timing = timing
         self._shape: _Shape | None = None
+
+    def _check_greedy(self) -> None:
+        if self.branches > 1 and not self.sampling.greedy:
+            raise ValueError(f"branches = {self.branches} is greedy only: the sampled rule keeps one chain")
 
     # --- the pieces of a round -------------------------------------------------------------------------
 
@@ -296,8 +299,7 @@ class CapturedDecoder:
         k = self.branches
         if k == 1:
             return self._generate(prompts, max_new_tokens)
-        if not self.sampling.greedy:
-            raise ValueError(f"branches = {k} is greedy only: the sampled rule keeps one chain")
+        self._check_greedy()  # again: `sampling` may have been set since
         slots = getattr(self.drafter, "max_slots", None)
         if slots is not None and len(prompts) * k > slots:
             raise ValueError(f"{len(prompts)} sequences x {k} branches take {len(prompts) * k} drafter slots; "

@@ -158,11 +158,7 @@ def generate(
     stopped it. Sampled: temperature 0.8, top-p 0.95, batches drawn from seed + their first index. `loops`
     keeps the captured loops (a greedy and a sampled one) from call to call: make_data passes one for the
     phase, so that each is captured and compiled once."""
-    sampling = Sampling(temperature=0.8, top_p=0.95) if sample else Sampling()
-    if settings.data_loop == "captured":
-        run = _captured_batches(target, settings, tokens, sampling, seed, {} if loops is None else loops)
-    else:
-        run = _hf_batches(target, tokens, sample)
+    run = _batches(target, settings, tokens, sample, seed, loops)
     eos = target.tokenizer.eos_token_id
     out = []
     for a in range(0, len(jobs), settings.gen_batch):
@@ -179,6 +175,14 @@ def generate(
             clock.took(time.perf_counter() - t0)
         log(f"generated {len(out)}/{len(jobs)} ({'sampled' if sample else 'greedy'}, {time.perf_counter() - t0:.1f} s a batch)")
     return out
+
+
+def _batches(target: Target, settings: Settings, tokens: int, sample: bool, seed: int, loops: dict | None):
+    """run(prompts, first index) -> their answers, through settings.data_loop."""
+    if settings.data_loop == "captured":
+        sampling = Sampling(temperature=0.8, top_p=0.95) if sample else Sampling()
+        return _captured_batches(target, settings, tokens, sampling, seed, {} if loops is None else loops)
+    return _hf_batches(target, tokens, sample)
 
 
 def _captured_batches(target: Target, settings: Settings, tokens: int, sampling: Sampling, seed: int, loops: dict):
@@ -317,8 +321,7 @@ def make_data(target: Target, settings: Settings, log, profiler=None) -> tuple[l
     report["prompts"] = {src: len(ps) for src, ps in sources.items()}
     if profiler is not None and jobs:
         batch = [p for p, _ in jobs[: settings.gen_batch]]
-        run = _captured_batches(target, settings, settings.answer_tokens, Sampling(), 0, loops) if settings.data_loop == "captured" \
-            else _hf_batches(target, settings.answer_tokens, False)
+        run = _batches(target, settings, settings.answer_tokens, False, 0, loops)
         t = time.perf_counter()
         run(batch, 0)  # captured and compiled before the profile (the held-out answers have done it already)
         log(profiler(lambda: run(batch, 0), settings.answer_tokens, "a step of the greedy answers"))

@@ -918,13 +918,20 @@ def test_speedup_takes_branches_drafted_by_the_reference(tmp_path, monkeypatch):
                       "--sequences", "", "--branches", "4"])
 
 
-def test_branches_are_refused_where_they_cannot_run(target, smoke):
+def test_branches_are_refused_where_they_cannot_run(target, smoke, tmp_path):
     """Branches need a drafter that drafts from another rank (tfe's reference, the PyTorch port), the greedy
     rule, and a drafter slot a row."""
     from tfe.speculative import TorchDrafter
 
     with pytest.raises(ValueError, match="branches = 4 needs a drafter"):
         CapturedDecoder(target, _OracleDrafter({}), branches=4)
+    # The reference drafts from a rank with a dense head alone.
+    assert ReferenceDrafter(smoke[1], max_slots=4).drafts_from_rank
+    assert not ReferenceDrafter(tfe.random_head("tiny-two-stage", tmp_path / "two.tfe"), max_slots=4).drafts_from_rank
+    greedy = CapturedDecoder(target, TorchDrafter(smoke[0], target, max_slots=16), branches=2)
+    greedy.sampling = Sampling(temperature=0.8)
+    with pytest.raises(ValueError, match="greedy only"):
+        greedy.generate([[1, 2]], 4)
     with pytest.raises(ValueError, match="greedy only"):
         CapturedDecoder(target, TorchDrafter(smoke[0], target, max_slots=16), branches=2, sampling=Sampling(temperature=0.8))
     with pytest.raises(ValueError, match="branches = 9"):
