@@ -1,10 +1,12 @@
-// The host-side check of a whole extend call, shared by the CPU reference and the GPU runtime so that both
-// refuse the same calls with the same messages.
+// The host-side checks of a whole extend call and of a draft's first ranks, shared by the CPU reference and
+// the GPU runtime so that both refuse the same calls with the same messages.
 #pragma once
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include <tfe/draft.h>
+#include <tfe/header.h>
 #include <tfe/slots.h>
 
 namespace tfe {
@@ -23,5 +25,11 @@ void check_extend_requests(const SlotTable& slots, std::span<const DeviceExtendR
 // extend holding a NaN or an infinity in its taps is refused naming the slot, the row, its position and
 // the value's index, before anything changes. Run after check_extend_requests (the sizes are checked).
 void check_finite_taps(std::span<const ExtendRequest> requests, int64_t row_width);
+
+// The highest rank a draft's first step may take on a head of `header`: kMaxFirstRank, below draft_vocab.
+int max_first_rank(const HeadHeader& header);
+// A draft's first_ranks (empty: every slot its best): one a slot, each 0..max_first_rank, and above 0 only
+// for a dense head (a two_stage head drafts its best token only). `call` begins the message.
+void check_first_ranks(std::string_view call, std::span<const int> first_ranks, size_t slots, const HeadHeader& header);
 
 }  // namespace tfe

@@ -59,6 +59,25 @@ void check_finite_taps(std::span<const ExtendRequest> requests, int64_t row_widt
       }
 }
 
+int max_first_rank(const HeadHeader& header) {
+  return static_cast<int>(std::min<int64_t>(kMaxFirstRank, header.draft_vocab - 1));
+}
+
+void check_first_ranks(std::string_view call, std::span<const int> first_ranks, size_t slots,
+                       const HeadHeader& header) {
+  if (first_ranks.empty()) return;
+  if (first_ranks.size() != slots)
+    fail("{}: first_ranks has {} entries for {} slots (one a slot, or none)", call, first_ranks.size(), slots);
+  const int highest = max_first_rank(header);
+  for (size_t i = 0; i < first_ranks.size(); ++i) {
+    if (first_ranks[i] < 0 || first_ranks[i] > highest)
+      fail("{}: first_ranks[{}] = {} is outside 0..{} (kMaxFirstRank = {}, draft_vocab = {})", call, i, first_ranks[i],
+           highest, kMaxFirstRank, header.draft_vocab);
+    if (first_ranks[i] > 0 && header.head_type != HeadType::dense)
+      fail("{}: first_ranks[{}] = {}: a two_stage head drafts its best token only", call, i, first_ranks[i]);
+  }
+}
+
 SlotTable::SlotTable(const SlotLimits& limits) : limits_(limits) {
   if (limits.max_slots < 1) fail("slot table: max_slots = {} must be >= 1", limits.max_slots);
   if (limits.max_steps < 1) fail("slot table: max_steps = {} must be >= 1", limits.max_steps);

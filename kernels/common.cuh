@@ -196,6 +196,25 @@ __device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
   return a;
 }
 
+// The argmax (ties: lower index) of `best` over a CTA of THREADS threads, broadcast to every thread.
+// `sv`, `si`: 32 entries each. A constant warp count, as in block_sum.
+template <int THREADS>
+__device__ __forceinline__ ArgMax block_argmax(ArgMax best, float* sv, int* si) {
+  constexpr int WARPS = THREADS / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  best = warp_argmax(best);
+  if (lane == 0) {
+    sv[warp] = best.v;
+    si[warp] = best.i;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w)
+    if (better(sv[w], si[w], best.v, best.i)) best = ArgMax{sv[w], si[w]};
+  __syncthreads();
+  return best;
+}
+
 // One partial of a row's vocabulary top-1 (gemv's kEpilogueTop1 writes them, top1 joins them): over the
 // columns of one gemv CTA, the largest logit, the lowest column at it, and sum exp(l - max). One 16-byte
 // record, so that a partial is one store and one load; `pad` is written as zero.

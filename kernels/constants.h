@@ -30,6 +30,10 @@ constexpr long long kKeepStateThreads = 128;
 // half. 0: nothing found. The runtime reports and clears it at its next call (runtime/runtime.cpp).
 constexpr long long kErrorDraftSlot = 1;    // load_tables: row, slot id
 constexpr long long kErrorExtendToken = 2;  // gather_taps: slot, token
+constexpr long long kErrorDraftRank = 3;    // load_tables: row, first rank
+// The highest rank a draft's first step may take (tfe::kMaxFirstRank, include/tfe/draft.h): ranked keeps
+// each thread's best kMaxFirstRank + 1 logits.
+constexpr int kMaxFirstRank = 7;
 }  // namespace kc
 
 namespace kernels {

@@ -1,7 +1,8 @@
 // The draft pass's first node: the call's tables. Row i drafts for the slot named by ids[i] (-1: padding,
 // the scratch slot); its position, first position and last token come from that slot's state, which the
 // extend pass keeps on the device (keep_state). They land in the four arena tables (slot, pos, first_pos,
-// tok) where the pass's kernels read them.
+// tok) where the pass's kernels read them. A plan with first_ranks also copies each row's rank (ranks[i],
+// beside the ids) into `rank`, which step 1's ranked reads.
 //
 // `ids` is either host memory (host_tables: a blocking draft, whose slot ids the host wrote just before the
 // launch) or the arena (draft_slots: an enqueued draft, whose ids the caller's stream put there). A kernel's
@@ -28,16 +29,19 @@ namespace kernels {
 
 struct LoadTablesParams {
   const int* ids;          // [rows] host memory or the arena
+  const int* ranks;        // [rows] beside ids (host_ranks or draft_ranks); RANKS only
   const int4* slot_state;  // [slots]: {last_pos, first_pos, last_token, filled}, the arena
   int* slot;               // [rows] each, the arena
   int* pos;
   int* first_pos;
   int* tok;
+  int* rank;         // [rows] the arena, step 1's rank for ranked; RANKS only
   long long* error;  // one record in host memory (kernels/constants.h kError*), written only for a bad id
   long long rows;
   long long max_slots;  // slots 0..max_slots-1 hold sequences; max_slots is the scratch slot
+  long long max_rank;   // ranks 0..max_rank: min(kMaxFirstRank, draft_vocab - 1)
 };
-static_assert(sizeof(LoadTablesParams) == 8 * 9, "one 8-byte slot per registry parameter");
+static_assert(sizeof(LoadTablesParams) == 8 * 12, "one 8-byte slot per registry parameter");
 
 // One CTA of kLoadTablesThreads; thread i fills row i (launch_shape refuses more rows).
 template <typename Cfg>
@@ -62,6 +66,15 @@ __global__ void __launch_bounds__(kLoadTablesThreads) load_tables(const LoadTabl
   p.pos[i] = state.x;
   p.first_pos[i] = state.y;
   p.tok[i] = state.z;
+  if constexpr (Cfg::RANKS != 0) {
+    // A rank out of range can come only from device memory too: rank 0 (a chain) instead, and reported.
+    int want = __ldcv(p.ranks + i);
+    if (want < 0 || want > p.max_rank) {
+      *reinterpret_cast<volatile long long*>(p.error) = error_record(kErrorDraftRank, i, want);
+      want = 0;
+    }
+    p.rank[i] = want;
+  }
 }
 
 }  // namespace kernels

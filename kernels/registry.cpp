@@ -149,6 +149,7 @@ const std::vector<KernelDef>& kernel_defs() {
       kernel_desc::qk_rope_kv(),
       kernel_desc::ring_attention(),
       kernel_desc::top1(),
+      kernel_desc::ranked(),
       kernel_desc::topk(),
       kernel_desc::rescore(),
       kernel_desc::load_tables(),

@@ -10,6 +10,7 @@
 #include "kernels/load_tables.h"
 #include "kernels/prepare_x.h"
 #include "kernels/qk_rope_kv.h"
+#include "kernels/ranked.h"
 #include "kernels/rescore.h"
 #include "kernels/ring_attention.h"
 #include "kernels/rmsnorm.h"

@@ -32,25 +32,6 @@ struct Top1Params {
 };
 static_assert(sizeof(Top1Params) == 8 * 7, "one 8-byte slot per registry parameter");
 
-// The argmax (ties: lower index) of `best` over a CTA of THREADS threads, broadcast to every thread.
-// `sv`, `si`: 32 entries each. A constant warp count, as in block_sum.
-template <int THREADS>
-__device__ __forceinline__ ArgMax block_argmax(ArgMax best, float* sv, int* si) {
-  constexpr int WARPS = THREADS / 32;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  best = warp_argmax(best);
-  if (lane == 0) {
-    sv[warp] = best.v;
-    si[warp] = best.i;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int w = 0; w < WARPS; ++w)
-    if (better(sv[w], si[w], best.v, best.i)) best = ArgMax{sv[w], si[w]};
-  __syncthreads();
-  return best;
-}
-
 template <typename Cfg>
 __global__ void __launch_bounds__(kTop1Threads) top1(const Top1Params p) {
   start_after_predecessors();

@@ -108,9 +108,10 @@ void check_knock_out(const Plan& plan, const std::vector<std::string>& names) {
 }
 
 std::string plan_options_differences(const PlanOptions& a, const PlanOptions& b) {
-  // Compiles only while PlanOptions has exactly these eight fields: a field added to it stops the build
+  // Compiles only while PlanOptions has exactly these nine fields: a field added to it stops the build
   // here, where it must be named below, instead of reading as "no difference".
-  [[maybe_unused]] const auto& [buckets, max_steps, fp8, arch, max_slots, extend_rows, attention_split, cand_k] = a;
+  [[maybe_unused]] const auto& [buckets, max_steps, fp8, arch, max_slots, extend_rows, attention_split, cand_k,
+                                first_ranks] = a;
   std::vector<std::string> out;
   const auto field = [&](std::string_view key, const auto& x, const auto& y) {
     if (x != y) out.push_back(fmt::format("{} {} against {}", key, x, y));
@@ -123,6 +124,7 @@ std::string plan_options_differences(const PlanOptions& a, const PlanOptions& b)
   field("extend_rows", a.extend_rows, b.extend_rows);
   field("attention_split", attention_split_name(a.attention_split), attention_split_name(b.attention_split));
   field("cand_k", a.cand_k, b.cand_k);
+  field("first_ranks", a.first_ranks, b.first_ranks);
   return fmt::format("{}", fmt::join(out, "; "));
 }
 
@@ -159,6 +161,13 @@ void validate(const PlanOptions& o) {
     fail("plan options: arch `{}` is not of the form sm_<digits> (e.g. sm_90)", o.arch);
   // The GEMV's bf16 mma.sync m16n8k16 needs Ampere or later.
   if (sm_version(o) < 80) fail("plan options: arch {} is below sm_80, the oldest the kernels support", o.arch);
+}
+
+void check_first_ranks_option(const HeadHeader& h, const PlanOptions& o) {
+  if (o.first_ranks && h.head_type != HeadType::dense)
+    fail(
+        "plan options: first_ranks is on, but a two_stage head drafts its best token only (its candidates are "
+        "rescored); plan it with first_ranks off");
 }
 
 int plan_cand_k(const HeadHeader& h, const PlanOptions& o) {
@@ -429,14 +438,14 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
 // ending there runs: one that ran inside a longer pass would set host_done before its outputs were final,
 // and one that wrote elsewhere would leave the host reading the last call's outputs. (Both kernels' rows
 // are the bucket's streams: check_node checks every node's `rows`.)
-void check_draft_pass(const Bucket& b, int max_steps, int max_slots,
+void check_draft_pass(const Bucket& b, int max_steps, int max_slots, bool first_ranks,
                       const std::map<std::string, const KernelSpec*>& specs) {
   auto kernel = [&](const Node& n) -> const std::string& { return specs.at(n.spec)->kernel; };
   auto expect_binding = [&](const Node& n, std::string_view param, std::string_view buffer) {
     for (const Arg& a : n.args)
       if (a.param == param && a.kind == Arg::Kind::buffer && a.buffer == buffer && a.byte_offset == 0) return;
     fail("plan: bucket {} node {}: `{}` must bind host buffer `{}` at byte_offset 0, which the runtime {}", b.streams,
-         n.name, param, buffer, param == "ids" ? "writes before the launch" : "reads after it");
+         n.name, param, buffer, param == "ids" || param == "ranks" ? "writes before the launch" : "reads after it");
   };
   const Node& first = b.nodes.front();
   if (kernel(first) != "load_tables")
@@ -445,6 +454,14 @@ void check_draft_pass(const Bucket& b, int max_steps, int max_slots,
         "tables the runtime wrote",
         b.streams, first.name, kernel(first));
   expect_binding(first, "ids", "host_tables");
+  if (first_ranks) {
+    expect_binding(first, "ranks", "host_ranks");
+  } else {
+    for (const Arg& a : first.args)
+      if ((a.param == "ranks" || a.param == "rank") && a.kind != Arg::Kind::null)
+        fail("plan: bucket {} node {}: `{}` is bound, but the plan's first_ranks is off (no ranks are written)",
+             b.streams, first.name, a.param);
+  }
   for (const Arg& a : first.args)
     if (a.param == "max_slots" && a.i != max_slots)
       fail(
@@ -538,6 +555,12 @@ void check_runtime_buffers(const Plan& p) {
     fail("plan: host buffer `host_done` holds {} bytes; the pass's completion word is one int32", done.bytes);
   if (const Buffer& tables = runtime_buffer(p, "host_tables", BufferRole::host); tables.bytes < largest * 4)
     fail("plan: host buffer `host_tables` holds {} bytes; a draft takes {} slot ids", tables.bytes, largest);
+  if (p.options.first_ranks) {
+    if (const Buffer& b = runtime_buffer(p, "draft_ranks", BufferRole::input); b.bytes < largest * 4)
+      fail("plan: `draft_ranks` holds {} bytes; an enqueued draft takes {} ranks", b.bytes, largest);
+    if (const Buffer& b = runtime_buffer(p, "host_ranks", BufferRole::host); b.bytes < largest * 4)
+      fail("plan: host buffer `host_ranks` holds {} bytes; a draft takes {} ranks", b.bytes, largest);
+  }
   if (const Buffer& error = runtime_buffer(p, "host_error", BufferRole::host); error.bytes != 8)
     fail("plan: host buffer `host_error` holds {} bytes; the error record is one int64", error.bytes);
 }
@@ -551,6 +574,7 @@ void validate(const Plan& p) {
   validate(p.options);
   validate(p.tuning);
   (void)plan_cand_k(p.header, p.options);
+  check_first_ranks_option(p.header, p.options);
   const int min_ring = p.header.window + 1 + p.options.max_steps;
   if (p.ring_rows < min_ring || p.ring_rows > 1 << 20)
     fail("plan: ring_rows = {} is outside {}..{} (window + 1 + max_steps at least)", p.ring_rows, min_ring, 1 << 20);
@@ -578,8 +602,8 @@ void validate(const Plan& p) {
     // Sizes and counts are at least 1 (some divide), switches at least 0; none is near int64's range, so
     // the launch shapes and reaches computed from them below stay exact.
     for (const auto& [name, v] : s.constants) {
-      const bool flag =
-          name == "WEIGHT" || name == "EPILOGUE" || name == "QK_NORM" || name == "WRITE_Q" || name == "TILED";
+      const bool flag = name == "WEIGHT" || name == "EPILOGUE" || name == "QK_NORM" || name == "WRITE_Q" ||
+                        name == "TILED" || name == "RANKS";
       const int64_t lo = flag ? 0 : 1;
       const int64_t hi = name == "EPILOGUE" ? kc::kEpilogueTop1 : flag ? 1 : kMaxSpecConstant;
       if (v < lo || v > hi) fail("plan: spec {}: {} = {} is outside {}..{}", s.uri(), name, v, lo, hi);
@@ -661,7 +685,7 @@ void validate(const Plan& p) {
     }
     if (b.nodes.empty() || b.nodes.back().step != p.options.max_steps)
       fail("plan: bucket {} does not run all {} steps", b.streams, p.options.max_steps);
-    check_draft_pass(b, p.options.max_steps, p.options.max_slots, uris);
+    check_draft_pass(b, p.options.max_steps, p.options.max_slots, p.options.first_ranks, uris);
   }
   for (const auto& n : p.extend) {
     if (n.step != 0) fail("plan: extend node {} has step {}; extend nodes have step 0", n.name, n.step);

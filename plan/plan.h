@@ -17,7 +17,7 @@
 namespace tfe {
 
 // Version of the plan schema (YAML and struct). Loading another version is refused.
-inline constexpr int kPlanSchemaVersion = 17;
+inline constexpr int kPlanSchemaVersion = 18;
 
 // A plan buffer's dtypes: a head's, and I64 for the device addresses an extend of device rows uploads.
 constexpr bool plan_dtype(DType t) { return head_dtype(t) || t == DType::I64; }
@@ -152,6 +152,8 @@ Plan make_plan(const HeadHeader& header, const PlanOptions& options, const Tunin
 // The candidates a two_stage plan of `header` rescores: options.cand_k, or the header's where it is 0.
 // Throws naming cand_k where the head is dense and it is nonzero, or where it exceeds draft_vocab.
 int plan_cand_k(const HeadHeader& header, const PlanOptions& options);
+// Throws naming first_ranks where it is on for a two_stage head (which drafts its best token only).
+void check_first_ranks_option(const HeadHeader& header, const PlanOptions& options);
 
 // The options in which `a` and `b` differ, by their YAML keys with both values ("max_steps 8 against 4;
 // cand_k 0 against 32"); empty where they are equal. Names every field of PlanOptions.

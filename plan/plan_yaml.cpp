@@ -316,6 +316,7 @@ std::string dump_plan_yaml(const Plan& p) {
   o["extend_rows"] = p.options.extend_rows;
   o["attention_split"] = std::string(attention_split_name(p.options.attention_split));
   o["cand_k"] = p.options.cand_k;
+  o["first_ranks"] = p.options.first_ranks;
   root["options"] = o;
   if (YAML::Node t = tuning_yaml(p.tuning); t.size() > 0) root["tuning"] = t;
   root["ring_rows"] = p.ring_rows;
@@ -402,6 +403,7 @@ Plan load_plan_yaml(std::string_view text) {
         o.at("attention_split"),
         {std::pair{"per_bucket", AttentionSplit::per_bucket}, std::pair{"same_drafts", AttentionSplit::same_drafts}});
     p.options.cand_k = o.at("cand_k").i32(0, kMaxCandK);
+    p.options.first_ranks = o.at("first_ranks").boolean();
     o.done();
     try {
       validate(p.options);

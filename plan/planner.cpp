@@ -8,6 +8,7 @@ Planner::Planner(const HeadHeader& h, const PlanOptions& o, const Tuning& t, std
   validate(o);
   validate(t);
   cand_k_ = plan_cand_k(h, o);
+  check_first_ranks_option(h, o);
   p_.header = h;
   p_.options = o;
   p_.tuning = t;

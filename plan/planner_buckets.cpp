@@ -3,9 +3,12 @@
 #include <algorithm>
 
 #include "plan/planner.h"
+#include "core/extend_check.h"
 #include "head/numerics.h"
 
 namespace tfe::planning {
+
+static_assert(kMaxFirstRank == kc::kMaxFirstRank, "ranked keeps kc::kMaxFirstRank + 1 logits a thread");
 
 KernelSpec Planner::attention_spec(int64_t split) const {
   const auto& hh = h();
@@ -186,10 +189,13 @@ Bucket Planner::draft_bucket(int streams) {
   Bucket bucket;
   bucket.streams = streams;
   auto& nodes = bucket.nodes;
-  nodes.push_back(kernel("s1.load_tables", 1, kd::LoadTablesConstants{}.spec(), fixed, B,
-                         {buf("ids", "host_tables"), buf("slot_state", "slot_state"), buf("slot", "slot"),
-                          buf("pos", "pos"), buf("first_pos", "first_pos"), buf("tok", "tok"),
-                          buf("error", "host_error"), i64("rows", B), i64("max_slots", p_.options.max_slots)}));
+  const bool ranks = p_.options.first_ranks;
+  nodes.push_back(
+      kernel("s1.load_tables", 1, kd::LoadTablesConstants{.RANKS = ranks ? 1 : 0}.spec(), fixed, B,
+             {buf("ids", "host_tables"), ranks ? buf("ranks", "host_ranks") : none("ranks"),
+              buf("slot_state", "slot_state"), buf("slot", "slot"), buf("pos", "pos"), buf("first_pos", "first_pos"),
+              buf("tok", "tok"), ranks ? buf("rank", "rank") : none("rank"), buf("error", "host_error"), i64("rows", B),
+              i64("max_slots", p_.options.max_slots), i64("max_rank", ranks ? max_first_rank(hh) : 0)}));
   nodes.push_back(
       kernel("s1.gather_g", 1, kd::CopyRowsConstants{.WIDTH = H, .THREADS = row_threads(H)}.spec(), fixed, B,
              {buf("src", "slot_g"), buf("src_index", "slot"), buf("dst", "g"), none("dst_index"), i64("rows", B)}));
@@ -224,7 +230,15 @@ Bucket Planner::draft_bucket(int streams) {
                            {buf("x", "h2"), i64("x_stride", H), buf("w", "final_norm"), buf("y", "n"),
                             i64("y_stride", H), i64("rows", B), f32("eps", eps)}));
     const int64_t ms = p_.options.max_steps;
-    if (hh.head_type == HeadType::dense) {
+    if (hh.head_type == HeadType::dense && s == 1 && ranks) {
+      // The branches' step: every logit, then the row's rank of them.
+      nodes.push_back(gemv(pre + "lm_head", s, matrices_.at("lm_head"), B, kc::kEpilogueF32, "n", "logits",
+                           none("residual"), fixed, B));
+      nodes.push_back(
+          kernel(pre + "ranked", s, kd::RankedConstants{.VOCAB = hh.draft_vocab, .MAX_STEPS = ms}.spec(), fixed, B,
+                 {buf("logits", "logits"), buf("rank", "rank"), buf("d2t", "d2t"), buf("out_token", "out_token"),
+                  buf("out_conf", "out_conf"), buf("next_token", "next_token"), i64("step", s), i64("rows", B)}));
+    } else if (hh.head_type == HeadType::dense) {
       nodes.push_back(gemv(pre + "lm_head", s, matrices_.at("lm_head"), B, kc::kEpilogueTop1, "n", "top1_part",
                            none("residual"), fixed, B));
       // top1 joins the records of the gemv just planned: its COLS fixes their count and order (validate

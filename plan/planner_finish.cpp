@@ -70,6 +70,11 @@ void Planner::finish() {
                        "{} at bucket {} .. {} at bucket {}, which top1 joins in order, so the logits never reach "
                        "memory (BENCHMARKS.md \"Tiled weights and GEMV choices\")",
                        top1_parts(b0), b0, top1_parts(b1), b1));
+    if (p_.options.first_ranks)
+      choose("lm_head step 1", "gemv f32 logits + ranked",
+             "first_ranks: a row may take another rank than the best, which the tiles' top-1 records cannot name; "
+             "the step's logits go to memory whole and one CTA a row picks the row's rank (load_tables copies the "
+             "ranks beside the slot ids)");
   } else {
     choose("lr_a draft", "gemv", draft_reason);
     choose("lr_b draft", "gemv f32 scores + topk",

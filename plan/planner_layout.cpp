@@ -117,6 +117,8 @@ void Planner::lay_out_arena() {
   add(a, "slot_state", BufferRole::state, DType::I32, {slots, kc::kSlotStateColumns});
   // An enqueued draft's slot ids, from the caller's stream (load_tables reads them).
   add(a, "draft_slots", BufferRole::input, DType::I32, {B});
+  // ... and, with first_ranks, each row's rank for step 1.
+  if (o.first_ranks) add(a, "draft_ranks", BufferRole::input, DType::I32, {B});
   // The tables region: what an extend chunk uploads, in one copy. Rows from device memory upload the
   // addresses of their taps and token (row_taps_src, row_tok_src), and the chunk's first node
   // (gather_taps) fills `taps` and `row_tok` from them; host rows upload `taps` and `row_tok` themselves.
@@ -130,6 +132,7 @@ void Planner::lay_out_arena() {
   // Draft activations, for the largest bucket; each name is one value of the step. The draft's tables
   // first: the pass's first node (load_tables) fills them from the slot ids and slot_state.
   for (auto t : {"slot", "pos", "first_pos", "tok"}) add(a, t, BufferRole::activation, DType::I32, {B});
+  if (o.first_ranks) add(a, "rank", BufferRole::activation, DType::I32, {B});
   add(a, "g", BufferRole::activation, DType::BF16, {B, H});
   add(a, "x", BufferRole::activation, DType::BF16, {B, 2 * H});
   if (!rope_in_wqkv()) add(a, "qkv", BufferRole::activation, DType::BF16, {B, q_width + 2 * kv_width});
@@ -147,6 +150,8 @@ void Planner::lay_out_arena() {
     int64_t parts = 0;
     for (int b : o.buckets) parts = std::max(parts, top1_parts(b));
     add(a, "top1_part", BufferRole::activation, DType::F32, {B, parts, kc::kTop1PartBytes / 4});
+    // With first_ranks, step 1's lm_head writes its logits whole, for ranked.
+    if (o.first_ranks) add(a, "logits", BufferRole::activation, DType::F32, {B, hh.draft_vocab});
   } else {
     add(a, "u", BufferRole::activation, DType::BF16, {B, hh.lowrank});
     add(a, "scores", BufferRole::activation, DType::F32, {B, hh.draft_vocab});
@@ -165,13 +170,14 @@ void Planner::lay_out_arena() {
 }
 
 // Mapped pinned host memory (Plan::host): a blocking draft's slot ids as the host writes them
-// (host_tables), the copy of its outputs that store_outputs writes for the host to read, the word
-// store_outputs sets last, which the host polls (host_done), and the record a kernel leaves when device
-// input the host never saw was bad (host_error).
+// (host_tables, and with first_ranks the rows' ranks in host_ranks), the copy of its outputs that store_outputs writes
+// for the host to read, the word store_outputs sets last, which the host polls (host_done), and the record a kernel
+// leaves when device input the host never saw was bad (host_error).
 void Planner::lay_out_host() {
   const auto& o = p_.options;
   const int64_t B = o.buckets.back();
   add(p_.host, "host_tables", BufferRole::host, DType::I32, {B});
+  if (o.first_ranks) add(p_.host, "host_ranks", BufferRole::host, DType::I32, {B});
   add(p_.host, "host_token", BufferRole::host, DType::I32, {B, int64_t{o.max_steps}});
   add(p_.host, "host_conf", BufferRole::host, DType::F32, {B, int64_t{o.max_steps}});
   add(p_.host, "host_done", BufferRole::host, DType::I32, {1});

@@ -194,18 +194,7 @@ DraftResult Reference::draft(std::span<const int> slot_ids, int steps, std::span
                              DraftTrace* trace) {
   slots_.check_draft(slot_ids, steps);
   const HeadHeader& h = header_;
-  if (!first_ranks.empty()) {
-    if (first_ranks.size() != slot_ids.size())
-      fail("draft: first_ranks has {} entries for {} slots (one a slot, or none)", first_ranks.size(), slot_ids.size());
-    const int highest = static_cast<int>(std::min<int64_t>(kMaxFirstRank, h.draft_vocab - 1));
-    for (size_t i = 0; i < first_ranks.size(); ++i) {
-      if (first_ranks[i] < 0 || first_ranks[i] > highest)
-        fail("draft: first_ranks[{}] = {} is outside 0..{} (kMaxFirstRank = {}, draft_vocab = {})", i, first_ranks[i],
-             highest, kMaxFirstRank, h.draft_vocab);
-      if (first_ranks[i] > 0 && h.head_type != HeadType::dense)
-        fail("draft: first_ranks[{}] = {}: a two_stage head drafts its best token only", i, first_ranks[i]);
-    }
-  }
+  check_first_ranks("draft", first_ranks, slot_ids.size(), h);
   const int64_t B = static_cast<int64_t>(slot_ids.size()), H = h.hidden, hd = h.head_dim;
   const int64_t q_width = h.heads * hd, kv_width = h.kv_heads * hd, F = h.ffn, Vd = h.draft_vocab;
   const auto d2t = file_.tensor("d2t").as<int32_t>();

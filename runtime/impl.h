@@ -14,6 +14,7 @@
 
 #include "compiler/resolve.h"
 #include "core/error.h"
+#include "core/extend_check.h"
 #include "device/cuda_check.h"
 #include "device/gemm.h"
 #include "device/handles.h"
@@ -174,14 +175,16 @@ struct Runtime::Impl {
   std::string broken;                        // the first failure after which device state is unknown
   cudaError_t injected_error = cudaSuccess;  // testing::inject_cuda_error: the next device work fails so
   DeviceDraftOutputs last_outputs;
-  // Slot ids of draft_async's host form, copied from here on the stream: a ring of kIdRing tables, each
-  // reused once the copy that read it last has left it (`id_staged`).
+  // Slot ids (and, with first_ranks, ranks) of draft_async's host form, copied from here on the stream: a
+  // ring of kIdRing tables of 2 x the largest bucket, each reused once the copy that read it last has left
+  // it (`id_staged`).
   static constexpr int kIdRing = 8;
   cuda::PinnedMemory id_staging;
   cuda::Event id_staged[kIdRing];
   int next_ids = 0;
   // Tables the runtime fills, found once.
   const Buffer *h_tables = nullptr, *h_token = nullptr, *h_conf = nullptr, *h_done = nullptr, *h_error = nullptr;
+  const Buffer *h_ranks = nullptr, *b_draft_ranks = nullptr;  // null: the plan has first_ranks off
   const Buffer *t_row_slot = nullptr, *t_row_pos = nullptr, *t_row_tok = nullptr;
   const Buffer *t_row_taps_src = nullptr, *t_row_tok_src = nullptr;
   const Buffer *t_last_row = nullptr, *t_last_slot = nullptr, *t_last_first = nullptr, *t_taps = nullptr;
@@ -197,6 +200,18 @@ struct Runtime::Impl {
   Bindings bindings() const { return Bindings{arena, arena + plan.tables_offset, weights, workspace, host_device}; }
   int scratch_slot() const { return plan.options.max_slots; }
   int32_t* draft_slots_device() const { return reinterpret_cast<int32_t*>(arena + b_draft_slots->offset); }
+  int32_t* draft_ranks_device() const { return reinterpret_cast<int32_t*>(arena + b_draft_ranks->offset); }
+  // A draft's first ranks (host values, or `on_device` ones the device checks): the plan must have
+  // first_ranks on; then the values as the reference checks them (core/extend_check.h).
+  void check_ranks(std::string_view call, std::span<const int> first_ranks, size_t slots,
+                   bool on_device = false) const {
+    if ((on_device || !first_ranks.empty()) && !plan.options.first_ranks)
+      fail(
+          "{}: first_ranks given, but this runtime's plan has first_ranks off; open it with the plan option "
+          "first_ranks (tfe-plan compile --first-ranks, PlanOptions::first_ranks)",
+          call);
+    check_first_ranks(call, first_ranks, slots, plan.header);
+  }
 
   void check_usable() const {
     if (!broken.empty())

@@ -58,8 +58,9 @@ void Runtime::Impl::open_device(const OpenOptions& o) {
     staged[i] = cuda::create_event();
     TFE_CUDA(cudaEventRecord(staged[i].get(), stream));
   }
-  id_staging = cuda::allocate_pinned(
-      static_cast<size_t>(kIdRing) * static_cast<size_t>(plan.options.buckets.back()) * 4, "slot id staging buffer");
+  id_staging =
+      cuda::allocate_pinned(static_cast<size_t>(kIdRing) * 2 * static_cast<size_t>(plan.options.buckets.back()) * 4,
+                            "slot id staging buffer");
   for (cuda::Event& e : id_staged) {
     e = cuda::create_event();
     TFE_CUDA(cudaEventRecord(e.get(), stream));
@@ -276,7 +277,10 @@ void Runtime::Impl::prepare_nodes() {
       }
       Node from_arena = n;
       for (Arg& a : from_arena.args)
-        if (a.param == "ids") a.buffer = "draft_slots";
+        if (a.param == "ids")
+          a.buffer = "draft_slots";
+        else if (a.param == "ranks" && a.kind == Arg::Kind::buffer)
+          a.buffer = "draft_ranks";
       enqueued_nodes.push_back(prepare(from_arena, b.streams, true));
     }
     buckets.push_back(std::move(nodes));
@@ -385,6 +389,10 @@ Runtime open_with(const HeadFile& file, const OpenOptions& o, const TestHooks& h
   r.t_taps = table(p, "taps");
   r.b_slot_state = table(p, "slot_state", BufferRole::state);
   r.b_draft_slots = table(p, "draft_slots", BufferRole::input);
+  if (p.options.first_ranks) {
+    r.h_ranks = table(p, "host_ranks", BufferRole::host);
+    r.b_draft_ranks = table(p, "draft_ranks", BufferRole::input);
+  }
   r.b_out_token = table(p, "out_token", BufferRole::output);
   r.b_out_conf = table(p, "out_conf", BufferRole::output);
   r.b_ring_k = table(p, "ring_k", BufferRole::state);

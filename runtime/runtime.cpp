@@ -153,6 +153,12 @@ void Runtime::Impl::report_device_errors(std::string_view call) {
         "a slot in 0..{} that holds a sequence. That row drafted from the scratch slot (its outputs are "
         "meaningless); nothing else changed, and this call did nothing",
         call, value, index, plan.options.max_slots - 1);
+  if (kind == kc::kErrorDraftRank)
+    fail(
+        "{}: an earlier draft_async found first rank {} in row {} of its device ranks, outside 0..{} "
+        "(kMaxFirstRank, below draft_vocab); that row drafted its best token instead; nothing else changed, and "
+        "this call did nothing",
+        call, value, index, max_first_rank(plan.header));
   if (kind == kc::kErrorExtendToken)
     fail(
         "{}: an earlier extend of device rows handed slot {} token {}, outside 0..{}; that row used token 0 "
@@ -261,11 +267,12 @@ void Runtime::extend(std::span<const DeviceExtendRequest> requests, std::optiona
   if (r.tap_dump) dump_device_rows(r, requests, row_width, s);
 }
 
-DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
+DraftResult Runtime::draft(std::span<const int> slot_ids, int steps, std::span<const int> first_ranks) {
   Impl& r = *impl_;
   r.check_usable();
   r.report_device_errors("draft");
   r.slots.check_draft(slot_ids, steps);
+  r.check_ranks("draft", first_ranks, slot_ids.size());
   const int n = static_cast<int>(slot_ids.size());
   const size_t bucket = r.bucket_for(n);  // check_draft bounds n by the largest bucket
   const int streams = r.plan.buckets[bucket].streams;
@@ -278,6 +285,11 @@ DraftResult Runtime::draft(std::span<const int> slot_ids, int steps) {
     // The slot ids go straight into the host arena: the pass's first node (load_tables) reads them there.
     auto* ids = r.host_buffer<int32_t>(r.h_tables);
     for (int i = 0; i < streams; ++i) ids[i] = i < n ? slot_ids[static_cast<size_t>(i)] : kc::kPaddingSlot;
+    if (r.h_ranks) {
+      auto* ranks = r.host_buffer<int32_t>(r.h_ranks);
+      for (int i = 0; i < streams; ++i)
+        ranks[i] = i < static_cast<int>(first_ranks.size()) ? first_ranks[static_cast<size_t>(i)] : 0;
+    }
 
     // Cleared before the launch (a full fence: the store is visible before the launch is), set by the
     // pass's last node; the GPU never reads it.
@@ -356,11 +368,12 @@ void check_targets(const DraftTargets& t, int steps, int device) {
 }  // namespace
 
 DeviceDraftOutputs Runtime::draft_async(std::span<const int> slot_ids, int steps, const DraftTargets& targets,
-                                        std::optional<cudaStream_t> stream) {
+                                        std::optional<cudaStream_t> stream, std::span<const int> first_ranks) {
   Impl& r = *impl_;
   r.check_usable();
   r.report_device_errors("draft_async");
   r.slots.check_draft(slot_ids, steps);
+  r.check_ranks("draft_async", first_ranks, slot_ids.size());
   const cudaStream_t s = r.stream_for(stream);
   DeviceScope scope(r.device);
   check_targets(targets, steps, r.device);
@@ -375,18 +388,27 @@ DeviceDraftOutputs Runtime::draft_async(std::span<const int> slot_ids, int steps
     const int i = r.next_ids;
     r.next_ids = (r.next_ids + 1) % Impl::kIdRing;
     TFE_CUDA(cudaEventSynchronize(r.id_staged[i].get()));
-    auto* ids =
-        reinterpret_cast<int32_t*>(r.id_staging.data()) + static_cast<size_t>(i) * r.plan.options.buckets.back();
+    // A table of the ring holds the bucket's ids, then (with first_ranks) its ranks.
+    const int largest = r.plan.options.buckets.back();
+    auto* ids = reinterpret_cast<int32_t*>(r.id_staging.data()) + static_cast<size_t>(i) * 2 * largest;
     for (int k = 0; k < streams; ++k) ids[k] = k < n ? slot_ids[static_cast<size_t>(k)] : kc::kPaddingSlot;
     TFE_CUDA(cudaMemcpyAsync(r.draft_slots_device(), ids, static_cast<size_t>(streams) * 4, cudaMemcpyHostToDevice, s));
-    TFE_CUDA(cudaEventRecord(r.id_staged[i].get(), s));
     r.stats.bytes_uploaded += static_cast<uint64_t>(streams) * 4;
+    if (r.b_draft_ranks) {
+      int32_t* ranks = ids + largest;
+      for (int k = 0; k < streams; ++k)
+        ranks[k] = k < static_cast<int>(first_ranks.size()) ? first_ranks[static_cast<size_t>(k)] : 0;
+      TFE_CUDA(
+          cudaMemcpyAsync(r.draft_ranks_device(), ranks, static_cast<size_t>(streams) * 4, cudaMemcpyHostToDevice, s));
+      r.stats.bytes_uploaded += static_cast<uint64_t>(streams) * 4;
+    }
+    TFE_CUDA(cudaEventRecord(r.id_staged[i].get(), s));
     return r.enqueue_draft(n, steps, targets, s);
   });
 }
 
 DeviceDraftOutputs Runtime::draft_async(const int32_t* device_slots, int n, int steps, const DraftTargets& targets,
-                                        std::optional<cudaStream_t> stream) {
+                                        std::optional<cudaStream_t> stream, const int32_t* device_first_ranks) {
   Impl& r = *impl_;
   r.check_usable();
   r.report_device_errors("draft_async");
@@ -399,6 +421,10 @@ DeviceDraftOutputs Runtime::draft_async(const int32_t* device_slots, int n, int 
   const cudaStream_t s = r.stream_for(stream);
   DeviceScope scope(r.device);
   check_device_pointer(device_slots, r.device, "draft_async: device_slots");
+  if (device_first_ranks) {
+    r.check_ranks("draft_async", {}, static_cast<size_t>(n), true);
+    check_device_pointer(device_first_ranks, r.device, "draft_async: device_first_ranks");
+  }
   check_targets(targets, steps, r.device);
   const int streams = r.plan.buckets[r.bucket_for(n)].streams;
   return r.device_work([&] {
@@ -407,6 +433,13 @@ DeviceDraftOutputs Runtime::draft_async(const int32_t* device_slots, int n, int 
       TFE_CUDA(cudaMemcpyAsync(own, device_slots, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToDevice, s));
     // The bucket's rows past n are padding (id -1: every byte 0xff).
     if (streams > n) TFE_CUDA(cudaMemsetAsync(own + n, 0xff, static_cast<size_t>(streams - n) * 4, s));
+    if (int32_t* ranks = r.b_draft_ranks ? r.draft_ranks_device() : nullptr) {
+      // No ranks given: every row its best. The device checks the values (load_tables).
+      if (device_first_ranks && device_first_ranks != ranks)
+        TFE_CUDA(cudaMemcpyAsync(ranks, device_first_ranks, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToDevice, s));
+      const int from = device_first_ranks ? n : 0;
+      if (streams > from) TFE_CUDA(cudaMemsetAsync(ranks + from, 0, static_cast<size_t>(streams - from) * 4, s));
+    }
     return r.enqueue_draft(n, steps, targets, s);
   });
 }

@@ -44,10 +44,11 @@
 #                                    acceptance by S and prompt class, and the window study;
 #                                    SPEED_SEQUENCES (1,4,16), SPEED_STEPS (1..8) and SPEED_WINDOWS (128,511)
 #                                    split it over calls;
-#                                    SPEED_NEW_TOKENS (128) a sequence
+#                                    SPEED_NEW_TOKENS (128) a sequence; SPEED_BRANCHES=K: the `tfe, branches`
+#                                    rows too, K chains a sequence a round
 #   scripts/gpu_target.sh acceptance there: tokens per round by class and S = 1..8 on all 30 held-out prompts
 #                                    (tfe-speedup --acceptance); SPEED_NEW_TOKENS (128) a sequence;
-#                                    SPEED_BRANCHES=K: K chains a sequence a round (the PyTorch port drafts). Its one
+#                                    SPEED_BRANCHES=K: K chains a sequence a round (tfe's runtime drafts). Its one
 #                                    file, acceptance.json, keeps "train acceptance" in one call within the
 #                                    8 files $OUT brings back
 #   scripts/gpu_target.sh tests      there, after receive, carrying .target/gguf.2 .target/wheels .deps: tests/target
@@ -330,12 +331,12 @@ exact() {
   return $rc
 }
 
-speed() {  # SPEED_SEQUENCES (1,4,16), SPEED_STEPS (1..8), SPEED_WINDOWS (128,511; empty: none), SPEED_NEW_TOKENS (128)
+speed() {  # SPEED_SEQUENCES (1,4,16), SPEED_STEPS (1..8), SPEED_WINDOWS (128,511; empty: none), SPEED_NEW_TOKENS (128), SPEED_BRANCHES (1)
   ready
   local t0=$SECONDS rc=0 sequences=${SPEED_SEQUENCES-1,4,16}
   python3 -m tfe.speedup --head "$state/head.tfe" --artifact "$state/deploy" --checkpoint "$state/eagle3" \
     --sequences "$sequences" --steps "${SPEED_STEPS:-1,2,3,4,5,6,7,8}" --windows "${SPEED_WINDOWS-}" \
-    --max-new-tokens "${SPEED_NEW_TOKENS:-128}" \
+    --max-new-tokens "${SPEED_NEW_TOKENS:-128}" --branches "${SPEED_BRANCHES:-1}" \
     -o "$out" 2>&1 | grep --line-buffered -v "it/s\]" | tee "$out/speedup-${sequences//,/-}.log" || rc=1
   echo "== speed-up in $((SECONDS - t0)) s"
   return $rc
@@ -344,10 +345,10 @@ speed() {  # SPEED_SEQUENCES (1,4,16), SPEED_STEPS (1..8), SPEED_WINDOWS (128,51
 acceptance() {
   ready
   local t0=$SECONDS rc=0
-  # SPEED_BRANCHES=K: K chains a sequence a round, drafted by the PyTorch port (tfe's runtime drafts chains)
+  # SPEED_BRANCHES=K: K chains a sequence a round (the runtime opened with first_ranks)
   python3 -m tfe.speedup --head "$state/head.tfe" --artifact "$state/deploy" --sequences "" --acceptance \
     --steps "${SPEED_STEPS:-1,2,3,4,5,6,7,8}" --max-new-tokens "${SPEED_NEW_TOKENS:-128}" \
-    --branches "${SPEED_BRANCHES:-1}" --checkpoint "$state/eagle3" -o "$out" 2>&1 |
+    --branches "${SPEED_BRANCHES:-1}" -o "$out" 2>&1 |
     grep --line-buffered -v "it/s\]" || rc=1
   echo "== acceptance in $((SECONDS - t0)) s"
   return $rc

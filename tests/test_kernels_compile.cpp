@@ -32,7 +32,7 @@ using tfe::test::TempDir;
 namespace {
 
 // Every preset's plan under default options, once as the preset is (bf16 linears) and once with an FP8
-// form for every linear it uses.
+// form for every linear it uses; a dense preset's FP8 plan with first_ranks too (ranked, load_tables RANKS).
 std::vector<std::pair<std::string, Plan>> preset_plans() {
   std::vector<std::pair<std::string, Plan>> plans;
   for (const auto& name : preset_names()) {
@@ -41,6 +41,8 @@ std::vector<std::pair<std::string, Plan>> preset_plans() {
     plans.emplace_back(name + " bf16", make_plan(h, PlanOptions{}));
     h.fp8 = linears_in_use(h);
     plans.emplace_back(name + " fp8", make_plan(h, PlanOptions{}));
+    if (h.head_type == HeadType::dense)
+      plans.emplace_back(name + " fp8 first_ranks", make_plan(h, PlanOptions{.first_ranks = true}));
   }
   return plans;
 }
@@ -213,13 +215,14 @@ TEST_CASE("kernels: every description has a launch, a reach for each pointer and
   const KernelSpec topk = kernel_desc::TopkConstants{.VOCAB = 300, .CAND_K = 16, .SPLIT = 1}.spec();
   CHECK_THROWS_WITH_AS(param_reach(topk, "rows", Reach{}), doctest::Contains("topk has no pointer parameter `rows`"),
                        Error);
-  CHECK(param_alignment(kernel_desc::LoadTablesConstants{}.spec(), "slot_state") == kc::kSlotStateColumns * 4);
+  CHECK(param_alignment(kernel_desc::LoadTablesConstants{.RANKS = 0}.spec(), "slot_state") ==
+        kc::kSlotStateColumns * 4);
 }
 
 TEST_CASE("kernels: a constants struct sets its kernel's constants by name, refuses one left unset, reads back") {
   using kernel_desc::TopkConstants;
   CHECK(TopkConstants::names() == kernel_def("topk").constants);
-  CHECK(kernel_desc::LoadTablesConstants::names().empty());
+  CHECK(kernel_desc::KeepStateConstants::names().empty());
   const KernelSpec topk = TopkConstants{.VOCAB = 32000, .CAND_K = 64, .SPLIT = 8}.spec();
   CHECK(topk == make_spec("topk", {{"VOCAB", 32000}, {"CAND_K", 64}, {"SPLIT", 8}}));
   const auto back = TopkConstants::of(topk);

@@ -41,13 +41,15 @@ TEST_CASE("plan YAML: options hold PlanOptions alone, and tuning only the fields
   const HeadHeader h = preset_header("tiny");
   const std::string plain = dump_plan_yaml(make_plan(h, PlanOptions{}));
   CHECK(plain.find("\ntuning:") == std::string::npos);
-  CHECK(plain.find("  attention_split: per_bucket\n  cand_k: 0\nring_rows:") != std::string::npos);
+  CHECK(plain.find("  attention_split: per_bucket\n  cand_k: 0\n  first_ranks: false\nring_rows:") !=
+        std::string::npos);
   Tuning t;
   t.dependent_streams = 2;
   t.rope_in_wqkv = false;
   const Plan p = make_plan(h, PlanOptions{}, t);
   const std::string text = dump_plan_yaml(p);
-  CHECK(text.find("  cand_k: 0\ntuning:\n  dependent_streams: 2\n  rope_in_wqkv: false\nring_rows:") !=
+  CHECK(text.find(
+            "  cand_k: 0\n  first_ranks: false\ntuning:\n  dependent_streams: 2\n  rope_in_wqkv: false\nring_rows:") !=
         std::string::npos);
   CHECK(load_plan_yaml(text) == p);
   CHECK(load_plan_yaml(text).tuning == t);

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <tfe/draft.h>
+
 #include "core/error.h"
 #include "kernels/registry.h"
 #include "plan/plan.h"
@@ -106,7 +108,7 @@ TEST_CASE("make_plan: cand_k overrides the header's candidates for a two_stage h
   }
   // A loaded plan is held to the same limits: a dense plan's YAML with a cand_k is refused.
   const std::string dense = dump_plan_yaml(make_plan(preset_header("tiny"), golden_options()));
-  CHECK_THROWS_WITH_AS(load_plan_yaml(replace_once(dense, "cand_k: 0\nring_rows", "cand_k: 4\nring_rows")),
+  CHECK_THROWS_WITH_AS(load_plan_yaml(replace_once(dense, "cand_k: 0\n  first_ranks", "cand_k: 4\n  first_ranks")),
                        doctest::Contains("cand_k = 4 is set, but the head is dense"), Error);
 }
 
@@ -129,6 +131,64 @@ TEST_CASE("plan_options_differences: names each differing option by its YAML key
           "attention_split per_bucket against same_drafts");
   differs([](PlanOptions& o) { o.cand_k = 32; }, "cand_k 0 against 32");
   differs([](PlanOptions& o) { o.max_steps = 2, o.cand_k = 32; }, "max_steps 8 against 2; cand_k 0 against 32");
+  differs([](PlanOptions& o) { o.first_ranks = true; }, "first_ranks false against true");
+}
+
+TEST_CASE("make_plan: first_ranks plans step 1 as logits and ranked, the ranks beside the ids; dense heads only") {
+  const HeadHeader h = preset_header("tiny");
+  const Plan chain = make_plan(h, golden_options());
+  PlanOptions o = golden_options();
+  o.first_ranks = true;
+  const Plan p = make_plan(h, o);
+  const int64_t largest = o.buckets.back();
+  CHECK(p.arena.at("logits").shape == std::vector<int64_t>{largest, h.draft_vocab});
+  CHECK(p.arena.at("rank").shape == std::vector<int64_t>{largest});
+  CHECK(p.arena.at("draft_ranks").role == BufferRole::input);
+  CHECK(p.host.at("host_ranks").shape == std::vector<int64_t>{largest});
+  for (const char* name : {"logits", "rank", "draft_ranks"}) CHECK(chain.arena.find(name) == nullptr);
+  CHECK(chain.host.find("host_ranks") == nullptr);
+  const auto arg = [](const Node& n, std::string_view param) -> const Arg& {
+    for (const Arg& a : n.args)
+      if (a.param == param) return a;
+    FAIL("no arg ", param);
+    return n.args.front();
+  };
+  const auto spec = [&](const Plan& plan, const Node& n) -> const KernelSpec& {
+    for (const auto& s : plan.specs)
+      if (s.uri() == n.spec) return s;
+    FAIL("no spec ", n.spec);
+    return plan.specs.front();
+  };
+  for (const Bucket& b : p.buckets) {
+    CAPTURE(b.streams);
+    const Node& first = b.nodes.front();
+    CHECK(spec(p, first).constant("RANKS") == 1);
+    CHECK(arg(first, "ranks").buffer == "host_ranks");
+    CHECK(arg(first, "rank").buffer == "rank");
+    CHECK(arg(first, "max_rank").i == kMaxFirstRank);
+    std::vector<std::string> heads;  // each step's lm_head epilogue and the kernel after it
+    for (size_t i = 0; i + 1 < b.nodes.size(); ++i)
+      if (b.nodes[i].name.ends_with(".lm_head"))
+        heads.push_back(fmt::format("{}:{}:{}", b.nodes[i].step, spec(p, b.nodes[i]).constant("EPILOGUE"),
+                                    spec(p, b.nodes[i + 1]).kernel));
+    REQUIRE(heads.size() == static_cast<size_t>(o.max_steps));
+    CHECK(heads.front() == fmt::format("1:{}:ranked", kc::kEpilogueF32));
+    for (size_t s = 1; s < heads.size(); ++s) CHECK(heads[s] == fmt::format("{}:{}:top1", s + 1, kc::kEpilogueTop1));
+  }
+  for (const Bucket& b : chain.buckets) {
+    CHECK(spec(chain, b.nodes.front()).constant("RANKS") == 0);
+    CHECK(arg(b.nodes.front(), "ranks").kind == Arg::Kind::null);
+  }
+  // The option is plan data: it survives the YAML, and a loaded plan's load_tables must read the ranks.
+  CHECK(load_plan_yaml(dump_plan_yaml(p)) == p);
+  const std::string yaml = dump_plan_yaml(p);
+  CHECK_THROWS_WITH_AS(
+      load_plan_yaml(replace_once(yaml, "{param: ranks, kind: buffer, buffer: host_ranks, byte_offset: 0}",
+                                  "{param: ranks, kind: buffer, buffer: host_tables, byte_offset: 0}")),
+      doctest::Contains("`ranks` must bind host buffer `host_ranks` at byte_offset 0"), Error);
+  // A two_stage head drafts its best token only.
+  CHECK_THROWS_WITH_AS(make_plan(preset_header("tiny-two-stage"), o),
+                       doctest::Contains("first_ranks is on, but a two_stage head drafts its best token only"), Error);
 }
 
 TEST_CASE("check_knock_out: takes draft node names without their step, refuses unknown and needed ones") {
@@ -459,7 +519,7 @@ TEST_CASE("make_plan: a draft pass reads its slot ids from the host arena once, 
           CHECK_MESSAGE((n.name == "extend.gather_taps" && a.buffer == "host_error"), n.name << " binds host memory");
   }
   // One CTA fills the tables, a row a thread: more rows than it covers are refused, not truncated.
-  const KernelSpec load = make_spec("load_tables", {});
+  const KernelSpec load = make_spec("load_tables", {{"RANKS", 0}});
   CHECK(launch_shape(load, 128).block == 128);
   CHECK_THROWS_WITH_AS(launch_shape(load, 129), doctest::Contains("rows is 129; load_tables fills at most 128"), Error);
 }

@@ -55,6 +55,8 @@ void add_plan_options(CLI::App* cmd, const std::shared_ptr<PlanArgs>& args) {
   cmd->add_option("--cand-k", args->options.cand_k,
                   "candidates a two_stage head rescores per row (1..512, at most draft_vocab; 0: the head's)")
       ->capture_default_str();
+  cmd->add_flag("--first-ranks", args->options.first_ranks,
+                "step 1 may draft another rank than the best per slot (the branches of a draft tree; a dense head's)");
   add_plan_tuning_options(cmd, args->tuning);
 }
 

@@ -32,6 +32,9 @@ struct PlanOptions {
   // The candidates a two_stage head rescores per row: 0 takes the header's cand_k; else 1..512 and at most
   // the header's draft_vocab. A dense head has no candidates and refuses a nonzero value.
   int cand_k = 0;
+  // Step 1 may draft, per slot, the token of another rank than the best (Runtime::draft's first_ranks, the
+  // branches of a draft tree): its lm_head writes every logit, which `ranked` orders. A dense head's only.
+  bool first_ranks = false;
   bool operator==(const PlanOptions&) const = default;
 };
 

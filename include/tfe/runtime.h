@@ -138,20 +138,25 @@ class Runtime {
   // crossing in mapped host memory (the plan's host arena), no copy; the host polls the word the pass's last node sets
   // after the outputs (host_done), which lands sooner than the stream's completion of the launch. Work on
   // stream() is ordered after the pass; other streams that read device_outputs() wait on stream() first.
-  // `hidden` of the result is left empty.
-  DraftResult draft(std::span<const int> slots, int steps);
+  // `hidden` of the result is left empty. `first_ranks` (a plan with first_ranks only; empty: every slot its
+  // best): step 1 of slots[i] takes the token of that rank, as Reference::draft's (the branches of a draft tree).
+  DraftResult draft(std::span<const int> slots, int steps, std::span<const int> first_ranks = {});
   // Enqueues the same draft and returns at once: the slot ids cross in one copy on the stream, the outputs
   // stay in device_outputs() (and `targets`, where given). Not for a capturing stream: the host's ids would
   // be read at replay from memory the runtime has since reused (use the device form below).
   DeviceDraftOutputs draft_async(std::span<const int> slots, int steps, const DraftTargets& targets = {},
-                                 std::optional<cudaStream_t> stream = std::nullopt);
+                                 std::optional<cudaStream_t> stream = std::nullopt,
+                                 std::span<const int> first_ranks = {});
   // The same with `n` slot ids read on the device at `device_slots` (the caller's, or draft_slots()), so
   // that a stream capture records a pass whose slots the caller may change before each replay; positions
   // and tokens are read at replay too. The host checks n and steps; the device checks the ids (see above).
   // On a capturing stream the pass is recorded node by node (the launches a graph of the runtime's own
   // holds); otherwise it is a replay of the runtime's graph.
+  // `device_first_ranks`: [n] int32 in device memory, read at replay like the ids (null: every slot its
+  // best); a value outside 0..kMaxFirstRank (below draft_vocab) drafts the best and is reported as above.
   DeviceDraftOutputs draft_async(const int32_t* device_slots, int n, int steps, const DraftTargets& targets = {},
-                                 std::optional<cudaStream_t> stream = std::nullopt);
+                                 std::optional<cudaStream_t> stream = std::nullopt,
+                                 const int32_t* device_first_ranks = nullptr);
   // The runtime's own slot-id buffer [largest bucket] in device memory, for draft_async's device form.
   int32_t* draft_slots() const;
   DeviceDraftOutputs device_outputs() const;

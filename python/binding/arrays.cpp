@@ -388,6 +388,13 @@ std::vector<int> check_slots(nb::handle h) {
   return {v.begin(), v.end()};
 }
 
+std::vector<int> host_first_ranks(nb::handle h, std::string_view call) {
+  if (h.is_none()) return {};
+  const std::vector<int64_t> v =
+      host_ints(h, "first_ranks", call, std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
+  return {v.begin(), v.end()};
+}
+
 // extend_batch: request i is slots[i] at first_pos[i], taking counts[i] rows of the shared taps and tokens
 // from row starts[i] (default: the rows of the requests before it, in order). One array pair for every slot
 // is what an engine holds after verification, and it crosses the DLPack boundary twice instead of twice a

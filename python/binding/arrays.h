@@ -60,6 +60,9 @@ std::vector<Request> one_form(std::vector<AnyRequest>&& any) {
 std::vector<int64_t> host_ints(nb::handle h, const std::string& name, std::string_view call, int64_t lo, int64_t hi);
 // draft's slots: a list, tuple or range of ints, or a 1-D integer array on the host.
 std::vector<int> check_slots(nb::handle h);
+// draft's first_ranks on the host: None (empty: every slot its best), or ints as check_slots takes them; any
+// int, since the C++ call's own check names the field and its limits.
+std::vector<int> host_first_ranks(nb::handle h, std::string_view call);
 // extend_batch's arguments as requests; `arrays` keeps what their spans point into alive until the call returns.
 std::vector<AnyRequest> check_batch(nb::handle slots, nb::handle first_pos, nb::handle counts, nb::handle taps,
                                     nb::handle tokens, nb::handle starts, int64_t row_width, std::vector<Array>& arrays,

@@ -90,12 +90,7 @@ void bind_reference(nb::module_& m) {
           [](PyReference& r, nb::handle slots, nb::handle steps, nb::handle first_ranks) {
             const std::vector<int> s = check_slots(slots);
             const int n = as_int32(steps, "steps");
-            std::vector<int> ranks;
-            if (!first_ranks.is_none())
-              // Any int: the reference's own check names the field and its limits, as the C++ caller sees it.
-              for (const int64_t v : host_ints(first_ranks, "first_ranks", "draft", std::numeric_limits<int>::min(),
-                                               std::numeric_limits<int>::max()))
-                ranks.push_back(static_cast<int>(v));
+            const std::vector<int> ranks = host_first_ranks(first_ranks, "draft");
             tfe::DraftResult d;
             {
               nb::gil_scoped_release release;

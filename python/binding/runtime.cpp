@@ -236,14 +236,18 @@ void bind_runtime(nb::module_& m) {
           "imports a call instead of two a slot: the cheap form from Python.")
       .def(
           "draft",
-          [](PyRuntime& r, nb::handle slots, nb::handle steps) {
+          [](PyRuntime& r, nb::handle slots, nb::handle steps, nb::handle first_ranks) {
             const std::vector<int> s = check_slots(slots);
             const int n = as_int32(steps, "steps");
-            return draft_result(r.run([&](tfe::Runtime& rt) { return rt.draft(s, n); }));
+            const std::vector<int> ranks = host_first_ranks(first_ranks, "draft");
+            return draft_result(r.run([&](tfe::Runtime& rt) { return rt.draft(s, n, ranks); }));
           },
-          "slots"_a.none(), "steps"_a.none(),
-          nb::sig("def draft(self, slots: Sequence[int] | object, steps: int) -> DraftResult"),
-          "One graph replay: `steps` tokens after each slot's last row, (tokens, confidences) numpy [slots, steps].")
+          "slots"_a.none(), "steps"_a.none(), nb::kw_only(), "first_ranks"_a.none() = nb::none(),
+          nb::sig("def draft(self, slots: Sequence[int] | object, steps: int, *, "
+                  "first_ranks: Sequence[int] | None = None) -> DraftResult"),
+          "One graph replay: `steps` tokens after each slot's last row, (tokens, confidences) numpy [slots, steps].\n"
+          "first_ranks (a runtime opened with the plan option first_ranks): per slot, the rank of step 1's token\n"
+          "(0: the best .. 7), the branches of a draft tree, as Reference.draft's.")
       .def(
           "reset",
           [](PyRuntime& r, nb::handle slot, nb::handle stream) {
@@ -258,7 +262,7 @@ void bind_runtime(nb::module_& m) {
       .def(
           "draft_async",
           [](PyRuntime& r, nb::handle slots, nb::handle steps, nb::handle tokens, nb::handle confidences,
-             nb::handle stream) {
+             nb::handle stream, nb::handle first_ranks) {
             const int n_steps = as_int32(steps, "steps");
             const int device = r.read([](tfe::Runtime& rt) { return rt.device(); });
             const std::optional<cudaStream_t> s = call_stream(stream, device);
@@ -281,6 +285,25 @@ void bind_runtime(nb::module_& m) {
               host_ids = check_slots(slots);
               n = static_cast<int>(host_ids.size());
             }
+            // First ranks where the ids are: on the device with device ids, else a host list.
+            const int32_t* device_ranks = nullptr;
+            std::vector<int> host_ranks;
+            if (device_ids && !first_ranks.is_none()) {
+              Array ranks;
+              if (!nb::try_cast(first_ranks, ranks) || !on_cuda(ranks))
+                fail("first_ranks: expected an int32 CUDA tensor, as the slots are on the device");
+              check_place(ranks, "first_ranks", "draft_async", device);
+              if (!is(ranks.dtype(), dl::dtype_code::Int, 32))
+                fail("first_ranks: expected int32 on the device, got {}", dtype_text(ranks.dtype()));
+              check_ndim(ranks, "first_ranks", 1, "[streams]");
+              check_layout(ranks, "first_ranks");
+              if (static_cast<int>(ranks.shape(0)) != n)
+                fail("first_ranks: {} ranks for {} slots (one a slot)", ranks.shape(0), n);
+              device_ranks = static_cast<const int32_t*>(ranks.data());
+              arrays.push_back(ranks);
+            } else if (!device_ids) {
+              host_ranks = host_first_ranks(first_ranks, "draft_async");
+            }
             tfe::DraftTargets t;
             if (!tokens.is_none())
               t.tokens = static_cast<int32_t*>(check_target(tokens, "tokens", n, n_steps, nb::dtype<int32_t>(), "int32",
@@ -289,21 +312,23 @@ void bind_runtime(nb::module_& m) {
               t.confidences = static_cast<float*>(check_target(
                   confidences, "confidences", n, n_steps, nb::dtype<float>(), "float32", device, t.row_stride, arrays));
             const tfe::DeviceDraftOutputs o = r.run([&](tfe::Runtime& rt) {
-              return device_ids ? rt.draft_async(device_ids, n, n_steps, t, s)
-                                : rt.draft_async(host_ids, n_steps, t, s);
+              return device_ids ? rt.draft_async(device_ids, n, n_steps, t, s, device_ranks)
+                                : rt.draft_async(host_ids, n_steps, t, s, host_ranks);
             });
             return device_draft_result(r, o, device);
           },
           "slots"_a.none(), "steps"_a.none(), nb::kw_only(), "tokens"_a.none() = nb::none(),
-          "confidences"_a.none() = nb::none(), "stream"_a.none() = nb::none(),
+          "confidences"_a.none() = nb::none(), "stream"_a.none() = nb::none(), "first_ranks"_a.none() = nb::none(),
           nb::sig("def draft_async(self, slots: Sequence[int] | object, steps: int, *, tokens: object = None, "
-                  "confidences: object = None, stream: object = None) -> DraftResult"),
+                  "confidences: object = None, stream: object = None, "
+                  "first_ranks: Sequence[int] | object = None) -> DraftResult"),
           "Enqueues a draft and returns at once: (tokens, confidences) as device arrays [slots, steps] (DLPack,\n"
           "torch.from_dlpack takes them), valid until the next draft. `slots`: a list of ints, or an int32 CUDA\n"
           "tensor whose ids are read on the device (the form a torch.cuda.graph capture can record; the ids may\n"
           "change between replays). `tokens`/`confidences`: CUDA tensors [slots, >= steps] the outputs are also\n"
           "copied into. Enqueued on `stream` (None: the runtime's stream; inside a capture, pass\n"
-          "torch.cuda.current_stream()).")
+          "torch.cuda.current_stream()). `first_ranks`: as draft's, a list with host slots or an int32 CUDA\n"
+          "tensor [slots] with device slots (read on the device, checked there).")
       .def_prop_ro(
           "draft_slots",
           [](PyRuntime& r) {

@@ -95,8 +95,8 @@ nb::object header_dict(const tfe::HeadHeader& h) { return json_to_python(tfe::he
 // Plan options: one table of names for PlanOptions(**kw), compile, plan_yaml and Runtime.
 
 const std::vector<std::string>& plan_option_names() {
-  static const std::vector<std::string> names = {"buckets",     "max_steps",       "fp8",   "arch", "max_slots",
-                                                 "extend_rows", "attention_split", "cand_k"};
+  static const std::vector<std::string> names = {"buckets",     "max_steps",       "fp8",    "arch",       "max_slots",
+                                                 "extend_rows", "attention_split", "cand_k", "first_ranks"};
   return names;
 }
 
@@ -125,6 +125,8 @@ bool set_plan_option(tfe::PlanOptions& o, const std::string& key, nb::handle v) 
     o.attention_split = tfe::attention_split_from_name(name);
   } else if (key == "cand_k") {
     o.cand_k = as_int32(v, key);
+  } else if (key == "first_ranks") {
+    o.first_ranks = as_bool(v, key);
   } else {
     return false;
   }
@@ -141,6 +143,7 @@ nb::dict plan_options_dict(const tfe::PlanOptions& o) {
   d["extend_rows"] = o.extend_rows;
   d["attention_split"] = std::string(tfe::attention_split_name(o.attention_split));
   d["cand_k"] = o.cand_k;
+  d["first_ranks"] = o.first_ranks;
   return d;
 }
 
@@ -207,6 +210,9 @@ void bind_plan_options(nb::module_& m) {
       .def_prop_rw(
           "cand_k", [](const tfe::PlanOptions& o) { return o.cand_k; },
           [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "cand_k", v); })
+      .def_prop_rw(
+          "first_ranks", [](const tfe::PlanOptions& o) { return o.first_ranks; },
+          [](tfe::PlanOptions& o, nb::handle v) { set_plan_option(o, "first_ranks", v); })
       .def("to_dict", &plan_options_dict, "The fields as a dict.")
       .def(
           "replace",

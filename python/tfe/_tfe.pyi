@@ -44,6 +44,7 @@ class PlanOptions:
     extend_rows: int
     attention_split: str  # "per_bucket" or "same_drafts"
     cand_k: int  # 0: the head's
+    first_ranks: bool  # step 1 may draft another rank than the best (a dense head's)
     def __init__(self, **options: object) -> None: ...
     def to_dict(self) -> dict[str, object]: ...
     def replace(self, **options: object) -> PlanOptions: ...
@@ -238,8 +239,11 @@ class Runtime:
         """Several slots from one pair of arrays (host, or the runtime's device; device taps' rows may be any
         stride apart): request i is slots[i] at first_pos[i], counts[i] rows from row starts[i] (default: right
         after the previous request's rows). Two array imports a call, not two a slot."""
-    def draft(self, slots: Sequence[int] | _ArrayLike, steps: int) -> DraftResult:
-        """One graph replay: `steps` tokens after each slot's last row, (tokens, confidences) numpy [slots, steps]."""
+    def draft(
+        self, slots: Sequence[int] | _ArrayLike, steps: int, *, first_ranks: Sequence[int] | None = None
+    ) -> DraftResult:
+        """One graph replay: `steps` tokens after each slot's last row, (tokens, confidences) numpy [slots, steps].
+        first_ranks (a plan with first_ranks): per slot, the rank of step 1's token (0: the best .. 7)."""
     def draft_async(
         self,
         slots: Sequence[int] | _ArrayLike,
@@ -248,10 +252,12 @@ class Runtime:
         tokens: _ArrayLike | None = None,
         confidences: _ArrayLike | None = None,
         stream: _StreamLike = None,
+        first_ranks: Sequence[int] | _ArrayLike | None = None,
     ) -> DraftResult:
         """Enqueues a draft; returns (tokens, confidences) as device DLPack arrays [slots, steps], valid until
         the next draft. An int32 CUDA tensor of slot ids is read on the device (a torch.cuda.graph capture can
-        record this form)."""
+        record this form). first_ranks: as draft's, a list with host slots, an int32 CUDA tensor with device
+        slots."""
     @property
     def draft_slots(self) -> _ArrayLike:
         """The runtime's own device slot-id buffer [largest bucket] int32."""

@@ -83,7 +83,8 @@ class _Shape:
     def __init__(self, target: Target, B: int, S: int, columns: int, compile_layers: bool, rivals: bool, branches: int = 1):
         dev = target.device
         self.B, self.S, self.q, self.branches = B, S, S + 1, branches
-        self.ranks = torch.arange(B, device=dev) % branches  # the rank a row's first draft step takes
+        # The rank a row's first draft step takes (int32: the runtime reads it on the device).
+        self.ranks = torch.arange(B, dtype=torch.int32, device=dev) % branches
         self.static = StaticTarget(target, B, columns, compile_layers=compile_layers)
         self.columns = columns
         self.slot_ids = torch.arange(B, dtype=torch.int32, device=dev)
@@ -145,7 +146,8 @@ class CapturedDecoder:
         if branches > 1:
             if drafter is None or not getattr(drafter, "drafts_from_rank", False):
                 raise ValueError(f"branches = {branches} needs a drafter whose first step can take another rank than "
-                                 "its best (drafter reference or torch); this drafter drafts chains only: use branches = 1")
+                                 "its best (the reference, the PyTorch port, or the runtime opened with first_ranks); "
+                                 "this drafter drafts chains only: use branches = 1")
         self.branches = branches
         self.target = target
         self.min_columns = columns
@@ -171,10 +173,11 @@ class CapturedDecoder:
     # --- the pieces of a round -------------------------------------------------------------------------
 
     def _draft(self, sh: _Shape) -> None:
-        if sh.branches > 1:
-            sh.drafts.copy_(self.drafter.draft(range(sh.B), sh.S, first_ranks=sh.ranks))
-        elif hasattr(self.drafter, "draft_into"):
-            self.drafter.draft_into(sh.slot_ids, sh.S, sh.drafts)
+        ranks = sh.ranks if sh.branches > 1 else None
+        if hasattr(self.drafter, "draft_into"):
+            self.drafter.draft_into(sh.slot_ids, sh.S, sh.drafts, first_ranks=ranks)
+        elif ranks is not None:
+            sh.drafts.copy_(self.drafter.draft(range(sh.B), sh.S, first_ranks=ranks))
         else:
             sh.drafts.copy_(self.drafter.draft(range(sh.B), sh.S))
 

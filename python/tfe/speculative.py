@@ -181,9 +181,13 @@ def runtime_buckets(max_slots: int) -> list[int]:
 
 class RuntimeDrafter:
     """The GPU runtime (tfe.Runtime) as the drafter, on the current torch stream: taps and tokens stay on the
-    device (one extend_batch a call), and drafts come back from draft_async without a host wait."""
+    device (one extend_batch a call), and drafts come back from draft_async without a host wait. With
+    `first_ranks` (a dense head) it drafts the branches of a tree too (tfe.captured's `branches`); an artifact
+    compiled without that plan option is then planned and compiled anew. A call of more slots than the
+    largest bucket runs as several passes."""
 
-    def __init__(self, head, artifact=None, *, max_slots: int = 16, max_steps: int = 8, **options):
+    def __init__(self, head, artifact=None, *, max_slots: int = 16, max_steps: int = 8, first_ranks: bool = False,
+                 **options):
         import tfe
 
         if not torch.cuda.is_available():
@@ -193,6 +197,8 @@ class RuntimeDrafter:
             )
         if artifact is None and "buckets" not in options:
             options["buckets"] = runtime_buckets(max_slots)
+        if first_ranks:
+            options.update(first_ranks=True, recompile_mismatched_artifact=True)
         self.rt = tfe.Runtime(
             head,
             artifact,
@@ -203,6 +209,8 @@ class RuntimeDrafter:
         )
         self.ring_rows = self.rt.ring_rows
         self.head_taps = head_taps(self.rt)
+        self.drafts_from_rank = self.rt.plan_options.first_ranks
+        self.largest = self.rt.plan_options.buckets[-1]  # the most slots one pass drafts
         # The runtime reads the taps when its stream gets there: keep them alive until the next round.
         self._in_flight: list = []
 
@@ -216,14 +224,25 @@ class RuntimeDrafter:
             self._in_flight.append(rows)
             self.rt.extend_batch(*rows)
 
-    def draft(self, slots, steps: int) -> torch.Tensor:
-        tokens, _ = self.rt.draft_async(list(slots), steps)
-        return torch.from_dlpack(tokens).long()  # a copy: the runtime's buffer is reused by the next draft
+    def draft(self, slots, steps: int, first_ranks: torch.Tensor | None = None) -> torch.Tensor:
+        slots = list(slots)
+        ranks = None if first_ranks is None else [int(r) for r in first_ranks]
+        parts = []
+        for i in range(0, len(slots), self.largest):
+            tokens, _ = self.rt.draft_async(slots[i : i + self.largest], steps,
+                                            first_ranks=None if ranks is None else ranks[i : i + self.largest])
+            parts.append(torch.from_dlpack(tokens).long())  # a copy: the runtime's buffer is reused by the next draft
+        return torch.cat(parts)
 
-    def draft_into(self, slot_ids: torch.Tensor, steps: int, out: torch.Tensor) -> None:
-        """Drafts for the int32 device slot ids into out (int32 [len(slot_ids), steps], contiguous): a replay
-        of the runtime's graph, nothing copied through the host."""
-        self.rt.draft_async(slot_ids, steps, tokens=out)
+    def draft_into(self, slot_ids: torch.Tensor, steps: int, out: torch.Tensor,
+                   first_ranks: torch.Tensor | None = None) -> None:
+        """Drafts for the int32 device slot ids into out (int32 [len(slot_ids), steps], contiguous), each
+        slot's first step from its rank in first_ranks (int32 on the device; None: the best): a replay of the
+        runtime's graph a largest bucket of slots, nothing copied through the host."""
+        for i in range(0, len(slot_ids), self.largest):
+            j = i + self.largest
+            self.rt.draft_async(slot_ids[i:j], steps, tokens=out[i:j],
+                                first_ranks=None if first_ranks is None else first_ranks[i:j])
 
     def extend_batch(self, slots, first, counts, taps, tokens, starts) -> None:
         """extend_batch's form on device rows (no host copy); the rows must stay unchanged until the stream
@@ -637,10 +656,11 @@ def check_taps(target: Target, drafter) -> None:
 
 
 def make_drafter(
-    kind: str, head, *, max_slots: int, max_steps: int, artifact=None, checkpoint=None, target: Target | None = None
+    kind: str, head, *, max_slots: int, max_steps: int, artifact=None, checkpoint=None, target: Target | None = None,
+    first_ranks: bool = False,
 ) -> Drafter | None:
     """'reference' (CPU), 'runtime' (GPU), 'torch' (the PyTorch port: needs the checkpoint and the target) or
-    'none' (drafts off)."""
+    'none' (drafts off). `first_ranks`: the runtime opened to draft branches too (the others always can)."""
     if kind == "none":
         return None
     if kind == "torch":
@@ -650,7 +670,7 @@ def make_drafter(
     if kind == "reference":
         return ReferenceDrafter(head, max_slots=max_slots, max_steps=max_steps)
     if kind == "runtime":
-        return RuntimeDrafter(head, artifact, max_slots=max_slots, max_steps=max_steps)
+        return RuntimeDrafter(head, artifact, max_slots=max_slots, max_steps=max_steps, first_ranks=first_ranks)
     raise ValueError(f"unknown drafter {kind!r} (reference, runtime, torch, none)")
 
 

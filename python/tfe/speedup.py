@@ -13,6 +13,8 @@ set, which training never sees) and the same number of new tokens:
     `tfe`                          tfe.captured with the tfe runtime drafting, at every S given, each round
                                    split by CUDA events into draft, verify, accept and extend on the device
                                    and the host time the device did not cover
+    `tfe, branches`                with --branches K: the same with K chains a sequence a round, the r-th
+                                   from the head's rank-r first token, the longest kept (greedy)
     `tfe + inductor`               the same at the best S with the decoder layer compiled
     (d) `PyTorch port`             the same loop at the best S with the head's PyTorch port drafting
 Every configuration runs once to warm up (capture, compilation) and is timed on the second run; one that
@@ -27,8 +29,7 @@ With --acceptance it measures acceptance alone, on every held-out prompt (tfe.pr
 classes, the weakest class, and the share of rounds that keep at least j drafts; acceptance.json. Greedy
 acceptance does not depend on the batch, so the prompts run 15 at a time. With --branches K each
 round drafts K chains a sequence, the r-th from the head's rank-r first token, verifies them side by side and
-keeps the longest (tfe.captured); the PyTorch port drafts them where --checkpoint is given, else tfe's
-reference (--drafter reference; the runtime drafts chains only).
+keeps the longest (tfe.captured), drafted by --drafter (the runtime opened with the plan option first_ranks).
 
 With --windows (e.g. 128,511) it also measures acceptance on prompts longer than the largest window
 (prompts.long_prompts): the head converted at each window and run by tfe, against its PyTorch port at the
@@ -59,6 +60,7 @@ GENERATE = "generate, static+compile"
 LOOKUP = "prompt lookup"
 TFE = "tfe"
 TFE_EAGER = "tfe, eager layers"
+TFE_BRANCHES = "tfe, branches"
 PORT = "PyTorch port"
 PIECES = ("draft", "verify", "accept", "extend", "host")
 
@@ -148,6 +150,8 @@ def speed(target: Target, drafters: dict, sequences: list[int], steps: list[int]
 
         for s in steps:
             tfe_row(TFE, s, drafters[TFE])
+            if TFE_BRANCHES in drafters:
+                tfe_row(TFE_BRANCHES, s, drafters[TFE_BRANCHES], branches=report["branches"])
         ok = {s: r for s, r in entry[TFE].items() if "tokens_per_second" in r}
         if ok:
             best = int(max(ok, key=lambda s: ok[s]["tokens_per_second"]))
@@ -285,9 +289,9 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", default="", help="e.g. 128,511: acceptance on long prompts at these windows "
                     "against the PyTorch port over the whole context (needs --checkpoint)")
     ap.add_argument("--window-steps", type=int, default=4, help="draft steps S of the window study")
-    ap.add_argument("--branches", type=int, default=1, help=f"with --acceptance: chains a round verifies per sequence, "
-                    f"the r-th from the head's rank-r first token (1..{MAX_BRANCHES}); drafted by the PyTorch port with "
-                    "--checkpoint, else by --drafter reference")
+    ap.add_argument("--branches", type=int, default=1, help=f"chains a round verifies per sequence, the r-th from the "
+                    f"head's rank-r first token (1..{MAX_BRANCHES}, greedy): the acceptance study's, and the timed "
+                    f"`{TFE_BRANCHES}` rows beside the chain's")
     ap.add_argument("--gguf")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args(argv)
@@ -305,14 +309,8 @@ def main(argv=None) -> int:
         ap.error("--windows compares against the PyTorch port: pass --checkpoint")
     if not 1 <= a.branches <= MAX_BRANCHES:
         ap.error(f"--branches {a.branches}: 1..{MAX_BRANCHES}")
-    # Branches: drafted by the PyTorch port where --checkpoint names it (tfe's runtime drafts chains only),
-    # else by --drafter, which must be the reference
-    port = a.branches > 1 and (a.checkpoint is not None or a.drafter == "runtime")
-    if a.branches > 1 and (not a.acceptance or sequences or (port and not a.checkpoint)):
-        ap.error(f"--branches {a.branches}: measured with --acceptance alone (--sequences ''), drafted by tfe's "
-                 "reference (--drafter reference) or the PyTorch port (--checkpoint); tfe's runtime drafts chains only")
-    if port and not pathlib.Path(a.checkpoint, "config.json").is_file():
-        ap.error(f"--checkpoint {a.checkpoint}: no config.json there (an EAGLE-3 checkpoint directory)")
+    if a.branches > 1 and sequences and a.drafter != "runtime":
+        ap.error(f"--branches {a.branches} with --sequences times tfe's runtime: --drafter runtime")
     if not pathlib.Path(a.head).is_file():
         ap.error(f"--head {a.head}: no such file")
     try:
@@ -334,19 +332,19 @@ def main(argv=None) -> int:
     max_steps = max([8, *steps])
     if a.acceptance:
         slots = max(16, ACCEPTANCE_BATCH * a.branches)
-        if port:
-            drafter = make_drafter("torch", None, max_slots=slots, max_steps=max_steps, checkpoint=a.checkpoint, target=target)
-        else:
-            drafter = make_drafter(a.drafter, a.head, max_slots=slots, max_steps=max_steps, artifact=a.artifact)
+        drafter = make_drafter(a.drafter, a.head, max_slots=slots, max_steps=max_steps, artifact=a.artifact,
+                               first_ranks=a.branches > 1)
         study = acceptance(target, drafter, steps, a.max_new_tokens, branches=a.branches)
-        study.update(head=a.head, dtype=a.dtype, device=device, drafter="torch" if port else a.drafter)
-        if port:
-            study["checkpoint"] = a.checkpoint  # the head that drafted
+        study.update(head=a.head, dtype=a.dtype, device=device, drafter=a.drafter)
         write_atomic(out / "acceptance.json", json.dumps(study, indent=1) + "\n")
         print_acceptance(study)
         del drafter
     if sequences:
         drafters = {TFE: make_drafter(a.drafter, a.head, max_slots=16, max_steps=max_steps, artifact=a.artifact)}
+        if a.branches > 1:
+            drafters[TFE_BRANCHES] = make_drafter(a.drafter, a.head, max_slots=16 * a.branches, max_steps=max_steps,
+                                                  artifact=a.artifact, first_ranks=True)
+            report["branches"] = a.branches
         if a.checkpoint:
             try:
                 drafters[PORT] = make_drafter("torch", None, max_slots=16, max_steps=max_steps, checkpoint=a.checkpoint, target=target)
@@ -385,7 +383,7 @@ def print_table(report: dict) -> None:
         for name, row in e["alone"].items():
             what = row["error"][:70] if "error" in row else f"{row['tokens_per_second']:9.1f}"
             print(f"{n:>4}  {'alone: ' + name:<34} {what}")
-        for name in (TFE, TFE_EAGER, PORT):
+        for name in (TFE, TFE_BRANCHES, TFE_EAGER, PORT):
             if name not in e:
                 continue
             best = _best(e[name])
@@ -399,13 +397,15 @@ def print_table(report: dict) -> None:
     print("\nwhere a round goes (tfe, by S; device time per round by CUDA events, host: the rest of the round's wall time), ms")
     print(f"{'seqs':>4} {'S':>2} {'round':>7} " + " ".join(f"{p:>7}" for p in PIECES) + f" {'outside':>8} {'tok/round':>9}")
     for n, e in report["runs"].items():
-        for s, r in e.get(TFE, {}).items():
-            sp = r.get("split")
-            if not sp:
-                continue
-            outside = (sp["round"] - sp.get("draft", 0) - sp.get("verify", 0)) / sp["round"]
-            print(f"{n:>4} {s:>2} {1e3 * sp['round']:7.3f} " + " ".join(f"{1e3 * sp.get(p, 0):7.3f}" for p in PIECES)
-                  + f" {100 * outside:7.1f}% {r['tokens_per_round']:9.2f}")
+        for name in (TFE, TFE_BRANCHES):
+            for s, r in e.get(name, {}).items():
+                sp = r.get("split")
+                if not sp:
+                    continue
+                outside = (sp["round"] - sp.get("draft", 0) - sp.get("verify", 0)) / sp["round"]
+                label = f"{n:>4}" if name == TFE else f"{n:>2}x{report.get('branches', '')}"
+                print(f"{label} {s:>2} {1e3 * sp['round']:7.3f} " + " ".join(f"{1e3 * sp.get(p, 0):7.3f}" for p in PIECES)
+                      + f" {100 * outside:7.1f}% {r['tokens_per_round']:9.2f}")
 
 
 def plot(report: dict, path: pathlib.Path) -> None:
@@ -422,7 +422,7 @@ def plot(report: dict, path: pathlib.Path) -> None:
         xs = sorted(ok)
         line = ax.plot(xs, [ok[x]["tokens_per_second"] for x in xs], "o-", label=f"{n} seq, tfe")
         color = line[0].get_color()
-        for name, marker in ((TFE_EAGER, "^"), (PORT, "s")):
+        for name, marker in ((TFE_BRANCHES, "D"), (TFE_EAGER, "^"), (PORT, "s")):
             for s, r in e.get(name, {}).items():
                 if "tokens_per_second" in r:
                     ax.plot([int(s)], [r["tokens_per_second"]], marker, color=color, label=f"{n} seq, {name}")
