@@ -26,9 +26,12 @@ inline constexpr float kConfidenceTolerance = 2e-2f;
 // The gap between the largest and second largest value (0 with fewer than two values).
 float top_two_gap(std::span<const float> v);
 
+// The gap between the value of rank `rank` (0: the largest) and its nearer neighbour in rank order.
+float rank_gap(std::span<const float> v, int rank);
+
 // The reference's margin at one step of one slot: the top-two gap of its logits (dense) or of its exact
-// candidate logits (two_stage).
-float draft_margin(const HeadHeader& h, const StepTrace& step);
+// candidate logits (two_stage); at a step that took rank `rank` (a draft's first_ranks), the gap around it.
+float draft_margin(const HeadHeader& h, const StepTrace& step, int rank = 0);
 
 // The first step, by slot then step, where `got` leaves the bound around the reference's `want`.
 struct DraftDisagreement {
@@ -45,8 +48,8 @@ struct DraftAgreement {
 };
 
 // Compares each slot's chain step by step up to its first near-tie (see above), and stops there at its first
-// step outside the bound. `trace` is the reference's trace of `want`.
+// step outside the bound. `trace` is the reference's trace of `want`; `first_ranks` its draft's.
 DraftAgreement compare_with_reference(const HeadHeader& h, const DraftResult& got, const DraftResult& want,
-                                      const DraftTrace& trace);
+                                      const DraftTrace& trace, std::span<const int> first_ranks = {});
 
 }  // namespace tfe

@@ -107,6 +107,56 @@ TFE_GPU_TEST_CASE("device calls: draft_async equals draft bit for bit, into NaN-
   check_bits_equal(read_back(own.tokens, own.confidences, own.row_stride, n, 2), rt.draft(slots, 2));
 }
 
+TFE_GPU_TEST_CASE("device calls: first ranks from the host and from the device draft the same bits, blocking or not") {
+  auto head = random_head_image("tiny", 43, false);
+  const HeadHeader& h = head->file.header();
+  PlanOptions po = test_plan_options(Fp8Mode::off);
+  po.first_ranks = true;
+  Runtime rt = Runtime::open(head->file, test_open_options(po));
+  std::mt19937_64 rng(5);
+  const std::vector<int> slots = {4, 0, 7, 2, 9};
+  const std::vector<int> ranks = {0, 7, 1, 3, 2};
+  std::vector<Rows> prefix;
+  for (int s : slots) prefix.push_back(random_rows(rng, h, s, 0, 2 + s));
+  rt.extend(requests(prefix));
+  const int n = static_cast<int>(slots.size());
+  const int64_t stride = po.max_steps;
+  cuda::DeviceMemory tokens = cuda::allocate_device(slots.size() * stride * 4, "targets.tokens");
+  cuda::DeviceMemory confs = cuda::allocate_device(slots.size() * stride * 4, "targets.confidences");
+  cuda::DeviceMemory ids = cuda::allocate_device(slots.size() * 4, "device slot ids");
+  cuda::DeviceMemory device_ranks = cuda::allocate_device(slots.size() * 4, "device first ranks");
+  CHECK_CUDA(cudaMemcpy(ids.data(), slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(device_ranks.data(), ranks.data(), ranks.size() * 4, cudaMemcpyHostToDevice));
+  const DraftTargets targets{reinterpret_cast<int32_t*>(tokens.data()), reinterpret_cast<float*>(confs.data()), stride};
+  for (int steps : {1, po.max_steps}) {
+    CAPTURE(steps);
+    const DraftResult want = rt.draft(slots, steps, ranks);
+    CHECK(want.tokens != rt.draft(slots, steps).tokens);  // the ranks moved some step 1
+    for (bool on_device : {false, true}) {
+      CAPTURE(on_device);
+      fill_nan(tokens.data(), tokens.bytes());
+      fill_nan(confs.data(), confs.bytes());
+      if (on_device)
+        rt.draft_async(reinterpret_cast<const int32_t*>(ids.data()), n, steps, targets, std::nullopt,
+                       reinterpret_cast<const int32_t*>(device_ranks.data()));
+      else
+        rt.draft_async(slots, steps, targets, std::nullopt, ranks);
+      rt.synchronize();
+      check_bits_equal(read_back(targets.tokens, targets.confidences, stride, n, steps), want);
+    }
+  }
+  // A rank out of range from the device drafts the best token, and the next call names it, then clears.
+  const std::vector<int> bad = {0, 7, 9, 3, 2};
+  CHECK_CUDA(cudaMemcpy(device_ranks.data(), bad.data(), bad.size() * 4, cudaMemcpyHostToDevice));
+  rt.draft_async(reinterpret_cast<const int32_t*>(ids.data()), n, 2, targets, std::nullopt,
+                 reinterpret_cast<const int32_t*>(device_ranks.data()));
+  CHECK_THROWS_WITH_AS(rt.synchronize(), doctest::Contains("found first rank 9 in row 2 of its device ranks"), Error);
+  CHECK_NOTHROW(rt.synchronize());  // reported once
+  std::vector<int> fixed = bad;
+  fixed[2] = 0;
+  check_bits_equal(read_back(targets.tokens, targets.confidences, stride, n, 2), rt.draft(slots, 2, fixed));
+}
+
 // The engine's case: its decode graph holds the draft; between replays the runtime extends (outside the
 // graph) and the engine rewrites its slot ids. Each replay must draft what a direct call on a runtime with
 // the same history drafts.

@@ -27,12 +27,14 @@ struct Agreement {
   std::vector<bool> whole;  // per slot: every step compared (h2 comparable)
 };
 
-Agreement compare_drafts(const HeadHeader& h, const DraftResult& gpu, const DraftResult& ref, const DraftTrace& tr) {
+Agreement compare_drafts(const HeadHeader& h, const DraftResult& gpu, const DraftResult& ref, const DraftTrace& tr,
+                         std::span<const int> first_ranks = {}) {
   Agreement a;
   for (int i = 0; i < gpu.streams; ++i) {
     bool whole = true;
     for (int s = 1; s <= gpu.steps; ++s) {
-      if (draft_margin(h, tr.at(i, s)) <= kDraftMargin) {
+      const int rank = s == 1 && !first_ranks.empty() ? first_ranks[static_cast<size_t>(i)] : 0;
+      if (draft_margin(h, tr.at(i, s), rank) <= kDraftMargin) {
         whole = false;
         break;
       }
@@ -134,6 +136,61 @@ TFE_GPU_TEST_CASE("draft: matches the reference, tiny two_stage bf16") {
 TFE_GPU_TEST_CASE("draft: matches the reference, tiny two_stage FP8") {
   draft_vs_reference("tiny-two-stage", Fp8Mode::require);
 }
+
+// Branches: a plan with first_ranks drafts step 1 of each slot from the slot's rank (logits to memory, then
+// ranked), as the reference does; ranks all 0, or none given, draft the chain plan's tokens bit for bit
+// (the same logits and tie rule as top1's).
+void ranked_vs_reference(Fp8Mode fp8) {
+  auto head = random_head_image("tiny", 21, fp8 != Fp8Mode::off);
+  const HeadHeader& h = head->file.header();
+  PlanOptions po = test_plan_options(fp8);
+  Runtime chain = Runtime::open(head->file, test_open_options(po));
+  po.first_ranks = true;
+  Runtime rt = Runtime::open(head->file, test_open_options(po));
+  Reference ref(head->file, reference_options(po));
+
+  std::mt19937_64 rng(99);
+  std::vector<Rows> prefix;
+  std::vector<int> all;
+  for (int s = 0; s < 16; ++s) {
+    prefix.push_back(random_rows(rng, h, s, 0, 1 + (s * 5) % rt.ring_rows()));
+    all.push_back(s);
+  }
+  for (Runtime* r : {&rt, &chain}) r->extend(requests(prefix));
+  ref.extend(requests(prefix));
+
+  int compared = 0, ranked_compared = 0;
+  for (int n : {1, 3, 16}) {
+    CAPTURE(n);
+    const std::vector<int> slots(all.begin() + (16 - n), all.end());
+    std::vector<int> ranks;
+    for (int i = 0; i < n; ++i) ranks.push_back((3 * i + n) % (kMaxFirstRank + 1));
+    const DraftResult gpu = rt.draft(slots, po.max_steps, ranks);
+    DraftTrace tr;
+    const DraftResult want = ref.draft(slots, po.max_steps, ranks, &tr);
+    const Agreement a = compare_drafts(h, gpu, want, tr, ranks);
+    compared += a.compared;
+    CHECK(a.mismatched == 0);
+    for (int i = 0; i < n; ++i)
+      if (ranks[static_cast<size_t>(i)] > 0 &&
+          draft_margin(h, tr.at(i, 1), ranks[static_cast<size_t>(i)]) > kDraftMargin)
+        ++ranked_compared;
+
+    const DraftResult best = chain.draft(slots, po.max_steps);
+    const std::vector<int> zeros(slots.size(), 0);
+    for (const DraftResult& d : {rt.draft(slots, po.max_steps, zeros), rt.draft(slots, po.max_steps)}) {
+      CHECK(d.tokens == best.tokens);
+      // Confidences: the same softmax summed in another order (all logits, against the tiles' records).
+      for (size_t i = 0; i < d.confidences.size(); ++i)
+        CHECK(std::fabs(d.confidences[i] - best.confidences[i]) < 1e-5f);
+    }
+  }
+  CHECK(compared >= (1 + 3 + 16) * po.max_steps / 3);
+  CHECK(ranked_compared >= 8);  // of the 17 slots with a rank above 0
+}
+
+TFE_GPU_TEST_CASE("draft: first ranks match the reference, tiny dense bf16") { ranked_vs_reference(Fp8Mode::off); }
+TFE_GPU_TEST_CASE("draft: first ranks match the reference, tiny dense FP8") { ranked_vs_reference(Fp8Mode::require); }
 
 // An engine's rounds: draft, a synthetic target accepts a prefix of the reference's drafts (seeded) and
 // adds its own token, both sides extend the accepted rows (overwriting the draft rows in the rings), and

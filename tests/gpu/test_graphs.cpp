@@ -18,15 +18,16 @@ namespace {
 // eager one never overlaps kernels, so programmatic launch is held to the plain order's bits. `window`
 // other than 0 replaces the preset's, so that attention splits the keys over a cluster (32 keys a CTA
 // at least: the tiny presets' 16 keys take one CTA). `graph_stream`: the graph runtime's stream (null:
-// its own).
+// its own). `first_ranks`: the plan option on, each draft's slots taking ranks 0..7.
 void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
                     testing::Hooks::DependentLaunch dependent = testing::Hooks::DependentLaunch::plan,
-                    int64_t window = 0, cudaStream_t graph_stream = nullptr) {
+                    int64_t window = 0, cudaStream_t graph_stream = nullptr, bool first_ranks = false) {
   HeadHeader header = preset_header(preset);
   if (window) header.window = window;
   auto head = random_head_image(header, 11, fp8 != Fp8Mode::off);
   const HeadHeader& h = head->file.header();
-  const PlanOptions po = test_plan_options(fp8);
+  PlanOptions po = test_plan_options(fp8);
+  po.first_ranks = first_ranks;
   testing::Hooks gh;
   gh.dependent_launch = dependent;
   OpenOptions go = test_open_options(po, true);
@@ -45,19 +46,29 @@ void graph_vs_eager(const std::string& preset, Fp8Mode fp8,
   graph.extend(requests(prefix));
   eager.extend(requests(prefix));
 
-  const std::vector<std::string> compared = {"out_token", "out_conf", "host_token", "host_conf", "h2",
-                                             "n",         "slot_g",   "ring_k",     "ring_v"};
+  std::vector<std::string> compared = {"out_token", "out_conf", "host_token", "host_conf", "h2",
+                                       "n",         "slot_g",   "ring_k",     "ring_v"};
+  std::vector<std::string> filled = {"out_token", "out_conf", "host_token", "host_conf", "host_done",
+                                     "h2",        "n",        "x",          "h1"};
+  if (first_ranks)
+    for (const char* b : {"logits", "rank"}) {
+      compared.push_back(b);
+      filled.push_back(b);
+    }
   for (int bucket : po.buckets) {
     std::vector<int> slots;
-    for (int s = 0; s < bucket; ++s) slots.push_back((s * 7) % 16);  // distinct, not in order
+    std::vector<int> ranks;
+    for (int s = 0; s < bucket; ++s) {
+      slots.push_back((s * 7) % 16);  // distinct, not in order
+      if (first_ranks) ranks.push_back((3 * s + bucket) % (kMaxFirstRank + 1));
+    }
     for (int steps = 1; steps <= po.max_steps; ++steps) {
       CAPTURE(bucket);
       CAPTURE(steps);
       for (Runtime* r : {&graph, &eager})
-        for (const char* b : {"out_token", "out_conf", "host_token", "host_conf", "host_done", "h2", "n", "x", "h1"})
-          tfe::testing::fill_buffer(*r, b, 0xFF);
-      const DraftResult a = graph.draft(slots, steps);
-      const DraftResult b = eager.draft(slots, steps);
+        for (const auto& b : filled) tfe::testing::fill_buffer(*r, b, 0xFF);
+      const DraftResult a = graph.draft(slots, steps, ranks);
+      const DraftResult b = eager.draft(slots, steps, ranks);
       CHECK(std::memcmp(a.tokens.data(), b.tokens.data(), a.tokens.size() * sizeof(int32_t)) == 0);
       CHECK(std::memcmp(a.confidences.data(), b.confidences.data(), a.confidences.size() * sizeof(float)) == 0);
       for (size_t i = 0; i < a.tokens.size(); ++i) {
@@ -98,6 +109,9 @@ TFE_GPU_TEST_CASE("graphs: replay equals eager bit for bit, tiny dense FP8") {
 }
 TFE_GPU_TEST_CASE("graphs: replay equals eager bit for bit, tiny two_stage FP8") {
   graph_vs_eager("tiny-two-stage", Fp8Mode::require);
+}
+TFE_GPU_TEST_CASE("graphs: replay equals eager bit for bit, tiny dense FP8 with first ranks") {
+  graph_vs_eager("tiny", Fp8Mode::require, testing::Hooks::DependentLaunch::plan, 0, nullptr, true);
 }
 TFE_GPU_TEST_CASE("graphs: replay with dependent launch on every node equals plain eager, tiny dense bf16") {
   graph_vs_eager("tiny", Fp8Mode::off, testing::Hooks::DependentLaunch::all);

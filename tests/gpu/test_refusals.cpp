@@ -102,6 +102,38 @@ TFE_GPU_TEST_CASE("refusals: bad extends and drafts are refused by name and chan
   draft_refused(many, 1, "exceed the largest streams bucket");
   CHECK_THROWS_WITH_AS(rt.reset(po.max_slots), doctest::Contains("is outside 0.."), Error);
   check_unchanged(rt, slots, before);
+  // First ranks on a plan without first_ranks, host or device, are refused naming the plan option.
+  const std::vector<int> ranks = {1, 0};
+  CHECK_THROWS_WITH_AS(rt.draft(slots, 2, ranks), doctest::Contains("this runtime's plan has first_ranks off"), Error);
+  CHECK_THROWS_WITH_AS(rt.draft_async(rt.draft_slots(), 2, 2, {}, std::nullopt, rt.draft_slots()),
+                       doctest::Contains("this runtime's plan has first_ranks off"), Error);
+  check_unchanged(rt, slots, before);
+}
+
+TFE_GPU_TEST_CASE("refusals: first ranks out of their limits are refused by name and change nothing") {
+  auto head = random_head_image("tiny", 51, false);
+  const HeadHeader& h = head->file.header();
+  PlanOptions po = test_plan_options(Fp8Mode::off);
+  po.first_ranks = true;
+  Runtime rt = Runtime::open(head->file, test_open_options(po));
+  std::mt19937_64 rng(13);
+  rt.extend(requests({random_rows(rng, h, 0, 0, 10), random_rows(rng, h, 1, 0, 4)}));
+  const std::vector<int> slots = {0, 1};
+  const Snapshot before = snapshot(rt, slots);
+  const auto refused = [&](std::vector<int> ranks, const char* message) {
+    CAPTURE(message);
+    CHECK_THROWS_WITH_AS(rt.draft(slots, 3, ranks), doctest::Contains(message), Error);
+    CHECK_THROWS_WITH_AS(rt.draft_async(slots, 3, {}, std::nullopt, ranks), doctest::Contains(message), Error);
+    check_unchanged(rt, slots, before);
+  };
+  refused({1}, "first_ranks has 1 entries for 2 slots");
+  refused({0, 8}, "first_ranks[1] = 8 is outside 0..7");
+  refused({-1, 0}, "first_ranks[0] = -1 is outside 0..7");
+  // The same calls as the CPU reference refuses, with its messages.
+  Reference ref(head->file, reference_options(po));
+  ref.extend(requests({random_rows(rng, h, 0, 0, 10), random_rows(rng, h, 1, 0, 4)}));
+  CHECK_THROWS_WITH_AS(ref.draft(slots, 3, std::vector<int>{0, 8}),
+                       doctest::Contains("draft: first_ranks[1] = 8 is outside 0..7"), Error);
 }
 
 TFE_GPU_TEST_CASE("refusals: with the self-check on, a non-finite tap is refused naming slot and row") {

@@ -341,6 +341,18 @@ def test_plan_options_fields():
     p.max_steps = 6
     assert p.max_steps == 6
     assert "max_steps=6" in repr(p)
+    assert not o.first_ranks and tfe.PlanOptions(first_ranks=True).first_ranks
+
+
+def test_first_ranks_plans_ranked_and_refuses_two_stage():
+    yaml = tfe.plan_yaml(tfe.Preset("tiny"), first_ranks=True, buckets=[1, 2], max_steps=2)
+    assert "first_ranks: true" in yaml and "s1.ranked" in yaml and "host_ranks" in yaml
+    assert "s2.ranked" not in yaml and "s2.top1" in yaml
+    assert yaml == tfe_plan("dump", "--preset", "tiny", "--first-ranks", "--buckets", "1,2", "--max-steps", 2)
+    with pytest.raises(tfe.Error, match="first_ranks is on, but a two_stage head drafts its best token only"):
+        tfe.plan_yaml(tfe.Preset("tiny-two-stage"), first_ranks=True)
+    with pytest.raises(TypeError, match="first_ranks"):
+        tfe.PlanOptions(first_ranks="yes")
 
 
 def test_plan_options_refusals():

@@ -416,10 +416,8 @@ def test_transformers_generate_runs_past_end_of_text(target, monkeypatch):
         ("speedup", ["--head", "{head}", "-o", "{out}", "--sequences", "1,17"], "--sequences: each 1..16"),
         ("speedup", ["--head", "{head}", "-o", "{out}", "--steps", "x"], "comma-separated integers"),
         ("speedup", ["--head", "{head}", "-o", "{out}", "--acceptance", "--branches", "9"], "--branches 9: 1..8"),
-        ("speedup", ["--head", "{head}", "-o", "{out}", "--acceptance", "--branches", "4"], "measured with --acceptance alone"),
-        ("speedup", ["--head", "{head}", "-o", "{out}", "--acceptance", "--sequences", "", "--branches", "4"], "or the PyTorch port (--checkpoint)"),
-        ("speedup", ["--head", "{head}", "-o", "{out}", "--acceptance", "--sequences", "", "--branches", "4", "--checkpoint", "{out}"],
-         "no config.json there"),
+        ("speedup", ["--head", "{head}", "-o", "{out}", "--drafter", "reference", "--branches", "4"],
+         "--branches 4 with --sequences times tfe's runtime: --drafter runtime"),
         ("train_head", ["-o", "{out}", "--evaluate", "{out}"], "no config.json there"),
         ("train_head", ["-o", "{out}", "--evaluate", "{out}", "--profile"], "--evaluate trains nothing"),
         ("train_head", ["-o", "{out}", "--evaluate", "{out}", "--data", "missing.json"], "--data missing.json: no such file"),
@@ -899,8 +897,8 @@ def test_branches_keep_the_targets_tokens_and_more_drafts(target, smoke, chats):
 
 
 def test_speedup_takes_branches_drafted_by_the_reference(tmp_path, monkeypatch):
-    """tfe-speedup --acceptance --branches with --drafter reference and no checkpoint passes its checks (the
-    target would load next); with --checkpoint the PyTorch port would draft."""
+    """tfe-speedup --acceptance --branches with --drafter reference passes its checks (the target would load
+    next): the reference drafts branches as the runtime does."""
     from tfe import speedup
 
     class Loaded(Exception):

@@ -1,5 +1,6 @@
 """One PyTorch head (tfe.torch_head, what training, TorchDrafter and the loop share) drafts what the CPU
-reference drafts, and what the GPU runtime drafts where there is a GPU, on the same taps, in fp32 and bf16.
+reference drafts, and what the GPU runtime drafts where there is a GPU, on the same taps, in fp32 and bf16;
+the branches of a tree (first_ranks) too.
 
 Each drafter extends 24 slots with the target's taps of four prompts, each cut at six lengths, and
 drafts S = 8 steps. The PyTorch head then follows each chain (step j + 1 reads the other drafter's token j,
@@ -113,3 +114,42 @@ def test_torch_head_drafts_what_the_gpu_runtime_drafts(target, smoke, chats, dty
     torch.cuda.synchronize()
     torch_drafter = TorchDrafter(ckpt, target, max_slots=SLOTS, max_steps=8, dtype=dtype)
     _agrees(torch_drafter, rows, drafts, dtype, "runtime")
+
+
+def test_gpu_runtime_drafts_the_branches_the_pytorch_head_drafts(target, smoke, chats):
+    """The runtime opened with first_ranks drafts step 1 of each slot from its rank (0..7 over the 24 slots)
+    and the later steps greedily; the PyTorch head (fp32), following those drafts from the same ranks, picks
+    the same token wherever the rank it takes is further than the tolerance from its neighbours."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: the runtime's drafts are compared on the GPU machine only")
+    ckpt, head_file = smoke
+    rows = _rows(target, chats)
+    rt = RuntimeDrafter(head_file, None, max_slots=SLOTS, max_steps=8, first_ranks=True)
+    assert rt.drafts_from_rank
+    for slot, (taps, tokens) in enumerate(rows):
+        rt.reset(slot)
+        rt.extend([(slot, 0, taps.cuda(), tokens.cuda())])
+    ranks = torch.arange(SLOTS, dtype=torch.int32) % 8
+    drafts = rt.draft(range(SLOTS), STEPS, first_ranks=ranks).cpu()  # 24 slots: two passes
+    out = torch.full((SLOTS, STEPS), -1, dtype=torch.int32, device="cuda")
+    rt.draft_into(torch.arange(SLOTS, dtype=torch.int32, device="cuda"), STEPS, out, first_ranks=ranks.cuda())
+    assert torch.equal(out.cpu().long(), drafts)
+    chain = rt.draft(range(SLOTS), STEPS).cpu()
+    assert torch.equal(drafts[ranks == 0], chain[ranks == 0]) and not torch.equal(drafts[:, 0], chain[:, 0])
+    torch_drafter = TorchDrafter(ckpt, target, max_slots=SLOTS, max_steps=8, dtype=torch.float32)
+    ring = torch_drafter.ring
+    for slot, (taps, tokens) in enumerate(rows):
+        ring.reset(slot)
+        ring.extend(slot, 0, taps, tokens)
+    mine, logits = ring.run(range(SLOTS), STEPS, follow=drafts, first_ranks=ranks)
+    compared = ranked = 0
+    for slot in range(SLOTS):
+        for j in range(STEPS):
+            r = int(ranks[slot]) if j == 0 else 0
+            top = logits[slot, j].float().topk(r + 2).values
+            gap = float(top[r] - top[r + 1]) if r == 0 else min(float(top[r - 1] - top[r]), float(top[r] - top[r + 1]))
+            if gap > TOLERANCE[torch.float32]:
+                assert int(mine[slot, j]) == int(drafts[slot, j]), f"slot {slot} (rank {r}), step {j + 1}"
+                compared += 1
+                ranked += j == 0 and r > 0
+    assert compared >= MIN_COMPARED and ranked >= 1, (compared, ranked)
