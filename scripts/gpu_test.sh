@@ -90,7 +90,7 @@ if [ "${GPU_TEST_CPP:-1}" = 1 ]; then
 
   # The sanitizers run the tiny heads' cases only (they slow kernels by 10-100x).
   # (doctest splits filters at commas, so names are matched by patterns without them.)
-  reduced=(--test-case="graphs: cache*,graphs: lazy*,draft: matches*tiny dense bf16,draft: matches*two_stage FP8,refusals: bad*")
+  reduced=(--test-case="graphs: cache*,graphs: lazy*,draft: matches*tiny dense bf16,draft: matches*two_stage FP8,draft: first ranks*bf16,refusals: bad*")
   for tool in memcheck racecheck initcheck synccheck; do
     echo "== compute-sanitizer --tool $tool"
     log="$out/sanitizer_$tool.log"
