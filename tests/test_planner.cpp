@@ -134,7 +134,7 @@ TEST_CASE("plan_options_differences: names each differing option by its YAML key
   differs([](PlanOptions& o) { o.first_ranks = true; }, "first_ranks false against true");
 }
 
-TEST_CASE("make_plan: first_ranks plans step 1 as logits and ranked, the ranks beside the ids; dense heads only") {
+TEST_CASE("make_plan: first_ranks plans step 1 as logits and ranked, the ranks beside the ids, dense heads only") {
   const HeadHeader h = preset_header("tiny");
   const Plan chain = make_plan(h, golden_options());
   PlanOptions o = golden_options();
