@@ -38,7 +38,8 @@ for hidden, threads in [(4096, 256), (64, 64), (100, 128)]:
     add("prepare_x", "prepare_x.cuh", HIDDEN=hidden, THREADS=threads)
 for width, threads in [(4096, 256), (8192, 256), (12, 32)]:
     add("copy_rows", "copy_rows.cuh", WIDTH=width, THREADS=threads)
-add("load_tables", "load_tables.cuh")  # no constants: one specialization for every bucket
+for ranks in [0, 1]:  # one specialization for every bucket, with and without first_ranks
+    add("load_tables", "load_tables.cuh", RANKS=ranks)
 for steps in [1, 8, 16]:
     add("store_outputs", "store_outputs.cuh", MAX_STEPS=steps)
 gemv_shapes = [  # (K, N, epilogue): the linears of both presets, and tails
@@ -94,6 +95,9 @@ for heads, kvh, hd, window, ring in [(32, 8, 128, 511, 520), (32, 8, 128, 128, 1
 for vocab, cols, steps in [(32000, 16, 8), (32000, 32, 8), (128256, 16, 8), (262144, 16, 16), (300, 16, 1),
                            (5000, 32, 16)]:
     add("top1", "top1.cuh", VOCAB=vocab, COLS=cols, MAX_STEPS=steps)
+# ranked (first_ranks, step 1): 8 logits a thread kept in registers, over vocabularies of 300 to 262144.
+for vocab, steps in [(32000, 8), (16384, 8), (128256, 8), (262144, 16), (300, 1), (5000, 16)]:
+    add("ranked", "ranked.cuh", VOCAB=vocab, MAX_STEPS=steps)
 # topk: the planner's splits (8 at 32000 scores with 8 keys a thread, 16 at 65536 and 32 at 131072, the most
 # held in registers; one CTA a row, as below sm_90), keys read from the scores past 32 a thread (262144 / 8,
 # 40000 / 1), scalar loads (5001; 1000 / 8 with one key a thread and empty CTAs), CAND_K 1 and 512.
