@@ -68,9 +68,11 @@ __global__ void __launch_bounds__(kLoadTablesThreads) load_tables(const LoadTabl
   p.tok[i] = state.z;
   if constexpr (Cfg::RANKS != 0) {
     // A rank out of range can come only from device memory too: rank 0 (a chain) instead, and reported.
+    // A row with a bad id keeps that record: its outputs are meaningless whatever its rank.
     int want = __ldcv(p.ranks + i);
     if (want < 0 || want > p.max_rank) {
-      *reinterpret_cast<volatile long long*>(p.error) = error_record(kErrorDraftRank, i, want);
+      if (slot == id || id == kPaddingSlot)
+        *reinterpret_cast<volatile long long*>(p.error) = error_record(kErrorDraftRank, i, want);
       want = 0;
     }
     p.rank[i] = want;

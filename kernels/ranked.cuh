@@ -69,8 +69,11 @@ __global__ void __launch_bounds__(kRankedThreads) ranked(const RankedParams p) {
       }
   }
 
-  // The same rank in every thread of the row, so every thread runs the same rounds to the barriers.
-  const int want = p.rank[r];
+  // The same rank in every thread of the row, so every thread runs the same rounds to the barriers; held
+  // to what the rounds can reach (load_tables checked it against the plan's max_rank, which validation
+  // holds to the same limit).
+  constexpr int HIGHEST = static_cast<int>(min_ll(KEEP - 1, V - 1));
+  const int want = min(max(p.rank[r], 0), HIGHEST);
   ArgMax top{neg_inf(), 0x7fffffff};
   float max = 0.0f;
   for (int round = 0; round <= want; ++round) {

@@ -7,6 +7,7 @@
 
 #include <fmt/ranges.h>
 
+#include "core/extend_check.h"
 #include "core/error.h"
 #include "head/numerics.h"
 #include "kernels/weight_layout.h"
@@ -438,7 +439,7 @@ void check_node(const Plan& plan, const Node& n, int64_t rows, const std::map<st
 // ending there runs: one that ran inside a longer pass would set host_done before its outputs were final,
 // and one that wrote elsewhere would leave the host reading the last call's outputs. (Both kernels' rows
 // are the bucket's streams: check_node checks every node's `rows`.)
-void check_draft_pass(const Bucket& b, int max_steps, int max_slots, bool first_ranks,
+void check_draft_pass(const Bucket& b, int max_steps, int max_slots, bool first_ranks, int max_rank,
                       const std::map<std::string, const KernelSpec*>& specs) {
   auto kernel = [&](const Node& n) -> const std::string& { return specs.at(n.spec)->kernel; };
   auto expect_binding = [&](const Node& n, std::string_view param, std::string_view buffer) {
@@ -454,6 +455,15 @@ void check_draft_pass(const Bucket& b, int max_steps, int max_slots, bool first_
         "tables the runtime wrote",
         b.streams, first.name, kernel(first));
   expect_binding(first, "ids", "host_tables");
+  if (specs.at(first.spec)->constant("RANKS") != (first_ranks ? 1 : 0))
+    fail("plan: bucket {} node {}: spec {} has RANKS = {}, but the plan's first_ranks is {}", b.streams, first.name,
+         first.spec, specs.at(first.spec)->constant("RANKS"), first_ranks);
+  for (const Arg& a : first.args)
+    if (a.param == "max_rank" && a.i != (first_ranks ? max_rank : 0))
+      fail(
+          "plan: bucket {} node {}: `max_rank` = {}, but the plan's first ranks are 0..{}; a larger rank would "
+          "reach past what ranked keeps",
+          b.streams, first.name, a.i, first_ranks ? max_rank : 0);
   if (first_ranks) {
     expect_binding(first, "ranks", "host_ranks");
   } else {
@@ -685,7 +695,8 @@ void validate(const Plan& p) {
     }
     if (b.nodes.empty() || b.nodes.back().step != p.options.max_steps)
       fail("plan: bucket {} does not run all {} steps", b.streams, p.options.max_steps);
-    check_draft_pass(b, p.options.max_steps, p.options.max_slots, p.options.first_ranks, uris);
+    check_draft_pass(b, p.options.max_steps, p.options.max_slots, p.options.first_ranks, max_first_rank(p.header),
+                     uris);
   }
   for (const auto& n : p.extend) {
     if (n.step != 0) fail("plan: extend node {} has step {}; extend nodes have step 0", n.name, n.step);

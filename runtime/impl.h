@@ -1,6 +1,7 @@
 // Runtime::Impl: the state behind a tfe::Runtime, shared by open.cpp, runtime.cpp and the testing hooks
 // (runtime/testing.h). Not installed.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -201,16 +202,17 @@ struct Runtime::Impl {
   int scratch_slot() const { return plan.options.max_slots; }
   int32_t* draft_slots_device() const { return reinterpret_cast<int32_t*>(arena + b_draft_slots->offset); }
   int32_t* draft_ranks_device() const { return reinterpret_cast<int32_t*>(arena + b_draft_ranks->offset); }
-  // A draft's first ranks (host values, or `on_device` ones the device checks): the plan must have
-  // first_ranks on; then the values as the reference checks them (core/extend_check.h).
+  // A draft's first ranks (host values, or `on_device` ones the device checks), as the reference checks
+  // them (core/extend_check.h); a rank above 0, or any from the device, needs the plan option first_ranks.
   void check_ranks(std::string_view call, std::span<const int> first_ranks, size_t slots,
                    bool on_device = false) const {
-    if ((on_device || !first_ranks.empty()) && !plan.options.first_ranks)
+    check_first_ranks(call, first_ranks, slots, plan.header);
+    const bool ranked = on_device || std::any_of(first_ranks.begin(), first_ranks.end(), [](int r) { return r > 0; });
+    if (ranked && !plan.options.first_ranks)
       fail(
           "{}: first_ranks given, but this runtime's plan has first_ranks off; open it with the plan option "
           "first_ranks (tfe-plan compile --first-ranks, PlanOptions::first_ranks)",
           call);
-    check_first_ranks(call, first_ranks, slots, plan.header);
   }
 
   void check_usable() const {

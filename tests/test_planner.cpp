@@ -186,6 +186,9 @@ TEST_CASE("make_plan: first_ranks plans step 1 as logits and ranked, the ranks b
       load_plan_yaml(replace_once(yaml, "{param: ranks, kind: buffer, buffer: host_ranks, byte_offset: 0}",
                                   "{param: ranks, kind: buffer, buffer: host_tables, byte_offset: 0}")),
       doctest::Contains("`ranks` must bind host buffer `host_ranks` at byte_offset 0"), Error);
+  CHECK_THROWS_WITH_AS(load_plan_yaml(replace_once(yaml, "{param: max_rank, kind: i64, i64: 7}",
+                                                   "{param: max_rank, kind: i64, i64: 8}")),
+                       doctest::Contains("`max_rank` = 8, but the plan's first ranks are 0..7"), Error);
   // A two_stage head drafts its best token only.
   CHECK_THROWS_WITH_AS(make_plan(preset_header("tiny-two-stage"), o),
                        doctest::Contains("first_ranks is on, but a two_stage head drafts its best token only"), Error);

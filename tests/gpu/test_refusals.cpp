@@ -102,7 +102,9 @@ TFE_GPU_TEST_CASE("refusals: bad extends and drafts are refused by name and chan
   draft_refused(many, 1, "exceed the largest streams bucket");
   CHECK_THROWS_WITH_AS(rt.reset(po.max_slots), doctest::Contains("is outside 0.."), Error);
   check_unchanged(rt, slots, before);
-  // First ranks on a plan without first_ranks, host or device, are refused naming the plan option.
+  // First ranks on a plan without first_ranks, host or device, are refused naming the plan option; ranks
+  // all 0 are the chain, which the reference drafts too.
+  CHECK(rt.draft(slots, 3, std::vector<int>{0, 0}).tokens == before.draft.tokens);
   const std::vector<int> ranks = {1, 0};
   CHECK_THROWS_WITH_AS(rt.draft(slots, 2, ranks), doctest::Contains("this runtime's plan has first_ranks off"), Error);
   CHECK_THROWS_WITH_AS(rt.draft_async(rt.draft_slots(), 2, 2, {}, std::nullopt, rt.draft_slots()),
