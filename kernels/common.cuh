@@ -215,6 +215,16 @@ __device__ __forceinline__ ArgMax block_argmax(ArgMax best, float* sv, int* si) 
   return best;
 }
 
+// A draft step's result for row r, as top1, ranked and rescore end: the target id and its confidence into
+// column `step` - 1 of the outputs [rows, max_steps], and the id as the next step's token.
+__device__ __forceinline__ void store_step(int* out_token, float* out_conf, int* next_token, long long r,
+                                           long long max_steps, long long step, int target, float conf) {
+  const long long at = r * max_steps + (step - 1);
+  out_token[at] = target;
+  out_conf[at] = conf;
+  next_token[r] = target;
+}
+
 // One partial of a row's vocabulary top-1 (gemv's kEpilogueTop1 writes them, top1 joins them): over the
 // columns of one gemv CTA, the largest logit, the lowest column at it, and sum exp(l - max). One 16-byte
 // record, so that a partial is one store and one load; `pad` is written as zero.

@@ -97,13 +97,9 @@ __global__ void __launch_bounds__(kRankedThreads) ranked(const RankedParams p) {
     if (i < V) total += expf(logit[i] - max);
   }
   total = block_sum<THREADS>(total, scratch);
-  if (tid == 0) {
-    const int target = top.i + p.d2t[top.i];
-    const long long at = r * Cfg::MAX_STEPS + (p.step - 1);
-    p.out_token[at] = target;
-    p.out_conf[at] = expf(top.v - max) / total;
-    p.next_token[r] = target;
-  }
+  if (tid == 0)
+    store_step(p.out_token, p.out_conf, p.next_token, r, Cfg::MAX_STEPS, p.step, top.i + p.d2t[top.i],
+               expf(top.v - max) / total);
 }
 
 }  // namespace kernels

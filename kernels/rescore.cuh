@@ -142,12 +142,7 @@ __global__ void __launch_bounds__(32 * kRescoreWarps, 4) rescore(const RescorePa
   float sum = 0.0f;
   for (long long i = lane; i < KC; i += 32) sum += expf(__ldcg(logit + i) - best.v);
   sum = warp_sum(sum);
-  if (lane == 0) {
-    const long long at = r * Cfg::MAX_STEPS + (p.step - 1);
-    p.out_token[at] = best.i;
-    p.out_conf[at] = 1.0f / sum;
-    p.next_token[r] = best.i;
-  }
+  if (lane == 0) store_step(p.out_token, p.out_conf, p.next_token, r, Cfg::MAX_STEPS, p.step, best.i, 1.0f / sum);
 }
 
 }  // namespace kernels

@@ -66,13 +66,8 @@ __global__ void __launch_bounds__(kTop1Threads) top1(const Top1Params p) {
     }
   }
   total = block_sum<THREADS>(total, scratch);
-  if (tid == 0) {
-    const int target = best.i + p.d2t[best.i];
-    const long long at = r * Cfg::MAX_STEPS + (p.step - 1);
-    p.out_token[at] = target;
-    p.out_conf[at] = 1.0f / total;
-    p.next_token[r] = target;
-  }
+  if (tid == 0)
+    store_step(p.out_token, p.out_conf, p.next_token, r, Cfg::MAX_STEPS, p.step, best.i + p.d2t[best.i], 1.0f / total);
 }
 
 }  // namespace kernels

@@ -86,6 +86,16 @@ void check_state(Runtime& rt, const Reference& ref, std::span<const int> slots) 
   }
 }
 
+constexpr int kSlots = 16;
+
+// Slots 0..15 of lengths 1..ring_rows (seeded), which the draft comparisons extend every drafter with.
+std::vector<Rows> sixteen_prefixes(const HeadHeader& h, int ring_rows) {
+  std::mt19937_64 rng(99);
+  std::vector<Rows> prefix;
+  for (int s = 0; s < kSlots; ++s) prefix.push_back(random_rows(rng, h, s, 0, 1 + (s * 5) % ring_rows));
+  return prefix;
+}
+
 void draft_vs_reference(const std::string& preset, Fp8Mode fp8) {
   auto head = random_head_image(preset, 21, fp8 != Fp8Mode::off);
   const HeadHeader& h = head->file.header();
@@ -94,13 +104,9 @@ void draft_vs_reference(const std::string& preset, Fp8Mode fp8) {
   Reference ref(head->file, reference_options(po));
   CHECK(tfe::testing::plan(rt).fp8 == (fp8 == Fp8Mode::require));
 
-  std::mt19937_64 rng(99);
-  std::vector<Rows> prefix;
-  std::vector<int> all;
-  for (int s = 0; s < 16; ++s) {
-    prefix.push_back(random_rows(rng, h, s, 0, 1 + (s * 5) % rt.ring_rows()));
-    all.push_back(s);
-  }
+  const std::vector<Rows> prefix = sixteen_prefixes(h, rt.ring_rows());
+  std::vector<int> all(kSlots);
+  std::iota(all.begin(), all.end(), 0);
   rt.extend(requests(prefix));
   ref.extend(requests(prefix));
   check_state(rt, ref, all);
@@ -108,7 +114,7 @@ void draft_vs_reference(const std::string& preset, Fp8Mode fp8) {
   int compared = 0;
   for (int n : {1, 3, 16}) {
     CAPTURE(n);
-    const std::vector<int> slots(all.begin() + (16 - n), all.end());
+    const std::vector<int> slots(all.begin() + (kSlots - n), all.end());
     const DraftResult gpu = rt.draft(slots, po.max_steps);
     DraftTrace tr;
     const DraftResult want = ref.draft(slots, po.max_steps, &tr);
@@ -149,20 +155,16 @@ void ranked_vs_reference(Fp8Mode fp8) {
   Runtime rt = Runtime::open(head->file, test_open_options(po));
   Reference ref(head->file, reference_options(po));
 
-  std::mt19937_64 rng(99);
-  std::vector<Rows> prefix;
-  std::vector<int> all;
-  for (int s = 0; s < 16; ++s) {
-    prefix.push_back(random_rows(rng, h, s, 0, 1 + (s * 5) % rt.ring_rows()));
-    all.push_back(s);
-  }
+  const std::vector<Rows> prefix = sixteen_prefixes(h, rt.ring_rows());
+  std::vector<int> all(kSlots);
+  std::iota(all.begin(), all.end(), 0);
   for (Runtime* r : {&rt, &chain}) r->extend(requests(prefix));
   ref.extend(requests(prefix));
 
   int compared = 0, ranked_compared = 0;
   for (int n : {1, 3, 16}) {
     CAPTURE(n);
-    const std::vector<int> slots(all.begin() + (16 - n), all.end());
+    const std::vector<int> slots(all.begin() + (kSlots - n), all.end());
     std::vector<int> ranks;
     for (int i = 0; i < n; ++i) ranks.push_back((3 * i + n) % (kMaxFirstRank + 1));
     const DraftResult gpu = rt.draft(slots, po.max_steps, ranks);
